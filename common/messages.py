@@ -1,0 +1,173 @@
+"""Every message type on the wire, with its body fields and arrays.
+
+This table is what the decoder checks a body against, and what
+tests/test_protocol_doc.py compares with docs/protocol.md: a type or field
+that is here must be documented there. Unknown body fields are ignored by the
+decoder (forward compatibility); missing required ones are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+_KINDS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (float, int),
+    "str": (str,),
+    "bool": (bool,),
+    "map": (dict,),
+    "list": (list,),
+}
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    kind: str
+    required: bool = True
+    doc: str = ""
+
+    def accepts(self, value: Any) -> bool:
+        if self.kind != "bool" and isinstance(value, bool):
+            return False
+        if not self.required and value is None:
+            return True
+        return isinstance(value, _KINDS[self.kind])
+
+    def describe(self) -> str:
+        return self.kind if self.required else f"{self.kind} or nil"
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    dtypes: tuple[str, ...] = ()  # empty: any allowed dtype
+    ndim: int | None = None
+    required: bool = True
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class MessageSpec:
+    name: str
+    doc: str
+    fields: dict[str, FieldSpec] = field(default_factory=dict)
+    arrays: dict[str, ArraySpec] = field(default_factory=dict)
+    open_arrays: bool = False  # True: arrays beyond those listed are data columns / tensors
+
+
+def _f(kind: str, doc: str, required: bool = True) -> FieldSpec:
+    return FieldSpec(kind, required, doc)
+
+
+_KEY = ArraySpec(("uint64",), 1, True, "item keys")
+
+_SPECS = [
+    # -- common -----------------------------------------------------------
+    MessageSpec("error", "Reply to a request that failed or could not be decoded.", {
+        "ref_seq": _f("int", "seq of the request (-1 if it could not be decoded)"),
+        "reason": _f("str", "machine-readable reason"),
+        "detail": _f("str", "human-readable explanation"),
+    }),
+    MessageSpec("info", "Ask a server to describe itself.", {}),
+    MessageSpec("info_reply", "A server's description and counters.", {
+        "ref_seq": _f("int", "seq of the info request"),
+        "service": _f("str", "replay | paramserver"),
+        "shard": _f("int", "shard index of this server"),
+        "stats": _f("map", "service-specific figures"),
+    }),
+    # -- replay -----------------------------------------------------------
+    MessageSpec("insert", "Store a batch of N transitions; (sender, seq) makes it exactly-once.", {
+        "table": _f("str", "table name"),
+    }, {
+        "priority": ArraySpec(("float32", "float64"), 1, False, "initial priorities, shape [N]"),
+    }, open_arrays=True),
+    MessageSpec("ack", "An insert is stored (or was a duplicate of a stored one).", {
+        "ref_seq": _f("int", "seq of the insert"),
+        "stored": _f("int", "transitions stored by this insert (0 for a duplicate)"),
+        "duplicate": _f("bool", "true when (sender, seq) was already stored"),
+    }),
+    MessageSpec("sample", "Ask for a batch; held while the rate limiter says wait.", {
+        "table": _f("str", "table name"),
+        "batch_size": _f("int", "number of items"),
+        "beta": _f("float", "importance-weight exponent (prioritized tables)", False),
+        "timeout_ms": _f("int", "give up after this long; error reason 'timeout'", False),
+    }),
+    MessageSpec("batch", "The reply to sample: data columns plus key, probability, weight.", {
+        "ref_seq": _f("int", "seq of the sample request"),
+        "table": _f("str", "table name"),
+        "shard": _f("int", "shard that served it"),
+        "table_size": _f("int", "items in the table when sampled"),
+    }, {
+        "key": _KEY,
+        "probability": ArraySpec(("float64",), 1, True, "sampling probability of each item"),
+        "weight": ArraySpec(("float32",), 1, True, "normalised importance weight of each item"),
+    }, open_arrays=True),
+    MessageSpec("priorities", "Set new priorities for sampled keys.", {
+        "table": _f("str", "table name"),
+    }, {
+        "key": _KEY,
+        "priority": ArraySpec(("float32", "float64"), 1, True, "new priority per key"),
+    }),
+    MessageSpec("priorities_ack", "Priorities applied.", {
+        "ref_seq": _f("int", "seq of the priorities message"),
+        "updated": _f("int", "keys still present and updated"),
+    }),
+    # -- paramserver ------------------------------------------------------
+    MessageSpec("publish", "The learner's slice of one weights version for this shard.", {
+        "version": _f("int", "weights version, increasing"),
+        "num_shards": _f("int", "shards the model is split across"),
+        "layout": _f("str", "fingerprint of the partition (names, shapes, dtypes)"),
+    }, open_arrays=True),
+    MessageSpec("publish_ack", "A version is stored on this shard.", {
+        "ref_seq": _f("int", "seq of the publish"),
+        "version": _f("int", "version stored"),
+    }),
+    MessageSpec("get", "Poll for weights.", {
+        "have_version": _f("int", "version the reader holds (-1: none)"),
+        "version": _f("int", "exact version wanted (one of the two kept)", False),
+    }),
+    MessageSpec("wait", "Long poll: answer when a version >= min_version is held, or at timeout.", {
+        "min_version": _f("int", "lowest acceptable version"),
+        "timeout_ms": _f("int", "answer not_modified after this long"),
+        "have_version": _f("int", "version the reader holds (-1: none)", False),
+    }),
+    MessageSpec("weights", "One shard's tensors of one version.", {
+        "ref_seq": _f("int", "seq of the get or wait"),
+        "version": _f("int", "version of these tensors"),
+        "versions": _f("list", "versions this shard holds, newest first"),
+        "layout": _f("str", "fingerprint of the partition"),
+    }, open_arrays=True),
+    MessageSpec("not_modified", "Nothing newer than asked for.", {
+        "ref_seq": _f("int", "seq of the get or wait"),
+        "versions": _f("list", "versions this shard holds, newest first"),
+    }),
+    MessageSpec("hello", "An actor joins the registry (shard 0).", {
+        "actor_id": _f("str", "stable id of the actor"),
+        "role": _f("str", "actor | evaluator"),
+    }),
+    MessageSpec("welcome", "Registry answer to hello or heartbeat.", {
+        "ref_seq": _f("int", "seq of the hello or heartbeat"),
+        "index": _f("int", "0..N-1, stable while the actor lives (-1 for evaluators)"),
+        "num_actors": _f("int", "live actors"),
+        "liveness_ms": _f("int", "an actor silent this long leaves the registry"),
+    }),
+    MessageSpec("heartbeat", "An actor is alive; re-registers it if it had expired.", {
+        "actor_id": _f("str", "stable id of the actor"),
+        "role": _f("str", "actor | evaluator"),
+        "version": _f("int", "weights version the actor holds"),
+    }),
+    MessageSpec("goodbye", "An actor leaves the registry on a clean stop.", {
+        "actor_id": _f("str", "stable id of the actor"),
+    }),
+    MessageSpec("barrier", "The learner waits until every live actor waits for round + 1.", {
+        "round": _f("int", "round k: actors have finished acting on version k"),
+        "timeout_ms": _f("int", "answer with error reason 'timeout' after this long"),
+    }),
+    MessageSpec("barrier_reply", "Every live actor is waiting for version round + 1.", {
+        "ref_seq": _f("int", "seq of the barrier request"),
+        "round": _f("int", "the round"),
+        "actors": _f("int", "actors that reached the barrier"),
+    }),
+]
+
+MESSAGES: dict[str, MessageSpec] = {spec.name: spec for spec in _SPECS}

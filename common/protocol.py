@@ -1,0 +1,338 @@
+"""The rlfleet wire protocol: one msgpack header frame plus raw array frames.
+
+docs/protocol.md is the authority; this module is the only encoder and
+decoder. A message on the wire is one ZeroMQ multipart message:
+
+    [ROUTER identity frames] header payload_0 payload_1 ...
+
+The header is a msgpack map ``{v, type, sender, seq, arrays, body}`` where
+``arrays`` lists ``[name, dtype, shape]`` for each payload frame, in order.
+Every payload frame holds the raw bytes of one C-contiguous little-endian
+array. Nothing is pickled, ever.
+
+The decoder trusts nothing: every rejection is a :class:`ProtocolError` with a
+machine-readable ``reason`` (one of :data:`REASONS`), and no other exception
+escapes :func:`decode`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from common.messages import MESSAGES, FieldSpec, MessageSpec
+
+PROTOCOL_VERSION = 1
+
+#: dtype names allowed on the wire (always little-endian on the wire).
+DTYPES: dict[str, np.dtype[Any]] = {
+    name: np.dtype(name).newbyteorder("<")
+    for name in (
+        "bool", "int8", "int16", "int32", "int64",
+        "uint8", "uint16", "uint32", "uint64",
+        "float16", "float32", "float64",
+    )
+}
+_DTYPE_NAMES = {np.dtype(name): name for name in DTYPES}
+
+#: every reason a ProtocolError can carry; also the ``reason`` label values of
+#: ``rlfleet_protocol_errors_total``.
+REASONS = (
+    "empty_message",
+    "too_many_frames",
+    "message_too_large",
+    "header_too_large",
+    "bad_msgpack",
+    "bad_header",
+    "version_mismatch",
+    "unknown_type",
+    "missing_field",
+    "bad_field",
+    "bad_array_descriptor",
+    "bad_dtype",
+    "bad_shape",
+    "too_many_elements",
+    "frame_count_mismatch",
+    "frame_length_mismatch",
+    "missing_array",
+    "unexpected_array",
+)
+
+
+class ProtocolError(Exception):
+    """A message that cannot be accepted. ``reason`` is machine-readable."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        assert reason in REASONS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds the decoder enforces before it builds anything."""
+
+    max_frames: int = 64
+    max_header_bytes: int = 64 * 1024
+    max_message_bytes: int = 512 * 1024 * 1024
+    max_array_elements: int = 1 << 28
+    max_ndim: int = 8
+    max_name_chars: int = 128
+    max_header_items: int = 256
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass
+class Message:
+    """One decoded (or to-be-encoded) message."""
+
+    type: str
+    body: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    sender: str = ""
+    seq: int = 0
+    version: int = PROTOCOL_VERSION
+
+    def __getitem__(self, key: str) -> Any:
+        return self.body[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.body.get(key, default)
+
+
+def wire_dtype_name(dtype: np.dtype[Any]) -> str:
+    """The wire name of ``dtype``; raises ProtocolError if it is not allowed."""
+    name = _DTYPE_NAMES.get(np.dtype(dtype).newbyteorder("<"))
+    if name is None:
+        raise ProtocolError("bad_dtype", f"dtype {dtype} is not allowed; allowed: {sorted(DTYPES)}")
+    return name
+
+
+def _wire_array(array: Any) -> np.ndarray:
+    arr = np.asarray(array)
+    name = wire_dtype_name(arr.dtype)
+    wanted = DTYPES[name]
+    if arr.dtype != wanted:  # big-endian in, little-endian out
+        arr = arr.astype(wanted)
+    # ascontiguousarray copies only when needed (slices, transposes).
+    return np.ascontiguousarray(arr)
+
+
+def encode(msg: Message) -> list[Any]:
+    """Frames for ``msg``: the header bytes, then one buffer per array.
+
+    Array frames are the arrays themselves (buffer protocol), so pyzmq sends
+    them without a copy when called with ``copy=False``.
+    """
+    spec = MESSAGES.get(msg.type)
+    if spec is None:
+        raise ProtocolError("unknown_type", f"message type {msg.type!r} is not defined")
+    payloads = [_wire_array(a) for a in msg.arrays.values()]
+    descriptors = [
+        [name, wire_dtype_name(a.dtype), list(a.shape)]
+        for name, a in zip(msg.arrays, payloads, strict=True)
+    ]
+    header = {
+        "v": msg.version,
+        "type": msg.type,
+        "sender": msg.sender,
+        "seq": msg.seq,
+        "arrays": descriptors,
+        "body": msg.body,
+    }
+    return [msgpack.packb(header, use_bin_type=True), *payloads]
+
+
+def _buffer(frame: Any) -> memoryview:
+    buf = getattr(frame, "buffer", None)  # zmq.Frame received with copy=False
+    if buf is None:
+        buf = memoryview(frame)
+    return buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
+
+
+def _unpack_header(raw: memoryview, limits: Limits) -> dict[str, Any]:
+    if len(raw) > limits.max_header_bytes:
+        raise ProtocolError(
+            "header_too_large", f"header is {len(raw)} bytes; at most {limits.max_header_bytes}"
+        )
+    n = limits.max_header_items
+    try:
+        header = msgpack.unpackb(
+            raw,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_str_len=limits.max_header_bytes,
+            max_bin_len=limits.max_header_bytes,
+            max_array_len=n,
+            max_map_len=n,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises many types on hostile input
+        raise ProtocolError("bad_msgpack", f"header is not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("bad_header", f"header must be a map, got {type(header).__name__}")
+    return header
+
+
+def _check_field(where: str, name: str, value: Any, spec: FieldSpec, depth: int = 0) -> None:
+    if not spec.accepts(value):
+        raise ProtocolError(
+            "bad_field", f"{where}.{name} must be {spec.describe()}, got {type(value).__name__}"
+        )
+    _check_depth(where, name, value, depth)
+
+
+def _check_depth(where: str, name: str, value: Any, depth: int) -> None:
+    if depth > 4:
+        raise ProtocolError("bad_field", f"{where}.{name} is nested deeper than 4 levels")
+    if isinstance(value, dict):
+        for v in value.values():
+            _check_depth(where, name, v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _check_depth(where, name, v, depth + 1)
+
+
+def _envelope(header: dict[str, Any]) -> tuple[int, str, str, int, list[Any], dict[str, Any]]:
+    version = header.get("v")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ProtocolError("missing_field", "header.v (protocol version, int) is missing")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            "version_mismatch",
+            f"message speaks protocol version {version}; this side speaks {PROTOCOL_VERSION}",
+        )
+    for key, kind in (("type", str), ("sender", str), ("seq", int), ("arrays", list), ("body", dict)):
+        if key not in header:
+            raise ProtocolError("missing_field", f"header.{key} is missing")
+        value = header[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ProtocolError(
+                "bad_field", f"header.{key} must be {kind.__name__}, got {type(value).__name__}"
+            )
+    if not 0 <= header["seq"] < 1 << 64:
+        raise ProtocolError("bad_field", "header.seq must be in [0, 2**64)")
+    if len(header["sender"]) > 256:
+        raise ProtocolError("bad_field", "header.sender is longer than 256 characters")
+    return version, header["type"], header["sender"], header["seq"], header["arrays"], header["body"]
+
+
+def _descriptor(item: Any, limits: Limits) -> tuple[str, np.dtype[Any], tuple[int, ...], int]:
+    if not (isinstance(item, list) and len(item) == 3):
+        raise ProtocolError("bad_array_descriptor", "each header.arrays item must be [name, dtype, shape]")
+    name, dtype_name, shape = item
+    if not isinstance(name, str) or not 0 < len(name) <= limits.max_name_chars:
+        raise ProtocolError("bad_array_descriptor", "array name must be a non-empty string")
+    if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
+        raise ProtocolError(
+            "bad_dtype", f"array {name!r}: dtype {dtype_name!r} is not allowed; allowed: {sorted(DTYPES)}"
+        )
+    if not isinstance(shape, list) or len(shape) > limits.max_ndim:
+        raise ProtocolError("bad_shape", f"array {name!r}: shape must be a list of at most {limits.max_ndim} ints")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 62 for d in shape):
+        raise ProtocolError("bad_shape", f"array {name!r}: shape {shape!r} must hold non-negative ints")
+    count = math.prod(shape)  # Python ints: no overflow
+    if count > limits.max_array_elements:
+        raise ProtocolError(
+            "too_many_elements",
+            f"array {name!r}: {count} elements; at most {limits.max_array_elements}",
+        )
+    dtype = DTYPES[dtype_name]
+    return name, dtype, tuple(shape), count * dtype.itemsize
+
+
+def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Decode the frames of one message (identity frames already removed).
+
+    Raises ProtocolError, and nothing else, for any input it rejects.
+    Arrays are views on the received frames (read-only) where possible.
+    """
+    if not frames:
+        raise ProtocolError("empty_message", "a message needs at least a header frame")
+    if len(frames) > limits.max_frames:
+        raise ProtocolError("too_many_frames", f"{len(frames)} frames; at most {limits.max_frames}")
+    try:
+        buffers = [_buffer(f) for f in frames]
+    except TypeError:
+        raise ProtocolError("bad_header", "frames must be bytes-like") from None
+    total = sum(len(b) for b in buffers)
+    if total > limits.max_message_bytes:
+        raise ProtocolError("message_too_large", f"{total} bytes; at most {limits.max_message_bytes}")
+    header = _unpack_header(buffers[0], limits)
+    version, mtype, sender, seq, descriptors, body = _envelope(header)
+    spec = MESSAGES.get(mtype)
+    if spec is None:
+        raise ProtocolError("unknown_type", f"message type {mtype!r} is not defined; known: {sorted(MESSAGES)}")
+    _check_body(spec, body)
+    if len(descriptors) != len(buffers) - 1:
+        raise ProtocolError(
+            "frame_count_mismatch",
+            f"header describes {len(descriptors)} arrays but {len(buffers) - 1} payload frames came",
+        )
+    arrays: dict[str, np.ndarray] = {}
+    for item, buf in zip(descriptors, buffers[1:], strict=True):
+        name, dtype, shape, nbytes = _descriptor(item, limits)
+        if name in arrays:
+            raise ProtocolError("bad_array_descriptor", f"array {name!r} appears twice")
+        if len(buf) != nbytes:
+            raise ProtocolError(
+                "frame_length_mismatch",
+                f"array {name!r}: frame has {len(buf)} bytes, shape {list(shape)} x {dtype.itemsize} needs {nbytes}",
+            )
+        arrays[name] = np.frombuffer(buf, dtype=dtype).reshape(shape)
+    _check_arrays(spec, arrays)
+    return Message(type=mtype, body=body, arrays=arrays, sender=sender, seq=seq, version=version)
+
+
+def _check_body(spec: MessageSpec, body: Mapping[str, Any]) -> None:
+    for name, fspec in spec.fields.items():
+        if name not in body:
+            if fspec.required:
+                raise ProtocolError("missing_field", f"{spec.name}.{name} is required")
+            continue
+        _check_field(spec.name, name, body[name], fspec)
+    # Unknown fields are ignored (forward compatibility), but must stay shallow.
+    for name, value in body.items():
+        if name not in spec.fields:
+            _check_depth(spec.name, str(name), value, 0)
+
+
+def _check_arrays(spec: MessageSpec, arrays: Mapping[str, np.ndarray]) -> None:
+    for name, aspec in spec.arrays.items():
+        if name not in arrays:
+            if aspec.required:
+                raise ProtocolError("missing_array", f"{spec.name} needs array {name!r}")
+            continue
+        arr = arrays[name]
+        if aspec.dtypes and _DTYPE_NAMES[arr.dtype] not in aspec.dtypes:
+            raise ProtocolError(
+                "bad_dtype", f"{spec.name}.{name} must have dtype in {list(aspec.dtypes)}, got {arr.dtype}"
+            )
+        if aspec.ndim is not None and arr.ndim != aspec.ndim:
+            raise ProtocolError("bad_shape", f"{spec.name}.{name} must have {aspec.ndim} dims, got {arr.ndim}")
+    if not spec.open_arrays:
+        extra = sorted(set(arrays) - set(spec.arrays))
+        if extra:
+            raise ProtocolError("unexpected_array", f"{spec.name} takes no array named {extra[0]!r}")
+
+
+def error_reply(ref: Message | None, reason: str, detail: str, sender: str = "") -> Message:
+    """The ``error`` message that answers ``ref`` (or an undecodable message)."""
+    return Message(
+        type="error",
+        body={"ref_seq": ref.seq if ref else -1, "reason": reason, "detail": detail[:1000]},
+        sender=sender,
+    )
+
+
+def spec_of(mtype: str) -> MessageSpec:
+    return MESSAGES[mtype]

@@ -1,0 +1,90 @@
+"""Running one service: logging, signals, the metrics endpoint, a clean stop.
+
+Every service module (``services/<name>/main.py``) exposes
+``build(cfg, args) -> Service``. :func:`run_service` runs it in the
+foreground (``rlfleet service NAME``, what containers run); the local
+launcher runs several in threads for ``--inproc``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from common.config import Experiment
+from common.metrics import MetricsServer, ServiceMetrics
+
+log = logging.getLogger("rlfleet")
+
+SERVICES = {
+    "replay": "services.replay.main",
+    "paramserver": "services.paramserver.main",
+    "learner": "services.learner.main",
+    "actor": "services.actor.main",
+    "evaluator": "services.actor.main",
+}
+
+
+@dataclass
+class ServiceArgs:
+    """What distinguishes one instance of a service from another."""
+
+    name: str
+    shard: int = 0
+    actor_id: str | None = None  # actors: stable id (default: hostname-pid)
+
+
+class Service(Protocol):
+    metrics: ServiceMetrics
+
+    def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+def build(cfg: Experiment, args: ServiceArgs) -> Service:
+    module = importlib.import_module(SERVICES[args.name])
+    return module.build(cfg, args)  # type: ignore[no-any-return]
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(level: str = "INFO", file: str | Path | None = None) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if file is not None:
+        Path(file).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(file))
+    logging.basicConfig(level=level, format=LOG_FORMAT, handlers=handlers, force=True)
+
+
+def run_service(cfg: Experiment, args: ServiceArgs) -> int:
+    """Run one service in the foreground until SIGTERM/SIGINT; 0 on a clean stop."""
+    service = build(cfg, args)
+    http = MetricsServer(service.metrics, service.health, cfg.metrics.host, cfg.metrics.port).start()
+    log.info("%s shard %d serving metrics on %s:%d", args.name, args.shard, http.host, http.port)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("%s: %s received, stopping", args.name, signal.Signals(signum).name)
+        service.stop()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    try:
+        service.run()
+    finally:
+        service.close()
+        http.close()
+    log.info("%s shard %d stopped", args.name, args.shard)
+    return 0

@@ -1,0 +1,235 @@
+"""The request loop every server runs, and the request/reply client.
+
+A :class:`Server` owns a ROUTER socket: it decodes each message, dispatches
+it by type to a handler, and replies. It never dies of a message: a message
+that does not decode gets an ``error`` reply and is counted in
+``rlfleet_protocol_errors_total``; a handler that raises :class:`RequestError`
+answers with that error; any other exception is logged with its stack and the
+loop goes on. Handlers may keep the :class:`Peer` and reply later (held
+samples, long polls, barriers); :meth:`Server.tick` runs between messages
+for timers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from common.metrics import ServiceMetrics
+from common.protocol import DEFAULT_LIMITS, Limits, Message, ProtocolError, decode, encode, error_reply
+from common.transport import DEFAULT_HWM, CommTimeout, CurveConfig, make_socket, recv, send
+
+log = logging.getLogger(__name__)
+
+
+class RequestError(Exception):
+    """A well-formed request that cannot be served; becomes an ``error`` reply."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class RemoteError(Exception):
+    """The server answered a request with an ``error`` message."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Where a reply goes: the ROUTER identity of the sender and its request seq."""
+
+    identity: bytes
+    seq: int
+    sender: str = ""
+
+
+Handler = Callable[[Peer, Message], None]
+
+
+class Server:
+    """A ROUTER request loop. Subclasses register handlers and override tick()."""
+
+    #: longest the loop sleeps between ticks
+    tick_interval_s = 0.05
+
+    def __init__(
+        self,
+        metrics: ServiceMetrics,
+        bind: str | Iterable[str],
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+        curve: CurveConfig | None = None,
+        hwm: int = DEFAULT_HWM,
+        ctx: zmq.Context[Any] | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.name = f"{metrics.service}-{metrics.shard}"
+        self.limits = limits
+        self.sock = make_socket(zmq.ROUTER, bind=bind, hwm=hwm, curve=curve, ctx=ctx)
+        self.handlers: dict[str, Handler] = {}
+        self._stop = threading.Event()
+        self.replies_dropped = metrics.counter(
+            "replies_dropped", "Replies not delivered: the peer was gone or its queue full."
+        )
+        self.seq = itertools.count(1)
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.sock.getsockopt_string(zmq.LAST_ENDPOINT))
+
+    def route(self, mtype: str, handler: Handler) -> None:
+        self.handlers[mtype] = handler
+
+    # -- replies ------------------------------------------------------------
+    def reply(self, peer: Peer, msg: Message) -> bool:
+        """Send ``msg`` to ``peer`` (ref_seq filled in). False if undeliverable."""
+        msg.body.setdefault("ref_seq", peer.seq)
+        msg.sender = msg.sender or self.name
+        msg.seq = next(self.seq)
+        frames = encode(msg)
+        try:
+            self.sock.send_multipart([peer.identity, *frames], copy=False, flags=zmq.NOBLOCK)
+        except (zmq.Again, zmq.ZMQError) as exc:  # peer gone (EHOSTUNREACH) or queue full
+            self.replies_dropped.inc()
+            log.debug("%s: reply %s to %r dropped: %s", self.name, msg.type, peer.sender, exc)
+            return False
+        self.metrics.count_message(msg.type, "out", sum(memoryview(f).nbytes for f in frames))
+        return True
+
+    def reply_error(self, peer: Peer, reason: str, detail: str) -> None:
+        self.metrics.protocol_errors.labels(reason).inc()
+        self.reply(peer, error_reply(None, reason, detail))
+
+    # -- loop ---------------------------------------------------------------
+    def tick(self) -> None:
+        """Timers: expire waits, checkpoint, ... Called at least every tick_interval_s."""
+
+    def handle_frames(self, frames: list[zmq.Frame]) -> None:
+        identity = frames[0].bytes
+        nbytes = sum(len(f.buffer) for f in frames[1:])
+        try:
+            msg = decode(frames[1:], self.limits)
+        except ProtocolError as exc:
+            self.metrics.count_message("undecodable", "in", nbytes)
+            self.reply_error(Peer(identity, -1), exc.reason, exc.detail)
+            return
+        self.metrics.count_message(msg.type, "in", nbytes)
+        peer = Peer(identity, msg.seq, msg.sender)
+        handler = self.handlers.get(msg.type)
+        if handler is None:
+            self.reply_error(
+                peer, "unsupported_type",
+                f"{self.metrics.service} does not serve {msg.type!r}; it serves {sorted(self.handlers)}",
+            )
+            return
+        try:
+            handler(peer, msg)
+        except RequestError as exc:
+            self.reply_error(peer, exc.reason, exc.detail)
+        except Exception as exc:  # a failing handler is logged; the loop goes on
+            log.exception("%s: handler for %s failed", self.name, msg.type)
+            self.reply_error(peer, "internal", f"{type(exc).__name__}: {exc}")
+
+    def serve(self) -> None:
+        """Serve until stop(). Drains bursts before ticking so ticks stay cheap."""
+        self.metrics.up.set(1)
+        try:
+            while not self._stop.is_set():
+                if self.sock.poll(int(self.tick_interval_s * 1000), zmq.POLLIN):
+                    for _ in range(1000):
+                        try:
+                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self.handle_frames(frames)
+                self.tick()
+        finally:
+            self.metrics.up.set(0)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class Client:
+    """A DEALER connection to one server, with request/reply matching by seq."""
+
+    def __init__(
+        self,
+        address: str,
+        sender: str,
+        *,
+        curve: CurveConfig | None = None,
+        hwm: int = DEFAULT_HWM,
+        limits: Limits = DEFAULT_LIMITS,
+        ctx: zmq.Context[Any] | None = None,
+        identity: bytes | None = None,
+    ) -> None:
+        self.address = address
+        self.sender = sender
+        self.limits = limits
+        self.sock = make_socket(zmq.DEALER, connect=address, hwm=hwm, curve=curve, ctx=ctx, identity=identity)
+        self._seq = itertools.count(1)
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def send(self, msg: Message, seq: int | None = None) -> int:
+        """Send without waiting; returns the seq the reply will reference."""
+        msg.sender = self.sender
+        msg.seq = self.next_seq() if seq is None else seq
+        send(self.sock, msg)
+        return msg.seq
+
+    def recv(self, timeout_s: float) -> Message:
+        return recv(self.sock, timeout_s, self.limits)
+
+    def request(self, msg: Message, timeout_s: float) -> Message:
+        """Send and wait for the reply to this request (older replies are dropped).
+
+        Raises CommTimeout, RemoteError for an ``error`` reply, ProtocolError
+        for a reply that does not decode.
+        """
+        seq = self.send(msg)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommTimeout(f"{msg.type} to {self.address}: no reply within {timeout_s:.3g} s")
+            reply = self.recv(left)
+            if reply.get("ref_seq") not in (seq, -1):
+                continue  # a late reply to an earlier request
+            if reply.type == "error":
+                raise RemoteError(reply["reason"], reply["detail"])
+            return reply
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Server", "Client", "Peer", "RequestError", "RemoteError", "CommTimeout"]
