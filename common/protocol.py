@@ -122,15 +122,15 @@ def _wire_array(array: Any) -> np.ndarray:
     wanted = DTYPES[name]
     if arr.dtype != wanted:  # big-endian in, little-endian out
         arr = arr.astype(wanted)
-    # ascontiguousarray copies only when needed (slices, transposes).
-    return np.ascontiguousarray(arr)
+    # Copy only when needed (slices, transposes); keeps 0-d arrays 0-d.
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
 def encode(msg: Message) -> list[Any]:
-    """Frames for ``msg``: the header bytes, then one buffer per array.
+    """Frames for ``msg``: the header bytes, then one flat uint8 view per array.
 
-    Array frames are the arrays themselves (buffer protocol), so pyzmq sends
-    them without a copy when called with ``copy=False``.
+    Array frames share memory with the arrays, so pyzmq sends them without a
+    copy when called with ``copy=False``. ``len(frame)`` is its size in bytes.
     """
     spec = MESSAGES.get(msg.type)
     if spec is None:
@@ -148,7 +148,8 @@ def encode(msg: Message) -> list[Any]:
         "arrays": descriptors,
         "body": msg.body,
     }
-    return [msgpack.packb(header, use_bin_type=True), *payloads]
+    # Flat byte views: zero-copy, and len() is the frame's byte count.
+    return [msgpack.packb(header, use_bin_type=True), *(a.reshape(-1).view(np.uint8) for a in payloads)]
 
 
 def _buffer(frame: Any) -> memoryview:
@@ -288,7 +289,9 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
                 "frame_length_mismatch",
                 f"array {name!r}: frame has {len(buf)} bytes, shape {list(shape)} x {dtype.itemsize} needs {nbytes}",
             )
-        arrays[name] = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        arr.flags.writeable = False  # a view of the received frame: copy before changing it
+        arrays[name] = arr
     _check_arrays(spec, arrays)
     return Message(type=mtype, body=body, arrays=arrays, sender=sender, seq=seq, version=version)
 

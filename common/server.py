@@ -106,7 +106,7 @@ class Server:
             self.replies_dropped.inc()
             log.debug("%s: reply %s to %r dropped: %s", self.name, msg.type, peer.sender, exc)
             return False
-        self.metrics.count_message(msg.type, "out", sum(memoryview(f).nbytes for f in frames))
+        self.metrics.count_message(msg.type, "out", sum(len(f) for f in frames))
         return True
 
     def reply_error(self, peer: Peer, reason: str, detail: str) -> None:

@@ -149,7 +149,7 @@ def send(sock: zmq.Socket[Any], msg: Message, identity: Sequence[bytes] = ()) ->
         sock.send_multipart([*identity, *frames], copy=False)
     except zmq.Again:
         raise CommTimeout(f"send of {msg.type} timed out (peer queue full)") from None
-    return sum(len(memoryview(f).cast("B")) for f in frames)
+    return sum(len(f) for f in frames)
 
 
 def recv(sock: zmq.Socket[Any], timeout_s: float, limits: Limits = DEFAULT_LIMITS) -> Message:
