@@ -17,7 +17,6 @@ escapes :func:`decode`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,20 +109,12 @@ class Message:
 
 def wire_dtype_name(dtype: np.dtype[Any]) -> str:
     """The wire name of ``dtype``; raises ProtocolError if it is not allowed."""
-    name = _DTYPE_NAMES.get(np.dtype(dtype).newbyteorder("<"))
+    name = _DTYPE_NAMES.get(dtype)  # fast path: native little-endian dtypes
+    if name is None:
+        name = _DTYPE_NAMES.get(np.dtype(dtype).newbyteorder("<"))
     if name is None:
         raise ProtocolError("bad_dtype", f"dtype {dtype} is not allowed; allowed: {sorted(DTYPES)}")
     return name
-
-
-def _wire_array(array: Any) -> np.ndarray:
-    arr = np.asarray(array)
-    name = wire_dtype_name(arr.dtype)
-    wanted = DTYPES[name]
-    if arr.dtype != wanted:  # big-endian in, little-endian out
-        arr = arr.astype(wanted)
-    # Copy only when needed (slices, transposes); keeps 0-d arrays 0-d.
-    return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
 def encode(msg: Message) -> list[Any]:
@@ -131,15 +122,21 @@ def encode(msg: Message) -> list[Any]:
 
     Array frames share memory with the arrays, so pyzmq sends them without a
     copy when called with ``copy=False``. ``len(frame)`` is its size in bytes.
+    Non-contiguous arrays are copied to C order, big-endian ones converted.
     """
-    spec = MESSAGES.get(msg.type)
-    if spec is None:
+    if msg.type not in MESSAGES:
         raise ProtocolError("unknown_type", f"message type {msg.type!r} is not defined")
-    payloads = [_wire_array(a) for a in msg.arrays.values()]
-    descriptors = [
-        [name, wire_dtype_name(a.dtype), list(a.shape)]
-        for name, a in zip(msg.arrays, payloads, strict=True)
-    ]
+    descriptors = []
+    payloads = []
+    for name, array in msg.arrays.items():
+        arr = array if isinstance(array, np.ndarray) else np.asarray(array)
+        dname = wire_dtype_name(arr.dtype)
+        if arr.dtype is not DTYPES[dname] and arr.dtype != DTYPES[dname]:
+            arr = arr.astype(DTYPES[dname])  # big-endian in, little-endian out
+        if not arr.flags.c_contiguous:
+            arr = arr.copy(order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
+        descriptors.append([name, dname, list(arr.shape)])
+        payloads.append(arr.reshape(-1).view(np.uint8))
     header = {
         "v": msg.version,
         "type": msg.type,
@@ -148,11 +145,12 @@ def encode(msg: Message) -> list[Any]:
         "arrays": descriptors,
         "body": msg.body,
     }
-    # Flat byte views: zero-copy, and len() is the frame's byte count.
-    return [msgpack.packb(header, use_bin_type=True), *(a.reshape(-1).view(np.uint8) for a in payloads)]
+    return [msgpack.packb(header, use_bin_type=True), *payloads]
 
 
 def _buffer(frame: Any) -> memoryview:
+    if type(frame) is bytes:
+        return memoryview(frame)
     buf = getattr(frame, "buffer", None)  # zmq.Frame received with copy=False
     if buf is None:
         buf = memoryview(frame)
@@ -227,28 +225,30 @@ def _envelope(header: dict[str, Any]) -> tuple[int, str, str, int, list[Any], di
     return version, header["type"], header["sender"], header["seq"], header["arrays"], header["body"]
 
 
-def _descriptor(item: Any, limits: Limits) -> tuple[str, np.dtype[Any], tuple[int, ...], int]:
-    if not (isinstance(item, list) and len(item) == 3):
+def _descriptor(item: Any, limits: Limits) -> tuple[str, np.dtype[Any], list[int], int]:
+    if type(item) is not list or len(item) != 3:
         raise ProtocolError("bad_array_descriptor", "each header.arrays item must be [name, dtype, shape]")
     name, dtype_name, shape = item
-    if not isinstance(name, str) or not 0 < len(name) <= limits.max_name_chars:
+    if type(name) is not str or not 0 < len(name) <= limits.max_name_chars:
         raise ProtocolError("bad_array_descriptor", "array name must be a non-empty string")
-    if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
+    dtype = DTYPES.get(dtype_name) if type(dtype_name) is str else None
+    if dtype is None:
         raise ProtocolError(
             "bad_dtype", f"array {name!r}: dtype {dtype_name!r} is not allowed; allowed: {sorted(DTYPES)}"
         )
-    if not isinstance(shape, list) or len(shape) > limits.max_ndim:
+    if type(shape) is not list or len(shape) > limits.max_ndim:
         raise ProtocolError("bad_shape", f"array {name!r}: shape must be a list of at most {limits.max_ndim} ints")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 62 for d in shape):
-        raise ProtocolError("bad_shape", f"array {name!r}: shape {shape!r} must hold non-negative ints")
-    count = math.prod(shape)  # Python ints: no overflow
+    count = 1
+    for d in shape:
+        if type(d) is not int or not 0 <= d < 1 << 62:
+            raise ProtocolError("bad_shape", f"array {name!r}: shape {shape!r} must hold non-negative ints")
+        count *= d  # Python ints: no overflow
     if count > limits.max_array_elements:
         raise ProtocolError(
             "too_many_elements",
             f"array {name!r}: {count} elements; at most {limits.max_array_elements}",
         )
-    dtype = DTYPES[dtype_name]
-    return name, dtype, tuple(shape), count * dtype.itemsize
+    return name, dtype, shape, count * dtype.itemsize
 
 
 def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
@@ -289,7 +289,7 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
                 "frame_length_mismatch",
                 f"array {name!r}: frame has {len(buf)} bytes, shape {list(shape)} x {dtype.itemsize} needs {nbytes}",
             )
-        arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        arr = np.ndarray(shape, dtype, buffer=buf)
         arr.flags.writeable = False  # a view of the received frame: copy before changing it
         arrays[name] = arr
     _check_arrays(spec, arrays)

@@ -1,0 +1,35 @@
+# rlfleet: `make run` trains CartPole through real services; `make test` runs the suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test test-fast lint bench clean
+
+setup: $(STAMP)
+
+# torch first, by exact version: on CPU-only machines pip finds the local CPU
+# wheel (no CUDA download); everything else is pinned in pyproject.toml.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/rlfleet up --config configs/cartpole-dqn.yaml --actors 2 --until-return 475
+
+# pytest exits 5 when it collected no test: make treats that as a failure too.
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not e2e and not container and not chaos"
+
+lint: setup
+	$(BIN)/ruff check common services tests bench
+	$(BIN)/mypy common
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
