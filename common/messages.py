@@ -117,6 +117,8 @@ _SPECS = [
         "version": _f("int", "weights version, increasing"),
         "num_shards": _f("int", "shards the model is split across"),
         "layout": _f("str", "fingerprint of the partition (names, shapes, dtypes)"),
+        "tensors": _f("list", "whole model as [name, dtype, shape] sorted by name; needed on a shard's"
+                      " first publish, lets it check its slice", False),
     }, open_arrays=True),
     MessageSpec("publish_ack", "A version is stored on this shard.", {
         "ref_seq": _f("int", "seq of the publish"),
@@ -145,9 +147,9 @@ _SPECS = [
         "actor_id": _f("str", "stable id of the actor"),
         "role": _f("str", "actor | evaluator"),
     }),
-    MessageSpec("welcome", "Registry answer to hello or heartbeat.", {
-        "ref_seq": _f("int", "seq of the hello or heartbeat"),
-        "index": _f("int", "0..N-1, stable while the actor lives (-1 for evaluators)"),
+    MessageSpec("welcome", "Registry answer to hello, heartbeat or goodbye.", {
+        "ref_seq": _f("int", "seq of the hello, heartbeat or goodbye"),
+        "index": _f("int", "0..N-1, stable while the actor lives (-1 for evaluators and after goodbye)"),
         "num_actors": _f("int", "live actors"),
         "liveness_ms": _f("int", "an actor silent this long leaves the registry"),
     }),

@@ -1,0 +1,101 @@
+"""The registry of live actors, kept by paramserver shard 0.
+
+Each live actor (role ``actor``) holds an index 0..N-1, used for Ape-X
+per-actor exploration: stable while the actor lives, and the lowest free
+index goes to the next actor that joins, so indices of departed actors are
+reused. Evaluators are tracked but hold index -1 and never count for the
+barrier or for N.
+
+An actor is live from its ``hello`` (or a ``heartbeat`` after it expired)
+until its ``goodbye``, or until it has been silent for the liveness timeout.
+Any message from a live actor's id (``get``, ``wait`` included) counts as a
+sign of life.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+ROLES = ("actor", "evaluator")
+
+
+@dataclass
+class Member:
+    actor_id: str
+    role: str
+    index: int
+    last_seen: float
+    version: int = -1
+
+
+class Registry:
+    """Who is alive, with what index. Not thread-safe: the shard loop owns it."""
+
+    def __init__(self, liveness_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.liveness_s = liveness_s
+        self.clock = clock
+        self.members: dict[str, Member] = {}
+
+    # -- queries ------------------------------------------------------------
+    @property
+    def actors(self) -> list[Member]:
+        """Live members with role actor, by index."""
+        return sorted((m for m in self.members.values() if m.role == "actor"), key=lambda m: m.index)
+
+    @property
+    def num_actors(self) -> int:
+        return sum(1 for m in self.members.values() if m.role == "actor")
+
+    def get(self, actor_id: str) -> Member | None:
+        return self.members.get(actor_id)
+
+    # -- changes ------------------------------------------------------------
+    def _free_index(self) -> int:
+        used = {m.index for m in self.members.values() if m.role == "actor"}
+        i = 0
+        while i in used:
+            i += 1
+        return i
+
+    def join(self, actor_id: str, role: str, version: int = -1) -> tuple[Member, bool]:
+        """Register or refresh ``actor_id``; returns (member, newly_registered)."""
+        if role not in ROLES:
+            raise ValueError(f"role {role!r} is not one of {list(ROLES)}")
+        now = self.clock()
+        member = self.members.get(actor_id)
+        if member is not None and member.role == role:
+            member.last_seen = now
+            member.version = max(member.version, version)
+            return member, False
+        if member is not None:  # role changed: leave, then join afresh
+            del self.members[actor_id]
+        index = self._free_index() if role == "actor" else -1
+        member = Member(actor_id, role, index, now, version)
+        self.members[actor_id] = member
+        return member, True
+
+    def touch(self, actor_id: str) -> None:
+        """A sign of life from ``actor_id`` (only refreshes a live member)."""
+        member = self.members.get(actor_id)
+        if member is not None:
+            member.last_seen = self.clock()
+
+    def leave(self, actor_id: str) -> Member | None:
+        return self.members.pop(actor_id, None)
+
+    def expire(self) -> list[Member]:
+        """Remove and return the members silent for longer than the liveness timeout."""
+        deadline = self.clock() - self.liveness_s
+        gone = [m for m in self.members.values() if m.last_seen < deadline]
+        for m in gone:
+            del self.members[m.actor_id]
+            log.warning(
+                "%s %r (index %d) sent nothing for %.1f s: removed from the registry",
+                m.role, m.actor_id, m.index, self.clock() - m.last_seen,
+            )
+        return gone

@@ -1,0 +1,114 @@
+"""Registry indices, heartbeat expiry, and the round barrier with an actor killed mid-round."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from common.protocol import Message
+from common.server import Client, CommTimeout
+from services.paramserver.client import RegistryClient, WeightsPublisher, WeightsReader
+from services.paramserver.procs import ShardProcesses
+
+LIVENESS_S = 1.0
+
+
+def members(address: str) -> dict[str, int]:
+    with Client(address, "probe") as c:
+        stats = c.request(Message("info"), 5.0)["stats"]
+    return {actor_id: index for actor_id, _role, index in stats["actors"]}
+
+
+def wait_until(cond, timeout_s: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_indices_stable_reused_and_expired() -> None:
+    with ShardProcesses(2, liveness_s=LIVENESS_S) as ps:
+        addr = ps.addresses[0]
+        a, b, c = (RegistryClient(addr, n) for n in ("a", "b", "c"))
+        ev = RegistryClient(addr, "eval", role="evaluator")
+        assert [x.hello().index for x in (a, b, c)] == [0, 1, 2]
+        w = ev.hello()
+        assert (w.index, w.num_actors) == (-1, 3)  # evaluators do not count
+        assert a.hello().index == 0 and a.heartbeat(5).index == 0  # stable
+        assert b.goodbye().index == -1
+        d = RegistryClient(addr, "d")
+        assert d.hello().index == 1  # lowest free index is reused
+        # c and the evaluator fall silent; a and d keep beating.
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.is_set():
+                a.heartbeat(1)
+                d.heartbeat(1)
+                time.sleep(0.2)
+
+        t = threading.Thread(target=beat)
+        t.start()
+        try:
+            wait_until(lambda: set(members(addr)) == {"a", "d"})
+            w = c.heartbeat(3)  # an expired actor's heartbeat registers it again
+            assert (w.index, w.num_actors) == (2, 3)
+            assert members(addr) == {"a": 0, "d": 1, "c": 2}
+        finally:
+            stop.set()
+            t.join()
+        with pytest.raises(Exception, match="bad_role"):
+            RegistryClient(addr, "x", role="learner").hello()
+        for x in (a, b, c, d, ev):
+            x.close()
+
+
+def actor(addresses: list[str], actor_id: str) -> None:
+    """A barrier-mode actor: heartbeats, then long-polls shard 0 for the next version forever."""
+    reg = RegistryClient(addresses[0], actor_id)
+    reg.hello()
+    held = [-1]
+
+    def beat() -> None:
+        while True:
+            reg.heartbeat(held[0])
+            time.sleep(0.2)
+
+    threading.Thread(target=beat, daemon=True).start()
+    reader = WeightsReader(addresses, actor_id)
+    while True:
+        got = reader.wait(held[0] + 1, 2.0)
+        if got is not None:
+            held[0] = got[0]
+
+
+def test_barrier_survives_an_actor_killed_mid_round() -> None:
+    with ShardProcesses(2, liveness_s=LIVENESS_S) as ps:
+        pub = WeightsPublisher(ps.addresses)
+        with pytest.raises(CommTimeout):
+            pub.barrier(0, 0.3)  # no live actor: the barrier waits, then times out
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=actor, args=(ps.addresses, f"actor-{i}"), daemon=True) for i in range(4)]
+        for p in procs:
+            p.start()
+        try:
+            wait_until(lambda: len(members(ps.addresses[0])) == 4, 30)
+            weights = {"w": np.zeros((64, 64), np.float32), "b": np.zeros(64, np.float32)}
+            pub.publish(0, weights)
+            assert pub.barrier(0, 20.0) == 4  # every actor holds 0 and waits for 1
+            procs[3].kill()  # dies mid-round
+            procs[3].join(5)
+            pub.publish(1, weights)
+            assert pub.barrier(1, 20.0) == 3  # released once the dead actor's liveness ran out
+            assert "actor-3" not in members(ps.addresses[0])
+            pub.publish(2, weights)
+            assert pub.barrier(2, 20.0) == 3
+        finally:
+            for p in procs:
+                p.kill()
+                p.join(5)
+            pub.close()
