@@ -1,0 +1,207 @@
+"""n-step transitions from a gymnasium vector env, one window per env slot.
+
+An n-step transition starting at time t of one episode is
+
+    obs       = s_t
+    action    = a_t
+    reward    = r_t + g r_{t+1} + ... + g^(k-1) r_{t+k-1}
+    next_obs  = s_{t+k}
+    discount  = 0 if the episode terminated within those k steps, else g^k
+
+with k = n, or fewer when the episode ends first: every window still open at
+an episode's end is flushed with its shorter k. Truncation (a time limit) is
+not termination: the flushed windows bootstrap from the final observation.
+
+gymnasium 1.x vector envs autoreset. In ``NEXT_STEP`` mode (the default) the
+step that ends an episode returns its final observation; the following
+``step()`` resets that slot, ignores its action and returns the reset
+observation with reward 0 and both flags False. That step is not a transition
+and is dropped here. In ``SAME_STEP`` mode the ending step already returns the
+reset observation and the final one is in ``infos["final_obs"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+Columns = dict[str, np.ndarray]
+
+
+class NStepBuilder:
+    """Turns vector-env steps into n-step transition columns.
+
+    Usage::
+
+        obs, _ = envs.reset(seed=seed)
+        builder.reset(obs)
+        while ...:
+            actions = policy.act(obs, epsilon, rng)
+            obs, rewards, terminated, truncated, infos = envs.step(actions)
+            columns = builder.add(actions, obs, rewards, terminated, truncated, infos)
+    """
+
+    def __init__(
+        self,
+        num_envs: int,
+        n_step: int,
+        gamma: float,
+        obs_shape: tuple[int, ...],
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+    ) -> None:
+        if n_step < 1:
+            raise ValueError(f"n_step={n_step}; allowed: >= 1")
+        mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
+        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
+            raise ValueError(f"autoreset mode {mode.value!r} is not supported; allowed: NextStep, SameStep")
+        self.num_envs = num_envs
+        self.n_step = n_step
+        self.gamma = gamma
+        self.obs_shape = tuple(obs_shape)
+        self.autoreset_mode = mode
+        self._powers = gamma ** np.arange(n_step + 1, dtype=np.float64)
+        # Per slot: a ring of the last n (obs, action, reward); `_length` entries
+        # are open windows, the oldest at (_head - _length) % n.
+        self._obs = np.zeros((num_envs, n_step, *self.obs_shape), np.float32)
+        self._action = np.zeros((num_envs, n_step), np.int64)
+        self._reward = np.zeros((num_envs, n_step), np.float64)
+        self._head = np.zeros(num_envs, np.int64)
+        self._length = np.zeros(num_envs, np.int64)
+        self._current = np.zeros((num_envs, *self.obs_shape), np.float32)
+        self._skip = np.zeros(num_envs, bool)  # NEXT_STEP: this slot's next step is a reset
+        self._started = False
+
+    @classmethod
+    def for_env(cls, envs: VectorEnv, n_step: int, gamma: float) -> NStepBuilder:
+        shape = envs.single_observation_space.shape
+        if shape is None:
+            raise ValueError(f"observation space {envs.single_observation_space} has no shape")
+        mode = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        return cls(envs.num_envs, n_step, gamma, tuple(shape), mode)
+
+    @property
+    def pending(self) -> int:
+        """Steps recorded but not yet emitted (open windows, all slots)."""
+        return int(self._length.sum())
+
+    def reset(self, obs: np.ndarray) -> None:
+        """Start over from the observations of ``envs.reset()``; open windows are dropped."""
+        self._current[:] = self._check_obs(obs)
+        self._length[:] = 0
+        self._head[:] = 0
+        self._skip[:] = False
+        self._started = True
+
+    def add(
+        self,
+        actions: np.ndarray,
+        next_obs: np.ndarray,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        infos: Mapping[str, Any] | None = None,
+    ) -> Columns:
+        """Record one vector step; return the transitions it completes (maybe none)."""
+        if not self._started:
+            raise RuntimeError("NStepBuilder.add() before reset(): pass the observations of envs.reset()")
+        next_obs = self._check_obs(next_obs)
+        terminated = np.asarray(terminated, bool)
+        truncated = np.asarray(truncated, bool)
+        valid = ~self._skip
+        done = valid & (terminated | truncated)
+
+        slots = np.flatnonzero(valid)
+        head = self._head[slots]
+        self._obs[slots, head] = self._current[slots]
+        self._action[slots, head] = np.asarray(actions, np.int64)[slots]
+        self._reward[slots, head] = np.asarray(rewards, np.float64)[slots]
+        self._head[slots] = (head + 1) % self.n_step
+        self._length[slots] += 1
+
+        final_obs = self._final_obs(next_obs, done, infos)
+        parts = [self._emit_full(np.flatnonzero(valid & ~done & (self._length == self.n_step)), next_obs)]
+        for slot in np.flatnonzero(done):
+            parts.append(self._flush(int(slot), final_obs[slot], bool(terminated[slot])))
+
+        self._current[:] = next_obs
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+            self._skip = done
+        return _concat(parts, self.obs_shape)
+
+    # -- internals ----------------------------------------------------------
+
+    def _check_obs(self, obs: np.ndarray) -> np.ndarray:
+        obs = np.asarray(obs)
+        if obs.shape != (self.num_envs, *self.obs_shape):
+            raise ValueError(f"observations of shape {obs.shape}; expected {(self.num_envs, *self.obs_shape)}")
+        return obs
+
+    def _final_obs(self, next_obs: np.ndarray, done: np.ndarray, infos: Mapping[str, Any] | None) -> np.ndarray:
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP or not done.any():
+            return next_obs
+        if infos is None or "final_obs" not in infos:
+            raise ValueError("SAME_STEP autoreset: an episode ended but infos has no 'final_obs'")
+        final = next_obs.astype(np.float32, copy=True)
+        for slot in np.flatnonzero(done):
+            final[slot] = infos["final_obs"][slot]
+        return final
+
+    def _window(self, slots: np.ndarray) -> np.ndarray:
+        """Ring positions [slot, k] of each slot's open window, oldest first."""
+        start = (self._head[slots] - self._length[slots]) % self.n_step
+        return (start[:, None] + np.arange(self.n_step)) % self.n_step
+
+    def _emit_full(self, slots: np.ndarray, next_obs: np.ndarray) -> Columns:
+        """Slots with n steps open and no episode end: emit their oldest window."""
+        pos = self._window(slots)
+        rows = slots[:, None]
+        reward = (self._reward[rows, pos] * self._powers[: self.n_step]).sum(axis=1)
+        first = pos[:, 0]
+        self._length[slots] -= 1
+        return {
+            "obs": self._obs[slots, first],
+            "action": self._action[slots, first],
+            "reward": reward.astype(np.float32),
+            "next_obs": next_obs[slots].astype(np.float32),
+            "discount": np.full(len(slots), self._powers[self.n_step], np.float32),
+        }
+
+    def _flush(self, slot: int, final_obs: np.ndarray, terminated: bool) -> Columns:
+        """An episode ended in ``slot``: emit every open window, shortest last."""
+        length = int(self._length[slot])
+        pos = self._window(np.array([slot]))[0, :length]
+        rewards = self._reward[slot, pos]
+        # Window k spans steps k..length-1: its return and its own length.
+        returns = np.array([(rewards[k:] * self._powers[: length - k]).sum() for k in range(length)])
+        spans = length - np.arange(length)
+        discount = np.zeros(length) if terminated else self._powers[spans]
+        self._length[slot] = 0
+        return {
+            "obs": self._obs[slot, pos],
+            "action": self._action[slot, pos],
+            "reward": returns.astype(np.float32),
+            "next_obs": np.broadcast_to(final_obs.astype(np.float32), (length, *self.obs_shape)),
+            "discount": discount.astype(np.float32),
+        }
+
+
+def _concat(parts: list[Columns], obs_shape: tuple[int, ...]) -> Columns:
+    parts = [p for p in parts if len(p["action"])]
+    if not parts:
+        return empty_columns(obs_shape)
+    if len(parts) == 1:
+        return {key: np.ascontiguousarray(value) for key, value in parts[0].items()}
+    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+
+def empty_columns(obs_shape: tuple[int, ...]) -> Columns:
+    return {
+        "obs": np.zeros((0, *obs_shape), np.float32),
+        "action": np.zeros(0, np.int64),
+        "reward": np.zeros(0, np.float32),
+        "next_obs": np.zeros((0, *obs_shape), np.float32),
+        "discount": np.zeros(0, np.float32),
+    }
