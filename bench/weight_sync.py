@@ -1,0 +1,225 @@
+"""Weight sync: time from publish until all 4 readers hold the new version.
+
+    .venv/bin/python -m bench.weight_sync [--quick]
+
+Models of 70k, 1.2M and 25M float32 parameters (a few realistic tensors
+each), published through 1, 2 and 4 paramserver shards (each shard its own
+process) to 4 reader processes that long-poll with ``WeightsReader.wait``.
+A reader's time is taken when ``wait`` returns the assembled version; the
+figure for one publish is the latest of the 4 readers minus the moment just
+before ``publish`` was called (CLOCK_MONOTONIC is shared by all processes).
+
+The ceiling, measured in the same run for each model: a raw pyzmq DEALER
+sending the same tensors (one frame each, zero-copy) over tcp to one reader
+process, timed from before the send until that reader holds all frames.
+
+Last line: JSON with p50/p99 (ms) for every case, ``p99_ratio`` (1.2M params,
+1 shard, ours / raw) and ``shard_speedup_25m`` (p50 with 1 shard / p50 with
+4 shards, 25M params).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import time
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+
+from common.transport import free_tcp_port
+from services.paramserver.client import WeightsPublisher, WeightsReader
+from services.paramserver.procs import ShardProcesses
+
+READERS = 4
+
+
+def mlp_70k() -> dict[str, tuple[int, ...]]:  # Ape-X DQN MLP, dueling heads, 18 actions
+    return {"fc1.w": (256, 128), "fc1.b": (256,), "fc2.w": (128, 256), "fc2.b": (128,),
+            "adv.w": (18, 128), "adv.b": (18,), "val.w": (1, 128), "val.b": (1,)}
+
+
+def conv_1m2() -> dict[str, tuple[int, ...]]:  # Nature-DQN-like conv torso, dueling heads
+    return {"conv1.w": (32, 4, 8, 8), "conv1.b": (32,), "conv2.w": (64, 32, 4, 4), "conv2.b": (64,),
+            "conv3.w": (64, 64, 3, 3), "conv3.b": (64,), "fc.w": (512, 2176), "fc.b": (512,),
+            "adv.w": (18, 512), "adv.b": (18,), "val.w": (1, 512), "val.b": (1,)}
+
+
+def mlp_25m() -> dict[str, tuple[int, ...]]:  # 4 wide residual MLP blocks
+    out: dict[str, tuple[int, ...]] = {}
+    for i in range(4):
+        out |= {f"block{i}.w1": (2048, 1536), f"block{i}.b1": (2048,),
+                f"block{i}.w2": (1536, 2048), f"block{i}.b2": (1536,)}
+    return out
+
+
+MODELS = {"70k": mlp_70k, "1.2M": conv_1m2, "25M": mlp_25m}
+
+
+def make(shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {n: rng.standard_normal(s, dtype=np.float32) for n, s in shapes.items()}
+
+
+# -- reader processes ---------------------------------------------------------
+
+def reader_proc(addresses: list[str], name: str, report: str) -> None:
+    out = zmq.Context.instance().socket(zmq.PUSH)
+    out.connect(report)
+    reader = WeightsReader(addresses, name)
+    have = -1
+    out.send(msgpack.packb([name, -1, time.monotonic_ns()]))  # ready
+    while True:
+        got = reader.wait(have + 1, 5.0)
+        if got is None:
+            continue
+        have = got[0]
+        out.send(msgpack.packb([name, have, time.monotonic_ns()]))
+        if have >= 1 << 40:
+            return
+
+
+def raw_reader_proc(address: str, report: str, nframes: int) -> None:
+    ctx = zmq.Context.instance()
+    out = ctx.socket(zmq.PUSH)
+    out.connect(report)
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(address)
+    sock.send(b"ready")
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        version = int.from_bytes(frames[0].bytes, "little")
+        held = [np.frombuffer(f.buffer, np.float32) for f in frames[1:]]  # hold the bytes, as ours does
+        assert len(held) == nframes
+        out.send(msgpack.packb(["raw", version, time.monotonic_ns()]))
+        if version >= 1 << 40:
+            return
+
+
+class Reports:
+    def __init__(self) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.PULL)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = free_tcp_port()
+        self.address = f"tcp://127.0.0.1:{port}"
+        self.sock.bind(self.address)
+
+    def collect(self, version: int, count: int, timeout_s: float = 60.0) -> list[int]:
+        """Times at which ``count`` readers reported holding ``version``."""
+        times: dict[str, int] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(times) < count:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sock.poll(int(left * 1000)):
+                raise TimeoutError(f"only {len(times)} of {count} readers reported version {version}")
+            name, v, t = msgpack.unpackb(self.sock.recv())
+            if v == version:
+                times[name] = t
+        return list(times.values())
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    a = np.asarray(samples)
+    return {"p50": round(float(np.percentile(a, 50)), 3), "p99": round(float(np.percentile(a, 99)), 3),
+            "n": len(samples)}
+
+
+# -- the two measurements ---------------------------------------------------------
+
+def run_ours(tensors: dict[str, np.ndarray], shards: int, reps: int) -> list[float]:
+    ctx = mp.get_context("spawn")
+    reports = Reports()
+    lat: list[float] = []
+    with ShardProcesses(shards) as ps:
+        procs = [ctx.Process(target=reader_proc, args=(ps.addresses, f"r{i}", reports.address), daemon=True)
+                 for i in range(READERS)]
+        for p in procs:
+            p.start()
+        pub = WeightsPublisher(ps.addresses, "bench")
+        try:
+            reports.collect(-1, READERS)
+            pub.publish(0, tensors)  # warm-up: connections, layout checks
+            reports.collect(0, READERS)
+            for version in range(1, reps + 1):
+                time.sleep(0.02)
+                t0 = time.monotonic_ns()
+                pub.publish(version, tensors, timeout_s=60)
+                done = max(reports.collect(version, READERS))
+                lat.append((done - t0) / 1e6)
+        finally:
+            pub.close()
+            for p in procs:
+                p.kill()
+                p.join(5)
+            reports.close()
+    return lat
+
+
+def run_raw(tensors: dict[str, np.ndarray], reps: int) -> list[float]:
+    ctx = mp.get_context("spawn")
+    reports = Reports()
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    address = f"tcp://127.0.0.1:{free_tcp_port()}"
+    sock.bind(address)
+    proc = ctx.Process(target=raw_reader_proc, args=(address, reports.address, len(tensors)), daemon=True)
+    proc.start()
+    lat: list[float] = []
+    try:
+        if not sock.poll(60_000):
+            raise TimeoutError("raw reader did not start")
+        identity, _ = sock.recv_multipart()
+        frames = list(tensors.values())
+        for version in range(0, reps + 1):
+            time.sleep(0.02)
+            t0 = time.monotonic_ns()
+            sock.send_multipart([identity, version.to_bytes(8, "little"), *frames], copy=False)
+            done = reports.collect(version, 1)[0]
+            if version > 0:  # version 0 warms up, as for ours
+                lat.append((done - t0) / 1e6)
+    finally:
+        proc.kill()
+        proc.join(5)
+        sock.close()
+        reports.close()
+    return lat
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    ns = parser.parse_args()
+    reps = {"70k": 60, "1.2M": 60, "25M": 10} if not ns.quick else {"70k": 10, "1.2M": 10, "25M": 3}
+    results: dict[str, dict[str, Any]] = {}
+    started = time.monotonic()
+    for label, shapes in MODELS.items():
+        tensors = make(shapes())
+        params = sum(a.size for a in tensors.values())
+        row: dict[str, Any] = {"params": int(params), "tensors": len(tensors)}
+        row["raw"] = percentiles(run_raw(tensors, reps[label]))
+        for shards in (1, 2, 4):
+            row[f"shards_{shards}"] = percentiles(run_ours(tensors, shards, reps[label]))
+        results[label] = row
+        print(label, json.dumps(row), flush=True)
+    out = {
+        "benchmark": "weight_sync",
+        "unit": "ms from publish until all 4 readers hold the version",
+        "readers": READERS,
+        "results": results,
+        "p99_ratio": round(results["1.2M"]["shards_1"]["p99"] / results["1.2M"]["raw"]["p99"], 3),
+        "p50_ratio": round(results["1.2M"]["shards_1"]["p50"] / results["1.2M"]["raw"]["p50"], 3),
+        "shard_speedup_25m": round(results["25M"]["shards_1"]["p50"] / results["25M"]["shards_4"]["p50"], 3),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    out["goals_met"] = {"p99_ratio<=2": out["p99_ratio"] <= 2, "shard_speedup_25m>1": out["shard_speedup_25m"] > 1}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
