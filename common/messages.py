@@ -78,6 +78,7 @@ _SPECS = [
     # -- replay -----------------------------------------------------------
     MessageSpec("insert", "Store a batch of N transitions; (sender, seq) makes it exactly-once.", {
         "table": _f("str", "table name"),
+        "window_start": _f("int", "lowest seq the sender has not seen acked; older seqs are never resent", False),
     }, {
         "priority": ArraySpec(("float32", "float64"), 1, False, "initial priorities, shape [N]"),
     }, open_arrays=True),

@@ -1,0 +1,437 @@
+"""Replay clients: :class:`InsertClient` for actors, :class:`SampleClient` for the learner.
+
+Neither uses a thread: replies are processed inside the caller's calls
+(``insert``, ``flush``, ``poll``, ``sample``, ``update_priorities``), and
+every blocking call takes a timeout and raises :class:`CommTimeout`.
+
+InsertClient (one shard): a window of un-acked inserts bounded by count and
+bytes. ``insert()`` blocks while the window is full, which is how the replay
+rate limiter's held acks push back on an actor. An insert not acked after
+``resend_after_s`` is resent with the same (sender, seq); replay stores it
+once. Seqs start at the wall clock in microseconds, so an actor that restarts
+under the same id never reuses a seq; each insert also carries
+``window_start`` (its lowest un-acked seq) so replay can forget older seqs.
+
+SampleClient (all shards): keeps ``in_flight`` sample requests outstanding
+per shard so a batch is usually waiting when the learner asks. ``sample()``
+picks among the shards that have a batch ready, weighted by the size of their
+table (so items are drawn roughly uniformly over the union of shards), and
+waits for the first one when none is ready. Priority updates go back to the
+shard that served each batch, fire and forget; their acks are counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+
+from common.config import Experiment
+from common.protocol import DEFAULT_LIMITS, Limits, Message, ProtocolError, decode, encode
+from common.server import RemoteError
+from common.transport import DEFAULT_HWM, CommTimeout, CurveConfig, make_socket
+from services.replay.tables import importance_weights
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Unacked:
+    frames: list[Any]
+    nbytes: int
+    items: int
+    sent_at: float = 0.0
+
+
+class InsertClient:
+    def __init__(
+        self,
+        address: str,
+        sender: str,
+        *,
+        max_unacked: int = 8,
+        max_unacked_bytes: int = 64 << 20,
+        resend_after_s: float = 2.0,
+        seq_start: int | None = None,
+        curve: CurveConfig | None = None,
+        hwm: int = DEFAULT_HWM,
+        ctx: zmq.Context[Any] | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        self.address = address
+        self.sender = sender
+        self.max_unacked = max_unacked
+        self.max_unacked_bytes = max_unacked_bytes
+        self.resend_after_s = resend_after_s
+        self.limits = limits
+        self.sock = make_socket(zmq.DEALER, connect=address, hwm=hwm, curve=curve, ctx=ctx)
+        self._next_seq = seq_start if seq_start is not None else time.time_ns() // 1000
+        self._window: OrderedDict[int, _Unacked] = OrderedDict()
+        self._bytes = 0
+        self._errors: list[RemoteError] = []
+        self.acked = 0
+        self.items_acked = 0
+        self.duplicates = 0
+        self.resends = 0
+
+    @classmethod
+    def from_config(cls, cfg: Experiment, shard: int, sender: str, curve: CurveConfig | None = None) -> InsertClient:
+        a = cfg.actor
+        return cls(cfg.network.replay[shard], sender, max_unacked=a.max_unacked,
+                   max_unacked_bytes=a.max_unacked_bytes, resend_after_s=a.resend_after_s, curve=curve)
+
+    @property
+    def unacked(self) -> int:
+        return len(self._window)
+
+    @property
+    def unacked_bytes(self) -> int:
+        return self._bytes
+
+    def _full(self, nbytes: int) -> bool:
+        return len(self._window) >= self.max_unacked or (
+            bool(self._window) and self._bytes + nbytes > self.max_unacked_bytes)
+
+    def insert(self, table: str, columns: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
+               timeout_s: float = 30.0) -> int:
+        """Send a batch (N items per column) once the window has room; returns its seq.
+
+        The arrays are copied, so the caller may reuse its buffers. Raises
+        CommTimeout when the window stays full for ``timeout_s`` and
+        RemoteError when replay refused an earlier insert (bad schema, ...).
+        """
+        self._raise()
+        arrays = {k: np.array(v, copy=True) for k, v in columns.items()}
+        if priorities is not None:
+            arrays["priority"] = np.asarray(priorities, np.float64)
+        nbytes = sum(a.nbytes for a in arrays.values())
+        items = len(next(iter(arrays.values()))) if arrays else 0
+        deadline = time.monotonic() + timeout_s
+        while self._full(nbytes):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommTimeout(f"insert to {self.address}: window of {self.unacked} un-acked inserts still "
+                                  f"full after {timeout_s:.3g} s (replay away or holding acks)")
+            self._poll(min(left, self._next_resend_in()))
+            self._raise()
+        seq = self._next_seq
+        self._next_seq += 1
+        window_start = next(iter(self._window)) if self._window else seq
+        msg = Message("insert", {"table": table, "window_start": window_start}, arrays, self.sender, seq)
+        entry = _Unacked(encode(msg), nbytes, items)
+        self._window[seq] = entry
+        self._bytes += nbytes
+        self._send(entry)
+        self._poll(0)
+        return seq
+
+    def _send(self, entry: _Unacked) -> None:
+        entry.sent_at = time.monotonic()
+        try:
+            self.sock.send_multipart(entry.frames, copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            entry.sent_at = 0.0  # queue full: due for a resend at the next poll
+
+    def resend(self, seq: int | None = None) -> int:
+        """Send again now one un-acked insert (or all of them); returns how many."""
+        seqs = [seq] if seq is not None else list(self._window)
+        count = 0
+        for s in seqs:
+            entry = self._window.get(s)
+            if entry is not None:
+                self._send(entry)
+                self.resends += 1
+                count += 1
+        return count
+
+    def _next_resend_in(self) -> float:
+        if not self._window:
+            return self.resend_after_s
+        oldest = min(e.sent_at for e in self._window.values())
+        return max(0.0, oldest + self.resend_after_s - time.monotonic())
+
+    def poll(self, timeout_s: float = 0.0) -> int:
+        """Process acks that arrived (waiting up to ``timeout_s`` for one); returns how many."""
+        n = self._poll(timeout_s)
+        self._raise()
+        return n
+
+    def _poll(self, timeout_s: float) -> int:
+        handled = 0
+        if self.sock.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN):
+            while True:
+                try:
+                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                handled += self._handle(frames)
+        now = time.monotonic()
+        for entry in self._window.values():
+            if now - entry.sent_at >= self.resend_after_s:
+                self._send(entry)
+                self.resends += 1
+        return handled
+
+    def _handle(self, frames: list[Any]) -> int:
+        try:
+            msg = decode(frames, self.limits)
+        except ProtocolError as exc:
+            log.warning("insert client %s: undecodable reply from %s: %s", self.sender, self.address, exc)
+            return 0
+        ref = msg.get("ref_seq")
+        entry = self._window.pop(ref, None) if isinstance(ref, int) else None
+        if msg.type == "error":
+            if entry is not None or ref == -1:
+                self._errors.append(RemoteError(msg["reason"], msg["detail"]))
+        elif msg.type == "ack":
+            self.duplicates += bool(msg.get("duplicate"))  # counted even when a first ack came before
+            if entry is not None:
+                self.acked += 1
+                self.items_acked += entry.items
+        if entry is not None:
+            self._bytes -= entry.nbytes
+        return 1
+
+    def _raise(self) -> None:
+        if self._errors:
+            raise self._errors.pop(0)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait until every insert is acked; CommTimeout otherwise."""
+        deadline = time.monotonic() + timeout_s
+        while self._window:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommTimeout(f"flush to {self.address}: {self.unacked} inserts still un-acked "
+                                  f"after {timeout_s:.3g} s")
+            self._poll(min(left, self._next_resend_in()))
+            self._raise()
+        self._raise()
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+    def __enter__(self) -> InsertClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class SampleBatch:
+    shard: int
+    table: str
+    keys: np.ndarray
+    probabilities: np.ndarray
+    weights: np.ndarray
+    data: dict[str, np.ndarray]
+    table_size: int
+
+
+@dataclass
+class _Shard:
+    index: int
+    address: str
+    sock: zmq.Socket[Any]
+    in_flight: dict[int, float] = field(default_factory=dict)  # seq -> sent at
+    ready: deque[SampleBatch] = field(default_factory=deque)
+    size: int = 0
+
+
+class SampleClient:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        sender: str,
+        table: str,
+        batch_size: int,
+        *,
+        in_flight: int = 4,
+        request_timeout_s: float = 30.0,
+        beta: float | None = None,
+        seed: int | None = None,
+        curve: CurveConfig | None = None,
+        hwm: int = DEFAULT_HWM,
+        ctx: zmq.Context[Any] | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        if not addresses:
+            raise ValueError("SampleClient needs at least one replay address")
+        self.sender = sender
+        self.table = table
+        self.batch_size = batch_size
+        self.in_flight = in_flight
+        self.request_timeout_s = request_timeout_s
+        self.beta = beta
+        self.limits = limits
+        self.rng = np.random.default_rng(seed)
+        self.shards = [_Shard(i, a, make_socket(zmq.DEALER, connect=a, hwm=hwm, curve=curve, ctx=ctx))
+                       for i, a in enumerate(addresses)]
+        self.poller = zmq.Poller()
+        for s in self.shards:
+            self.poller.register(s.sock, zmq.POLLIN)
+        self._by_sock = {s.sock: s for s in self.shards}
+        self._seq = 1
+        self._errors: list[RemoteError] = []
+        self._infos: dict[int, dict[str, Any]] = {}
+        self.priorities_sent = 0
+        self.priorities_acked = 0
+        self.priorities_dropped = 0
+        self.priority_errors = 0
+        self.keys_updated = 0
+        self.reissued = 0
+
+    @classmethod
+    def from_config(cls, cfg: Experiment, sender: str, batch_size: int | None = None,
+                    curve: CurveConfig | None = None) -> SampleClient:
+        bs = batch_size if batch_size is not None else cfg.algorithm.batch_size
+        return cls(cfg.network.replay, sender, cfg.learner.table, bs, in_flight=cfg.learner.samples_in_flight,
+                   seed=cfg.seed, curve=curve)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _send(self, shard: _Shard, msg: Message) -> bool:
+        msg.sender, msg.seq = self.sender, self._next_seq()
+        try:
+            shard.sock.send_multipart(encode(msg), copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def _top_up(self) -> None:
+        now = time.monotonic()
+        for s in self.shards:
+            for seq, sent in list(s.in_flight.items()):
+                if now - sent > self.request_timeout_s + 5.0:  # the server lost it (restart): ask again
+                    del s.in_flight[seq]
+                    self.reissued += 1
+            while len(s.in_flight) + len(s.ready) < self.in_flight:
+                body: dict[str, Any] = {"table": self.table, "batch_size": self.batch_size,
+                                        "timeout_ms": int(self.request_timeout_s * 1000)}
+                if self.beta is not None:
+                    body["beta"] = float(self.beta)
+                msg = Message("sample", body)
+                if not self._send(s, msg):
+                    break
+                s.in_flight[msg.seq] = now
+
+    def sample(self, beta: float | None = None, timeout_s: float = 30.0) -> SampleBatch:
+        """One batch from one shard; importance weights recomputed for ``beta`` when given."""
+        if beta is not None:
+            self.beta = beta
+        deadline = time.monotonic() + timeout_s
+        self._top_up()
+        self._poll(0)
+        while True:
+            self._raise()
+            ready = [s for s in self.shards if s.ready]
+            if ready:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommTimeout(f"sample from {self.table!r}: no batch from any of {len(self.shards)} replay "
+                                  f"shards within {timeout_s:.3g} s")
+            self._poll(min(left, 1.0))
+            self._top_up()
+        weights = np.array([max(s.size, 1) for s in ready], np.float64)
+        shard = ready[int(self.rng.choice(len(ready), p=weights / weights.sum()))] if len(ready) > 1 else ready[0]
+        batch = shard.ready.popleft()
+        self._top_up()
+        if beta is not None:
+            batch.weights = importance_weights(batch.probabilities, batch.table_size, beta)
+        return batch
+
+    def update_priorities(self, batch: SampleBatch | int, priorities: np.ndarray,
+                          keys: np.ndarray | None = None) -> None:
+        """Send new priorities to the shard that served ``batch`` (or shard index + keys)."""
+        if isinstance(batch, SampleBatch):
+            shard, keys = self.shards[batch.shard], batch.keys
+        else:
+            shard = self.shards[batch]
+        if keys is None:
+            raise ValueError("update_priorities(shard_index, priorities, keys): keys are required")
+        msg = Message("priorities", {"table": self.table},
+                      {"key": np.asarray(keys, np.uint64), "priority": np.asarray(priorities, np.float64)})
+        if self._send(shard, msg):
+            self.priorities_sent += 1
+        else:
+            self.priorities_dropped += 1
+        self._poll(0)
+
+    def info(self, shard: int = 0, timeout_s: float = 5.0) -> dict[str, Any]:
+        """The ``stats`` of one shard's info_reply."""
+        msg = Message("info", {})
+        if not self._send(self.shards[shard], msg):
+            raise CommTimeout(f"info to replay shard {shard}: send queue full")
+        deadline = time.monotonic() + timeout_s
+        while msg.seq not in self._infos:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommTimeout(f"info from replay shard {shard}: no reply within {timeout_s:.3g} s")
+            self._poll(left)
+        return self._infos.pop(msg.seq)
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        self._poll(timeout_s)
+        self._raise()
+
+    def _poll(self, timeout_s: float) -> None:
+        for sock, _ in self.poller.poll(max(0, int(timeout_s * 1000))):
+            shard = self._by_sock[sock]
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._handle(shard, frames)
+
+    def _handle(self, shard: _Shard, frames: list[Any]) -> None:
+        try:
+            msg = decode(frames, self.limits)
+        except ProtocolError as exc:
+            log.warning("sample client: undecodable reply from %s: %s", shard.address, exc)
+            return
+        ref = msg.get("ref_seq")
+        if msg.type == "batch":
+            if shard.in_flight.pop(ref, None) is None:
+                return  # a reply to a request given up on: drop it
+            a = msg.arrays
+            data = {k: v for k, v in a.items() if k not in ("key", "probability", "weight")}
+            shard.size = int(msg["table_size"])
+            shard.ready.append(SampleBatch(shard.index, msg["table"], a["key"], a["probability"], a["weight"],
+                                           data, shard.size))
+        elif msg.type == "priorities_ack":
+            self.priorities_acked += 1
+            self.keys_updated += int(msg["updated"])
+        elif msg.type == "info_reply":
+            self._infos[ref] = msg["stats"]
+        elif msg.type == "error":
+            if shard.in_flight.pop(ref, None) is not None:
+                if msg["reason"] != "timeout":  # a held sample that timed out is simply asked again
+                    self._errors.append(RemoteError(msg["reason"], f"replay shard {shard.index}: {msg['detail']}"))
+            else:
+                self.priority_errors += 1
+                log.warning("replay shard %d refused a request: %s: %s", shard.index, msg["reason"], msg["detail"])
+
+    def _raise(self) -> None:
+        if self._errors:
+            raise self._errors.pop(0)
+
+    def close(self) -> None:
+        for s in self.shards:
+            s.sock.close(linger=0)
+
+    def __enter__(self) -> SampleClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,80 @@
+"""Exactly-once inserts: which (sender, seq) pairs are already stored, in bounded memory.
+
+Per sender we keep ``floor`` (every seq <= floor is stored or forgotten on
+purpose) and the set of stored seqs above it. The floor advances over
+contiguous seqs, and also to ``window_start - 1`` when the sender says so:
+every insert of :class:`~services.replay.client.InsertClient` carries
+``window_start``, the lowest seq still un-acked on its side, so seqs below it
+will never be resent. The set therefore holds at most the sender's window.
+A sender that does not say (another client) is bounded by ``WINDOW``: the
+floor never trails the highest seq by more than that, which is safe as long as
+such a client keeps fewer than ``WINDOW`` inserts un-acked.
+
+Senders are kept in LRU order and the least recent are forgotten beyond
+``max_senders``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+WINDOW = 4096
+
+
+class _Sender:
+    __slots__ = ("floor", "above", "top")
+
+    def __init__(self, floor: int) -> None:
+        self.floor = floor
+        self.above: set[int] = set()
+        self.top = floor  # highest seq seen
+
+    def advance(self, floor: int) -> None:
+        if floor > self.floor:
+            self.floor = floor
+            self.above = {s for s in self.above if s > floor}
+        while self.floor + 1 in self.above:
+            self.floor += 1
+            self.above.discard(self.floor)
+
+
+class Dedup:
+    def __init__(self, max_senders: int = 100_000, window: int = WINDOW) -> None:
+        self.max_senders = max_senders
+        self.window = window
+        self.senders: OrderedDict[str, _Sender] = OrderedDict()
+
+    def seen(self, sender: str, seq: int) -> bool:
+        s = self.senders.get(sender)
+        return s is not None and (seq <= s.floor or seq in s.above)
+
+    def add(self, sender: str, seq: int, window_start: int | None = None) -> None:
+        s = self.senders.get(sender)
+        if s is None:
+            start = window_start if window_start is not None else seq - self.window
+            s = self.senders[sender] = _Sender(min(start, seq) - 1)
+            while len(self.senders) > self.max_senders:
+                self.senders.popitem(last=False)
+        else:
+            self.senders.move_to_end(sender)
+        if seq > s.floor:
+            s.above.add(seq)
+        s.top = max(s.top, seq)
+        floor = max(s.floor, s.top - self.window)
+        if window_start is not None:
+            floor = max(floor, min(window_start, seq) - 1)
+        s.advance(floor)
+
+    def __len__(self) -> int:
+        return len(self.senders)
+
+    def state(self) -> dict[str, Any]:
+        return {name: [s.floor, sorted(s.above)] for name, s in self.senders.items()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.senders.clear()
+        for name, (floor, above) in state.items():
+            s = self.senders[name] = _Sender(int(floor))
+            s.above = {int(x) for x in above}
+            s.top = max(s.above, default=s.floor)

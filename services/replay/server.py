@@ -1,0 +1,362 @@
+"""The replay server: a ROUTER loop over tables, with held inserts and held samples.
+
+Rate limiting holds requests instead of refusing them:
+
+- An insert the limiter does not admit yet (actors ahead of the learner) or
+  that does not fit a full queue table waits in a FIFO per table, *not
+  stored*; it is stored and acked together when the limiter admits it, as in
+  Reverb where the insert call itself blocks. The actor's window of un-acked
+  inserts fills up and its ``insert()`` blocks: that is the back-pressure.
+  A resend of a held insert is dropped (it is already queued); its one ack
+  comes when it is stored.
+- A sample the limiter does not admit (learner ahead, or the table below
+  ``min_size``) is held and answered when it may go, or with an ``error``
+  of reason ``timeout`` once its ``timeout_ms`` passes.
+
+Exactly-once: an insert whose (sender, seq) is already stored is acked again
+with ``duplicate=true, stored=0``. With ``wal`` durability every stored
+insert is appended to the log, and the acks of a burst of messages are sent
+only after the log is fsync'ed (in :meth:`ReplayServer.tick`, which the loop
+runs after every burst).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from common.config import ReplayConfig
+from common.metrics import ServiceMetrics
+from common.protocol import DEFAULT_LIMITS, Limits, Message
+from common.server import Peer, RequestError, Server
+from common.transport import DEFAULT_HWM, CurveConfig
+from services.replay.dedup import Dedup
+from services.replay.storage import SNAPSHOT, Snapshotter, WriteAheadLog, read_snapshot
+from services.replay.tables import MAX_SAMPLE_BATCH, QueueTable, Table, TableError, make_table
+
+log = logging.getLogger(__name__)
+
+RESERVED = ("key", "probability", "weight", "priority")
+MAX_HELD_INSERTS = 10_000  # per table; beyond, inserts are dropped unacked and the client resends
+
+
+@dataclass
+class HeldInsert:
+    peer: Peer
+    arrays: dict[str, np.ndarray]
+    priority: np.ndarray | None
+    window_start: int | None
+    n: int
+    since: float
+
+
+@dataclass
+class HeldSample:
+    peer: Peer
+    batch_size: int
+    beta: float | None
+    deadline: float | None
+    since: float
+
+
+class ReplayServer(Server):
+    def __init__(
+        self,
+        cfg: ReplayConfig,
+        metrics: ServiceMetrics,
+        bind: str | Iterable[str],
+        *,
+        shard: int = 0,
+        directory: str | Path | None = None,
+        seed: int | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        curve: CurveConfig | None = None,
+        hwm: int = DEFAULT_HWM,
+        ctx: zmq.Context[Any] | None = None,
+    ) -> None:
+        super().__init__(metrics, bind, limits=limits, curve=curve, hwm=hwm, ctx=ctx)
+        self.cfg = cfg
+        self.shard = shard
+        rng = np.random.default_rng(seed)
+        self.tables: dict[str, Table] = {t.name: make_table(t, rng) for t in cfg.tables}
+        self.dedup = Dedup()
+        self.held_inserts: dict[str, deque[HeldInsert]] = {n: deque() for n in self.tables}
+        self.held_keys: set[tuple[str, int]] = set()
+        self.held_samples: dict[str, deque[HeldSample]] = {n: deque() for n in self.tables}
+        self.deferred_acks: list[tuple[Peer, Message]] = []
+        self.duplicates = 0
+        self.durability = cfg.durability
+        self.dir = Path(directory) if directory is not None else None
+        if self.durability != "memory" and self.dir is None:
+            raise ValueError(f"durability={self.durability} needs a directory")
+        self.snapshotter = Snapshotter(self.dir / SNAPSHOT) if self.dir is not None else None
+        self.wal = WriteAheadLog(self.dir) if self.durability == "wal" and self.dir is not None else None
+        self.last_snapshot = time.monotonic()
+        m = metrics
+        self.m_size = m.gauge("replay_size", "Items in each table.", ("table",))
+        self.m_inserts = m.counter("replay_inserts", "Items stored, by table.", ("table",))
+        self.m_samples = m.counter("replay_samples", "Items sampled, by table.", ("table",))
+        self.m_dups = m.counter("replay_duplicates", "Duplicate insert messages dropped, by table.", ("table",))
+        self.m_ignored = m.counter("replay_priority_updates_ignored", "Priority updates for evicted keys.",
+                                   ("table",))
+        self.m_wait = m.counter("rate_limiter_wait_seconds", "Seconds requests were held by the rate limiter.",
+                                ("side",))
+        self.m_held = m.gauge("rate_limiter_held", "Requests held by the rate limiter now.", ("side",))
+        self.m_dropped = m.counter("replay_inserts_dropped", "Inserts dropped unacked: too many held.")
+        self.m_snap = m.gauge("replay_snapshot_seconds", "Seconds the last snapshot took to write.")
+        for name in self.tables:
+            self.m_size.labels(name).set(0)
+        for side in ("insert", "sample"):
+            self.m_wait.labels(side).inc(0)
+        self.route("insert", self.on_insert)
+        self.route("sample", self.on_sample)
+        self.route("priorities", self.on_priorities)
+        self.route("info", self.on_info)
+
+    def reply_error(self, peer: Peer, reason: str, detail: str) -> None:
+        # Unlike Server.reply_error, keep the request's seq in ref_seq: clients with
+        # several requests in flight must know which one failed.
+        self.metrics.protocol_errors.labels(reason).inc()
+        self.reply(peer, Message("error", {"ref_seq": peer.seq, "reason": reason, "detail": detail[:1000]}))
+
+    # -- handlers -------------------------------------------------------------
+    def _table(self, name: str) -> Table:
+        table = self.tables.get(name)
+        if table is None:
+            raise RequestError("unknown_table", f"no table {name!r}; tables: {sorted(self.tables)}")
+        return table
+
+    def on_insert(self, peer: Peer, msg: Message) -> None:
+        table = self._table(msg["table"])
+        key = (msg.sender, msg.seq)
+        if self.dedup.seen(*key):
+            self._duplicate(table, peer, acked=True)
+            return
+        if key in self.held_keys:
+            self._duplicate(table, peer, acked=False)
+            return
+        arrays = {k: v for k, v in msg.arrays.items() if k != "priority"}
+        for name in arrays:
+            if name in RESERVED:
+                raise RequestError("reserved_column", f"column name {name!r} is reserved ({', '.join(RESERVED)})")
+        try:
+            n = table.check(arrays)
+        except TableError as exc:
+            raise RequestError(exc.reason, exc.detail) from None
+        priority = msg.arrays.get("priority")
+        if priority is not None:
+            if priority.shape != (n,):
+                raise RequestError("bad_priority", f"priority has shape {list(priority.shape)}; needs [{n}]")
+            if not np.all(np.isfinite(priority)) or np.any(priority < 0):
+                raise RequestError("bad_priority", "priorities must be finite and >= 0")
+        held = self.held_inserts[table.name]
+        if len(held) >= MAX_HELD_INSERTS:
+            self.m_dropped.inc()
+            return
+        ws = msg.get("window_start")
+        held.append(HeldInsert(peer, arrays, priority, ws if isinstance(ws, int) else None, n, time.monotonic()))
+        self.held_keys.add(key)
+        self._pump(table)
+
+    def _duplicate(self, table: Table, peer: Peer, acked: bool) -> None:
+        self.duplicates += 1
+        self.m_dups.labels(table.name).inc()
+        if acked:
+            self._ack(peer, Message("ack", {"stored": 0, "duplicate": True}))
+
+    def _ack(self, peer: Peer, msg: Message) -> None:
+        if self.wal is not None:
+            self.deferred_acks.append((peer, msg))  # sent after the burst's fsync
+        else:
+            self.reply(peer, msg)
+
+    def on_sample(self, peer: Peer, msg: Message) -> None:
+        table = self._table(msg["table"])
+        bs = msg["batch_size"]
+        if not 1 <= bs <= MAX_SAMPLE_BATCH:
+            raise RequestError("bad_request", f"batch_size={bs}; allowed: 1..{MAX_SAMPLE_BATCH}")
+        beta = msg.get("beta")
+        if beta is not None and not 0 <= beta <= 100:
+            raise RequestError("bad_request", f"beta={beta}; allowed: 0..100")
+        timeout_ms = msg.get("timeout_ms")
+        now = time.monotonic()
+        deadline = now + timeout_ms / 1000 if timeout_ms is not None else None
+        self.held_samples[table.name].append(HeldSample(peer, bs, beta, deadline, now))
+        self._pump(table)
+
+    def on_priorities(self, peer: Peer, msg: Message) -> None:
+        table = self._table(msg["table"])
+        keys, prio = msg.arrays["key"], msg.arrays["priority"]
+        if keys.shape != prio.shape:
+            raise RequestError("bad_request", f"{len(keys)} keys but {len(prio)} priorities")
+        if not np.all(np.isfinite(prio)) or np.any(prio < 0):
+            raise RequestError("bad_priority", "priorities must be finite and >= 0")
+        before = table.ignored_updates
+        updated = table.update_priorities(keys, prio.astype(np.float64))
+        self.m_ignored.labels(table.name).inc(table.ignored_updates - before)
+        self.reply(peer, Message("priorities_ack", {"updated": updated}))
+
+    def on_info(self, peer: Peer, msg: Message) -> None:
+        self.reply(peer, Message("info_reply", {"service": "replay", "shard": self.shard, "stats": self.stats()}))
+
+    def stats(self) -> dict[str, Any]:
+        tables = {}
+        for name, t in self.tables.items():
+            tables[name] = {**t.stats(), "held_inserts": len(self.held_inserts[name]),
+                            "held_samples": len(self.held_samples[name])}
+        return {
+            "tables": tables,
+            "duplicates": self.duplicates,
+            "senders": len(self.dedup),
+            "durability": self.durability,
+            "snapshots": self.snapshotter.count if self.snapshotter else 0,
+            "wal_syncs": self.wal.syncs if self.wal else 0,
+        }
+
+    # -- the limiter's queues -------------------------------------------------
+    def _pump(self, table: Table) -> None:
+        """Store held inserts and serve held samples while the limiter lets them go."""
+        inserts, samples = self.held_inserts[table.name], self.held_samples[table.name]
+        progress = True
+        while progress:
+            progress = False
+            while inserts and table.can_insert(inserts[0].n):
+                self._store(table, inserts.popleft())
+                progress = True
+            while samples and table.can_sample():
+                self._serve(table, samples.popleft())
+                progress = True
+
+    def _store(self, table: Table, h: HeldInsert) -> None:
+        key = (h.peer.sender, h.peer.seq)
+        self.held_keys.discard(key)
+        first = table.insert(h.arrays, h.priority)
+        if self.wal is not None:
+            logged = h.arrays if h.priority is None else {**h.arrays, "__priority__": h.priority}
+            self.wal.append_insert(table.name, first, logged, key[0], key[1], h.window_start)
+        self.dedup.add(key[0], key[1], h.window_start)
+        self.m_inserts.labels(table.name).inc(h.n)
+        self.m_wait.labels("insert").inc(time.monotonic() - h.since)
+        self._ack(h.peer, Message("ack", {"stored": h.n, "duplicate": False}))
+
+    def _serve(self, table: Table, h: HeldSample) -> None:
+        size = table.size
+        s = table.sample(h.batch_size, h.beta)
+        if self.wal is not None and isinstance(table, QueueTable):
+            self.wal.append_pop(table.name, table.oldest_key)
+        self.m_samples.labels(table.name).inc(len(s.keys))
+        self.m_wait.labels("sample").inc(time.monotonic() - h.since)
+        arrays = {"key": s.keys, "probability": s.probability, "weight": s.weight, **s.data}
+        body = {"table": table.name, "shard": self.shard, "table_size": size}
+        self.reply(h.peer, Message("batch", body, arrays))
+
+    # -- timers ---------------------------------------------------------------
+    def tick(self) -> None:
+        self.flush_acks()
+        now = time.monotonic()
+        for held in self.held_samples.values():
+            if held and any(h.deadline is not None and h.deadline <= now for h in held):
+                keep = deque()
+                for h in held:
+                    if h.deadline is not None and h.deadline <= now:
+                        self.m_wait.labels("sample").inc(now - h.since)
+                        self.reply_error(h.peer, "timeout", "the rate limiter held this sample past its timeout_ms")
+                    else:
+                        keep.append(h)
+                held.clear()
+                held.extend(keep)
+        for name, t in self.tables.items():
+            self.m_size.labels(name).set(t.size)
+        self.m_held.labels("insert").set(sum(len(q) for q in self.held_inserts.values()))
+        self.m_held.labels("sample").set(sum(len(q) for q in self.held_samples.values()))
+        if (self.durability != "memory" and now - self.last_snapshot >= self.cfg.checkpoint_every_s
+                and self.snapshotter is not None and not self.snapshotter.busy):
+            self.snapshot()
+
+    def flush_acks(self) -> None:
+        """wal: fsync what this burst appended, then send its acks."""
+        if self.wal is not None:
+            self.wal.sync()
+            acks, self.deferred_acks = self.deferred_acks, []
+            for peer, msg in acks:
+                self.reply(peer, msg)
+
+    # -- durability -----------------------------------------------------------
+    def snapshot(self, wait: bool = False) -> None:
+        """Copy every table now (in the loop thread); write the copy in a thread."""
+        if self.snapshotter is None:
+            return
+        self.snapshotter.wait()
+        self.last_snapshot = time.monotonic()
+        covered = self.wal.rotate() if self.wal is not None else 0
+        index: dict[str, Any] = {"format": 1, "shard": self.shard, "time": time.time(), "wal_segment": covered,
+                                 "dedup": self.dedup.state(), "tables": {}}
+        arrays: dict[str, np.ndarray] = {}
+        for name, t in self.tables.items():
+            meta, arrs = t.state()
+            index["tables"][name] = meta
+            arrays.update({f"{name}/{col}": a for col, a in arrs.items()})
+        wal = self.wal
+        then = (lambda: wal.drop_through(covered)) if wal is not None else None
+        self.snapshotter.start(index, arrays, then)
+        if wait:
+            self.snapshotter.wait()
+        self.m_snap.set(self.snapshotter.last_seconds)
+
+    def restore(self) -> int:
+        """Load the snapshot and replay the log; returns the items restored."""
+        if self.dir is None or self.durability == "memory":
+            return 0
+        covered = 0
+        path = self.dir / SNAPSHOT
+        if path.exists():
+            index, arrays = read_snapshot(path)
+            for name, meta in index["tables"].items():
+                table = self.tables.get(name)
+                if table is None:
+                    log.warning("replay shard %d: snapshot table %r is not configured; skipped", self.shard, name)
+                    continue
+                prefix = f"{name}/"
+                table.restore(meta, {k[len(prefix):]: a for k, a in arrays.items() if k.startswith(prefix)})
+            self.dedup.restore(index.get("dedup", {}))
+            covered = int(index.get("wal_segment", 0))
+        if self.wal is not None:
+            for header, arrays in self.wal.replay(covered, self.wal.segment):
+                self._apply(header, arrays)
+        for name, t in self.tables.items():
+            self.m_size.labels(name).set(t.size)
+        return sum(t.size for t in self.tables.values())
+
+    def _apply(self, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        table = self.tables.get(header["table"])
+        if table is None:
+            return
+        if header["op"] == "pop":
+            gone = min(table.size, max(0, int(header["head"]) - table.oldest_key))
+            table.size -= gone
+            table.limiter.sampled(gone)
+            return
+        priority = arrays.pop("__priority__", None)
+        n = len(next(iter(arrays.values())))
+        key = int(header["key"])
+        if key + n > table.next_key:
+            if key != table.next_key:
+                log.warning("replay: log of table %r jumps from key %d to %d", table.name, table.next_key, key)
+                table.next_key, table.size = key, 0
+            table.insert(arrays, priority)
+        self.dedup.add(header["sender"], int(header["seq"]), header.get("ws"))
+
+    def close(self) -> None:
+        if self.snapshotter is not None:
+            self.snapshotter.wait()
+        if self.wal is not None:
+            self.wal.close()
+        super().close()

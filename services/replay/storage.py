@@ -1,0 +1,228 @@
+"""Durability of a replay shard: atomic snapshots and a write-ahead log. No pickle.
+
+- Snapshot: one ``snapshot.npz`` (a zip of ``.npy`` files written with
+  ``allow_pickle=False``) holding every live item of every table plus a
+  msgpack index (table metadata, rate limiter counters, dedup state, and the
+  last WAL segment it covers). Written to a temp file, fsync'ed, renamed over
+  the old one, then the directory is fsync'ed: a crash leaves the old or the
+  new snapshot, never half of one. The caller copies the arrays (under its
+  lock, i.e. in its loop thread); :class:`Snapshotter` writes them in a
+  thread.
+- WAL: segments ``wal-00000001.log``... of records
+  ``magic | header_len | payload_len | crc32 | msgpack header | raw arrays``.
+  The server appends every stored insert (and every queue pop), and calls
+  :meth:`WriteAheadLog.sync` (flush + fsync) once per burst of messages,
+  before it sends the acks of that burst. A snapshot rotates the log; the
+  segments it covers are deleted once it is on disk. Replay stops at the
+  first torn or corrupt record of a segment (only a tail can be torn, and a
+  torn record was never acked).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT = "snapshot.npz"
+_INDEX = "__index__"
+_REC = struct.Struct("<4sIII")
+_MAGIC = b"RLW1"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_snapshot(path: Path, index: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
+    """Atomically replace ``path`` with (index, arrays); returns bytes written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    names = {name: f"a{i}" for i, name in enumerate(arrays)}
+    packed = msgpack.packb({**index, "arrays": names}, use_bin_type=True)
+    with open(tmp, "wb") as f:
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for member, arr in ((_INDEX, np.frombuffer(packed, np.uint8)),
+                                *((names[n], a) for n, a in arrays.items())):
+                with zf.open(member + ".npy", "w", force_zip64=True) as out:
+                    np.lib.format.write_array(out, np.ascontiguousarray(arr), allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+        size = f.tell()
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    return size
+
+
+def read_snapshot(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    with np.load(path, allow_pickle=False) as z:
+        index = msgpack.unpackb(z[_INDEX].tobytes(), raw=False, strict_map_key=False)
+        arrays = {name: z[member] for name, member in index.pop("arrays").items()}
+    return index, arrays
+
+
+class Snapshotter:
+    """Writes one snapshot at a time in a background thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._thread: threading.Thread | None = None
+        self.last_seconds = 0.0
+        self.last_bytes = 0
+        self.count = 0
+        self.error: BaseException | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, index: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
+              then: Callable[[], None] | None = None) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._write, args=(index, arrays, then),
+                                        name="replay-snapshot", daemon=True)
+        self._thread.start()
+
+    def _write(self, index: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
+               then: Callable[[], None] | None) -> None:
+        t0 = time.monotonic()
+        try:
+            self.last_bytes = write_snapshot(self.path, index, arrays)
+            self.last_seconds = time.monotonic() - t0
+            self.count += 1
+            if then is not None:
+                then()
+        except Exception as exc:  # a full disk must not kill the server; it is logged and retried later
+            self.error = exc
+            log.exception("replay snapshot to %s failed", self.path)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            return not self._thread.is_alive()
+        return True
+
+
+class WriteAheadLog:
+    """Append-only segments of insert and pop records."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        existing = self.segments()
+        self.segment = (existing[-1] if existing else 0) + 1
+        self._file = open(self._path(self.segment), "ab")
+        self._dirty = False
+        self.syncs = 0
+
+    def _path(self, segment: int) -> Path:
+        return self.dir / f"wal-{segment:08d}.log"
+
+    def segments(self) -> list[int]:
+        out = []
+        for p in self.dir.glob("wal-*.log"):
+            try:
+                out.append(int(p.stem.split("-", 1)[1]))
+            except ValueError:
+                continue
+        return sorted(out)
+
+    def _append(self, header: Mapping[str, Any], payload: list[np.ndarray]) -> None:
+        head = msgpack.packb(header, use_bin_type=True)
+        bufs = [memoryview(np.ascontiguousarray(a)).cast("B") for a in payload]
+        crc = zlib.crc32(head)
+        for b in bufs:
+            crc = zlib.crc32(b, crc)
+        f = self._file
+        f.write(_REC.pack(_MAGIC, len(head), sum(len(b) for b in bufs), crc))
+        f.write(head)
+        for b in bufs:
+            f.write(b)
+        self._dirty = True
+
+    def append_insert(self, table: str, first_key: int, arrays: Mapping[str, np.ndarray],
+                      sender: str, seq: int, window_start: int | None) -> None:
+        cols = [[name, a.dtype.str, list(a.shape)] for name, a in arrays.items()]
+        self._append({"op": "insert", "table": table, "key": first_key, "sender": sender, "seq": seq,
+                      "ws": window_start, "cols": cols}, list(arrays.values()))
+
+    def append_pop(self, table: str, head: int) -> None:
+        self._append({"op": "pop", "table": table, "head": head}, [])
+
+    def sync(self) -> bool:
+        """Flush and fsync what was appended since the last sync; True if anything was."""
+        if not self._dirty:
+            return False
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._dirty = False
+        self.syncs += 1
+        return True
+
+    def rotate(self) -> int:
+        """Close the current segment (synced) and start the next; returns the closed one."""
+        self.sync()
+        self._file.close()
+        closed = self.segment
+        self.segment += 1
+        self._file = open(self._path(self.segment), "ab")
+        return closed
+
+    def drop_through(self, segment: int) -> None:
+        for s in self.segments():
+            if s <= segment and s != self.segment:
+                self._path(s).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.sync()
+        self._file.close()
+
+    def replay(self, after: int, before: int) -> Iterator[tuple[dict[str, Any], dict[str, np.ndarray]]]:
+        """Records of segments in (after, before), in order."""
+        for s in self.segments():
+            if after < s < before:
+                yield from read_segment(self._path(s))
+
+
+def read_segment(path: Path) -> Iterator[tuple[dict[str, Any], dict[str, np.ndarray]]]:
+    data = path.read_bytes()
+    pos = 0
+    while pos < len(data):
+        if pos + _REC.size > len(data):
+            log.warning("%s: torn record header at byte %d; the rest is ignored", path.name, pos)
+            return
+        magic, hlen, plen, crc = _REC.unpack_from(data, pos)
+        end = pos + _REC.size + hlen + plen
+        if magic != _MAGIC or end > len(data):
+            log.warning("%s: torn or corrupt record at byte %d; the rest is ignored", path.name, pos)
+            return
+        body = memoryview(data)[pos + _REC.size:end]
+        if zlib.crc32(body) != crc:
+            log.warning("%s: checksum mismatch at byte %d; the rest is ignored", path.name, pos)
+            return
+        header = msgpack.unpackb(body[:hlen], raw=False)
+        arrays: dict[str, np.ndarray] = {}
+        off = hlen
+        for name, dtype, shape in header.get("cols", []):
+            dt = np.dtype(dtype)
+            n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            arrays[name] = np.frombuffer(body[off:off + n], dt).reshape(shape)
+            off += n
+        yield header, arrays
+        pos = end

@@ -1,0 +1,331 @@
+"""Replay tables: columnar, preallocated storage with uniform, prioritized and queue selection.
+
+Every table stores items in a ring of ``capacity`` slots, one numpy array
+per column, allocated when the first insert fixes the schema (column names,
+dtypes, per-item shapes). Keys are uint64, unique and increasing per table:
+the item with key ``k`` lives in slot ``k % capacity`` and is present while
+``next_key - size <= k < next_key``, so no key index is needed.
+
+- :class:`UniformTable`: ring buffer, oldest evicted, uniform sampling with
+  replacement.
+- :class:`PrioritizedTable`: ring buffer with a :class:`SumTree` over
+  ``priority ** alpha``; sampling returns probabilities and importance
+  weights ``(N * P(i)) ** -beta`` normalised by the batch maximum (as Acme's
+  DQN does).
+- :class:`QueueTable`: FIFO; each item is sampled once and removed; inserts
+  wait while it is full.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from common.config import TableConfig
+from services.replay.ratelimiter import RateLimiter
+from services.replay.sumtree import SumTree
+
+MAX_SAMPLE_BATCH = 1 << 16
+
+
+class TableError(Exception):
+    """A request a table refuses; ``reason`` becomes the error reply's reason."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]  # per item (without the batch axis)
+
+    def describe(self) -> str:
+        return f"{self.dtype.name}{list(self.shape)}"
+
+
+Schema = dict[str, ColumnSpec]
+
+
+@dataclass
+class Sampled:
+    keys: np.ndarray  # uint64
+    probability: np.ndarray  # float64
+    weight: np.ndarray  # float32
+    data: dict[str, np.ndarray]
+
+
+def batch_schema(arrays: Mapping[str, np.ndarray]) -> tuple[int, Schema]:
+    """(N, schema) of a batch of columns that all share a leading axis of length N."""
+    if not arrays:
+        raise TableError("bad_batch", "an insert needs at least one data column")
+    n = None
+    schema: Schema = {}
+    for name, arr in arrays.items():
+        if arr.ndim < 1:
+            raise TableError("bad_batch", f"column {name!r} has no batch axis (shape [])")
+        if n is None:
+            n = arr.shape[0]
+        elif arr.shape[0] != n:
+            raise TableError("bad_batch", f"column {name!r} has {arr.shape[0]} items, others have {n}")
+        schema[name] = ColumnSpec(arr.dtype.newbyteorder("="), tuple(arr.shape[1:]))
+    assert n is not None
+    if n < 1:
+        raise TableError("bad_batch", "an insert needs at least one item")
+    return n, schema
+
+
+class Table:
+    kind = ""
+
+    def __init__(self, cfg: TableConfig, rng: np.random.Generator | None = None) -> None:
+        self.name = cfg.name
+        self.capacity = cfg.capacity
+        self.limiter = RateLimiter(cfg.min_size, cfg.samples_per_insert, cfg.error_buffer)
+        self.rng = rng if rng is not None else np.random.default_rng()
+        self.schema: Schema | None = None
+        self.columns: dict[str, np.ndarray] = {}
+        self.next_key = 0
+        self.size = 0
+        self.inserted_items = 0
+        self.sampled_items = 0
+        self.ignored_updates = 0
+
+    # -- schema ---------------------------------------------------------------
+    def check(self, arrays: Mapping[str, np.ndarray]) -> int:
+        """Validate a batch against the schema (fixing it on first use); returns N."""
+        n, schema = batch_schema(arrays)
+        if n > self.capacity:
+            raise TableError("batch_too_large", f"{n} items in one insert; table {self.name!r} holds {self.capacity}")
+        if self.schema is None:
+            self._allocate(schema)
+            return n
+        for name, spec in self.schema.items():
+            got = schema.get(name)
+            if got is None:
+                raise TableError("schema_mismatch", f"column {name!r} is missing; table {self.name!r} stores "
+                                 f"{sorted(self.schema)}")
+            if got.dtype != spec.dtype:
+                raise TableError("schema_mismatch", f"column {name!r} has dtype {got.dtype.name}; table "
+                                 f"{self.name!r} stores {spec.dtype.name}")
+            if got.shape != spec.shape:
+                raise TableError("schema_mismatch", f"column {name!r} has per-item shape {list(got.shape)}; "
+                                 f"table {self.name!r} stores {list(spec.shape)}")
+        extra = sorted(set(schema) - set(self.schema))
+        if extra:
+            raise TableError("schema_mismatch", f"column {extra[0]!r} is unknown; table {self.name!r} stores "
+                             f"{sorted(self.schema)}")
+        return n
+
+    def _allocate(self, schema: Schema) -> None:
+        self.schema = dict(schema)
+        self.columns = {name: np.zeros((self.capacity, *s.shape), s.dtype) for name, s in schema.items()}
+
+    # -- keys -----------------------------------------------------------------
+    @property
+    def oldest_key(self) -> int:
+        return self.next_key - self.size
+
+    def present(self, keys: np.ndarray) -> np.ndarray:
+        k = keys.astype(np.uint64, copy=False)
+        return (k >= np.uint64(self.oldest_key)) & (k < np.uint64(self.next_key))
+
+    def _slots(self, keys: np.ndarray) -> np.ndarray:
+        return (keys % np.uint64(self.capacity)).astype(np.int64)
+
+    # -- insert ---------------------------------------------------------------
+    def can_insert(self, n: int) -> bool:
+        return self.limiter.can_insert(self.size)
+
+    def insert(self, arrays: Mapping[str, np.ndarray], priority: np.ndarray | None = None) -> int:
+        """Store a checked batch; returns the key of its first item."""
+        n = self.check(arrays)
+        first = self.next_key
+        keys = np.arange(first, first + n, dtype=np.uint64)
+        slots = self._slots(keys)
+        for name, col in self.columns.items():
+            col[slots] = arrays[name]
+        self._stored(slots, n, priority)
+        self.next_key += n
+        self.size = min(self.size + n, self.capacity)
+        self.inserted_items += n
+        self.limiter.inserted(n)
+        return first
+
+    def _stored(self, slots: np.ndarray, n: int, priority: np.ndarray | None) -> None:
+        """Hook: per-item bookkeeping of the slots just written."""
+
+    # -- sample ---------------------------------------------------------------
+    def can_sample(self) -> bool:
+        return self.size >= 1 and self.limiter.can_sample(self.size)
+
+    def sample(self, batch_size: int, beta: float | None = None) -> Sampled:
+        keys, prob, weight = self._select(batch_size, beta)
+        slots = self._slots(keys)
+        data = {name: col[slots] for name, col in self.columns.items()}
+        self.sampled_items += len(keys)
+        self.limiter.sampled(len(keys))
+        return Sampled(keys, prob, weight, data)
+
+    def _select(self, batch_size: int, beta: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
+        """Tables without priorities ignore updates (all counted as ignored)."""
+        self.ignored_updates += len(keys)
+        return 0
+
+    # -- snapshot -------------------------------------------------------------
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """(meta, arrays) of the live items in key order; arrays are copies."""
+        keys = np.arange(self.oldest_key, self.next_key, dtype=np.uint64)
+        slots = self._slots(keys)
+        arrays = {name: col[slots] for name, col in self.columns.items()}
+        meta = {
+            "kind": self.kind,
+            "capacity": self.capacity,
+            "next_key": self.next_key,
+            "size": self.size,
+            "schema": {n: [s.dtype.str, list(s.shape)] for n, s in (self.schema or {}).items()},
+            "limiter": self.limiter.state(),
+            "inserted_items": self.inserted_items,
+            "sampled_items": self.sampled_items,
+        }
+        return meta, arrays
+
+    def restore(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
+        """Load a state(); keeps the newest items if the capacity shrank. Returns items restored."""
+        if meta["kind"] != self.kind:
+            raise TableError("bad_snapshot", f"table {self.name!r} is {self.kind}, snapshot holds {meta['kind']}")
+        schema = {n: ColumnSpec(np.dtype(d), tuple(s)) for n, (d, s) in meta["schema"].items()}
+        self.next_key = int(meta["next_key"])
+        size = int(meta["size"])
+        keep = min(size, self.capacity)
+        self.size = 0
+        if schema:
+            self._allocate(schema)
+            keys = np.arange(self.next_key - keep, self.next_key, dtype=np.uint64)
+            slots = self._slots(keys)
+            for name, col in self.columns.items():
+                col[slots] = arrays[name][size - keep:]
+            self._restored(slots, arrays, size - keep)
+        self.size = keep
+        self.limiter.restore(meta.get("limiter", {}))
+        self.inserted_items = int(meta.get("inserted_items", 0))
+        self.sampled_items = int(meta.get("sampled_items", 0))
+        return keep
+
+    def _restored(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray], skip: int) -> None:
+        """Hook: per-item bookkeeping after a restore."""
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "size": self.size,
+            "capacity": self.capacity,
+            "next_key": self.next_key,
+            "inserted_items": self.inserted_items,
+            "sampled_items": self.sampled_items,
+            "ignored_priority_updates": self.ignored_updates,
+            "limiter_inserts": self.limiter.inserts,
+            "limiter_samples": self.limiter.samples,
+            "limiter_diff": self.limiter.diff,
+        }
+
+
+class UniformTable(Table):
+    kind = "uniform"
+
+    def _select(self, batch_size: int, beta: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        offsets = self.rng.integers(0, self.size, batch_size, dtype=np.int64)
+        keys = (np.uint64(self.oldest_key) + offsets.astype(np.uint64)).astype(np.uint64)
+        return keys, np.full(batch_size, 1.0 / self.size), np.ones(batch_size, np.float32)
+
+
+class PrioritizedTable(Table):
+    kind = "prioritized"
+
+    def __init__(self, cfg: TableConfig, rng: np.random.Generator | None = None) -> None:
+        super().__init__(cfg, rng)
+        self.alpha = cfg.alpha
+        self.tree = SumTree(cfg.capacity)
+        self.priority = np.zeros(cfg.capacity, np.float64)  # raw, before alpha
+        self.max_priority = 1.0
+
+    def _set(self, slots: np.ndarray, priority: np.ndarray) -> None:
+        p = np.asarray(priority, np.float64)
+        self.priority[slots] = p
+        self.tree.set(slots, p ** self.alpha if self.alpha != 1.0 else p)
+        if p.size:
+            self.max_priority = max(self.max_priority, float(p.max()))
+
+    def _stored(self, slots: np.ndarray, n: int, priority: np.ndarray | None) -> None:
+        self._set(slots, np.full(n, self.max_priority) if priority is None else priority)
+
+    def _select(self, batch_size: int, beta: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        total = self.tree.total
+        if total <= 0:  # every priority is zero: fall back to uniform
+            offsets = self.rng.integers(0, self.size, batch_size, dtype=np.int64)
+            keys = np.uint64(self.oldest_key) + offsets.astype(np.uint64)
+            return keys, np.full(batch_size, 1.0 / self.size), np.ones(batch_size, np.float32)
+        slots = self.tree.sample(batch_size, self.rng)
+        oldest_slot = self.oldest_key % self.capacity
+        keys = np.uint64(self.oldest_key) + ((slots - oldest_slot) % self.capacity).astype(np.uint64)
+        prob = self.tree.get(slots) / total
+        return keys, prob, importance_weights(prob, self.size, beta)
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
+        mask = self.present(keys)
+        self.ignored_updates += int(len(keys) - mask.sum())
+        if mask.any():
+            self._set(self._slots(keys[mask]), priorities[mask])
+        return int(mask.sum())
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        meta, arrays = super().state()
+        keys = np.arange(self.oldest_key, self.next_key, dtype=np.uint64)
+        arrays = {**arrays, "__priority__": self.priority[self._slots(keys)]}
+        meta["max_priority"] = self.max_priority
+        return meta, arrays
+
+    def restore(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
+        self.tree.clear()
+        self.priority[:] = 0.0
+        self.max_priority = float(meta.get("max_priority", 1.0))
+        return super().restore(meta, arrays)
+
+    def _restored(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray], skip: int) -> None:
+        self._set(slots, arrays["__priority__"][skip:])
+
+
+def importance_weights(prob: np.ndarray, size: int, beta: float | None) -> np.ndarray:
+    """w_i = (N * P(i)) ** -beta, divided by the largest weight in the batch."""
+    if not beta:
+        return np.ones(len(prob), np.float32)
+    w = (size * prob) ** (-beta)
+    return (w / w.max()).astype(np.float32)
+
+
+class QueueTable(Table):
+    kind = "queue"
+
+    def can_insert(self, n: int) -> bool:
+        return self.size + n <= self.capacity and self.limiter.can_insert(self.size)
+
+    def _select(self, batch_size: int, beta: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = min(batch_size, self.size)
+        keys = np.arange(self.oldest_key, self.oldest_key + n, dtype=np.uint64)
+        self.size -= n  # each item is sampled once
+        return keys, np.ones(n), np.ones(n, np.float32)
+
+
+TABLES: dict[str, type[Table]] = {"uniform": UniformTable, "prioritized": PrioritizedTable, "queue": QueueTable}
+
+
+def make_table(cfg: TableConfig, rng: np.random.Generator | None = None) -> Table:
+    return TABLES[cfg.kind](cfg, rng)

@@ -1,0 +1,132 @@
+"""Helpers for the replay tests: an in-thread server, a replay process, and a writer process.
+
+Run as a script, this is the writer process of the exactly-once test:
+    python tests/replay_helpers.py writer ADDRESS WRITER_INDEX COUNT BATCH DUP_EVERY RESEND_AFTER_S
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from common.config import ReplayConfig, TableConfig  # noqa: E402
+from common.metrics import ServiceMetrics  # noqa: E402
+from common.transport import free_tcp_port  # noqa: E402
+from services.replay.server import ReplayServer  # noqa: E402
+
+PYTHON = str(ROOT / ".venv" / "bin" / "python")
+
+
+def replay_config(**table: Any) -> ReplayConfig:
+    t = {"name": "main", "kind": "uniform", "capacity": 1000, "min_size": 1, **table}
+    return ReplayConfig(tables=[TableConfig(**t)])
+
+
+@contextlib.contextmanager
+def serving(cfg: ReplayConfig, directory: Path | None = None, **kw: Any) -> Iterator[ReplayServer]:
+    """A ReplayServer on a free tcp port, served by a thread; stopped and closed on exit."""
+    server = ReplayServer(cfg, ServiceMetrics("replay"), "tcp://127.0.0.1:0", directory=directory, **kw)
+    server.restore()
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        thread.join(10)
+        server.close()
+
+
+def transitions(writer: int, start: int, n: int) -> dict[str, np.ndarray]:
+    """CartPole-shaped transitions that name themselves: (writer, idx)."""
+    idx = np.arange(start, start + n, dtype=np.int64)
+    obs = np.stack([idx, idx + 1, idx + 2, idx + 3], axis=1).astype(np.float32)
+    return {"obs": obs, "action": idx % 2, "reward": np.ones(n, np.float32), "next_obs": obs + 1,
+            "done": (idx % 50) == 49, "writer": np.full(n, writer, np.int32), "idx": idx}
+
+
+class ReplayProcess:
+    """``python -m services.replay.main`` on a fixed port, with its log in a file."""
+
+    def __init__(self, run_dir: Path, port: int | None = None, sets: tuple[str, ...] = ()) -> None:
+        self.run_dir = run_dir
+        self.port = port or free_tcp_port()
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.sets = [f"run_dir={run_dir}", f"network.replay=[{self.address}]", "metrics.port=0",
+                     "network.bind_host=127.0.0.1", *sets]
+        self.log_path = run_dir / "replay.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ReplayProcess:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        args = [PYTHON, "-m", "services.replay.main"]
+        for s in self.sets:
+            args += ["--set", s]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_log(self, text: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.log():
+            assert self.proc is not None and self.proc.poll() is None, f"replay exited:\n{self.log()}"
+            assert time.monotonic() < deadline, f"{text!r} not logged within {timeout_s} s:\n{self.log()}"
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def writer_main(address: str, index: int, count: int, batch: int, dup_every: int, resend_after_s: float) -> None:
+    from services.replay.client import InsertClient
+
+    client = InsertClient(address, f"writer-{index}", max_unacked=8, resend_after_s=resend_after_s)
+    sent = 0
+    k = 0
+    while sent < count:
+        n = min(batch, count - sent)
+        seq = client.insert("main", transitions(index, sent, n), timeout_s=60)
+        k += 1
+        if dup_every and k % dup_every == 0:
+            client.resend(seq)  # a deliberate duplicate, sent before the ack can arrive
+        sent += n
+    client.flush(60)
+    print(json.dumps({"acked": client.acked, "duplicates": client.duplicates, "resends": client.resends,
+                      "items": client.items_acked}))
+    client.close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "writer":
+        a = sys.argv[2:]
+        writer_main(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), float(a[5]))
