@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+
 import click
 
 from common import config as config_mod
+from common.launcher import up
 from common.runtime import SERVICES, ServiceArgs, run_service, setup_logging
 
 CONFIG_HELP = "experiment file (YAML); RLFLEET_* env vars and --set override it"
@@ -52,3 +54,9 @@ def service(
 def show_config(config_path: str | None, sets: tuple[str, ...]) -> None:
     """Validate an experiment and print it resolved (file + env + --set)."""
     click.echo(config_mod.dump(load_or_exit(config_path, sets)), nl=False)
+
+
+main.add_command(up)
+
+if __name__ == "__main__":
+    main()

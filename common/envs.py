@@ -1,0 +1,100 @@
+"""Environments: gymnasium ids or custom ``module:Class``, vectorized, optionally slowed.
+
+``env.step_latency_ms`` wraps every env with a fixed per-step delay: what a
+remote simulator, a game server or a robot costs. It is how the scaling
+benchmark makes actors latency-bound, as real simulators are.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+
+from common import algorithms
+from common.config import EnvConfig, Experiment
+
+
+class EnvError(ValueError):
+    """The configured env cannot be made, or does not fit the algorithm."""
+
+
+class StepLatency(gym.Wrapper):  # type: ignore[type-arg]
+    """Sleeps a fixed time on every step, like a remote simulator would."""
+
+    def __init__(self, env: gym.Env, latency_ms: float) -> None:  # type: ignore[type-arg]
+        super().__init__(env)
+        self.latency_s = latency_ms / 1000.0
+
+    def step(self, action: Any) -> Any:
+        time.sleep(self.latency_s)
+        return self.env.step(action)
+
+
+def _custom_class(env_id: str) -> type[gym.Env] | None:  # type: ignore[type-arg]
+    """``module:Class`` naming a gymnasium.Env subclass, or None for a registered id."""
+    if ":" not in env_id:
+        return None
+    module_name, attr = env_id.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EnvError(f"env.id={env_id!r}: cannot import module {module_name!r} ({exc})") from None
+    obj = getattr(module, attr, None)
+    if isinstance(obj, type) and issubclass(obj, gym.Env):
+        return obj
+    return None  # gymnasium's own "module:EnvId-v0" form: the module registers it
+
+
+def env_factory(cfg: EnvConfig) -> Callable[[], gym.Env]:  # type: ignore[type-arg]
+    """A thunk that makes one env as configured (render_mode None: no rendering cost)."""
+    cls = _custom_class(cfg.id)
+
+    def make() -> gym.Env:  # type: ignore[type-arg]
+        if cls is not None:
+            env: gym.Env = cls(**cfg.kwargs)  # type: ignore[type-arg]
+            if cfg.max_episode_steps:
+                env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)
+        else:
+            kw = dict(cfg.kwargs)
+            if cfg.max_episode_steps:
+                kw["max_episode_steps"] = cfg.max_episode_steps
+            env = gym.make(cfg.id, **kw)
+        if cfg.step_latency_ms > 0:
+            env = StepLatency(env, cfg.step_latency_ms)
+        return env
+
+    return make
+
+
+def make_vector_env(cfg: EnvConfig, seed: int) -> VectorEnv:  # type: ignore[type-arg]
+    """``cfg.num_envs`` envs as one vector env, reset with seeds seed..seed+n-1 by the caller."""
+    thunks = [env_factory(cfg)] * cfg.num_envs
+    if cfg.vectorization == "async":
+        return AsyncVectorEnv(thunks, autoreset_mode=AutoresetMode.NEXT_STEP)
+    return SyncVectorEnv(thunks, autoreset_mode=AutoresetMode.NEXT_STEP)
+
+
+def probe_env(cfg: Experiment) -> tuple[gym.Space, gym.Space]:  # type: ignore[type-arg]
+    """Make the env once: its spaces, or an EnvError naming what does not fit."""
+    try:
+        env = env_factory(cfg.env)()
+    except EnvError:
+        raise
+    except gym.error.Error as exc:
+        raise EnvError(f"env.id={cfg.env.id!r}: {exc}") from None
+    except Exception as exc:
+        raise EnvError(f"env.id={cfg.env.id!r} could not be made: {type(exc).__name__}: {exc}") from None
+    try:
+        spaces = env.observation_space, env.action_space
+    finally:
+        env.close()
+    try:
+        algorithms.check_env(cfg.algorithm, spaces[0], spaces[1], cfg.env.id)
+    except algorithms.EnvMismatch as exc:
+        raise EnvError(str(exc)) from None
+    return spaces

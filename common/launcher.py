@@ -1,0 +1,300 @@
+"""`rlfleet up`: the whole fleet on this machine, as processes or in one process.
+
+Starts replay, paramserver, learner, N actors and the evaluator, waits for
+them to be healthy, shows a live view scraped from their /metrics, writes the
+run directory, and stops everything cleanly (actors first, stores last) on
+Ctrl-C/SIGTERM, when the evaluator's mean return reaches the target, or when
+time runs out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from common import config as config_mod
+from common.config import Experiment
+from common.envs import EnvError, probe_env
+from common.fleetview import FleetView, Scrape, scrape
+from common.metrics import MetricsServer
+from common.runtime import LOG_FORMAT, ServiceArgs, build, setup_logging
+from common.transport import free_tcp_port
+
+log = logging.getLogger("rlfleet.up")
+
+# Stop order: those who produce first, those who store last.
+STOP_ORDER = ("evaluator", "actor", "learner", "paramserver", "replay")
+
+EXIT_TARGET, EXIT_STOPPED, EXIT_FAILED, EXIT_TIMEOUT, EXIT_CONFIG = 0, 130, 1, 3, 2
+
+
+@dataclass
+class Member:
+    """One service instance of the fleet."""
+
+    name: str
+    shard: int = 0
+    actor_id: str | None = None
+    metrics_port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    thread: threading.Thread | None = None
+    service: Any = None
+    http: MetricsServer | None = None
+    log_path: Path | None = None
+    error: BaseException | None = field(default=None, repr=False)
+
+    @property
+    def label(self) -> str:
+        if self.name in ("actor",):
+            return f"actor-{self.shard}"
+        return self.name if self.shard == 0 and self.name in ("learner", "evaluator") else f"{self.name}-{self.shard}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    def exit_code(self) -> int | None:
+        if self.proc is not None:
+            return self.proc.poll()
+        if self.thread is not None and not self.thread.is_alive():
+            return 1 if self.error else 0
+        return None
+
+
+def make_run_dir(cfg: Experiment, root: str = "runs") -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(root) / f"{cfg.name}-{stamp}"
+    n = 1
+    while run_dir.exists():
+        n += 1
+        run_dir = Path(root) / f"{cfg.name}-{stamp}-{n}"
+    run_dir.mkdir(parents=True)
+    return run_dir.resolve()
+
+
+def plan(cfg: Experiment, actors: int, run_dir: Path, inproc: bool) -> tuple[Experiment, list[Member]]:
+    """Addresses, ports and members for a local fleet."""
+    if inproc:
+        replay = [f"inproc://rlfleet-replay-{i}" for i in range(cfg.replay.shards)]
+        params = [f"inproc://rlfleet-paramserver-{i}" for i in range(cfg.paramserver.shards)]
+    else:
+        replay = [f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(cfg.replay.shards)]
+        params = [f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(cfg.paramserver.shards)]
+    data = cfg.model_dump(mode="json")
+    data["network"].update(replay=replay, paramserver=params, bind_host="127.0.0.1")
+    data["actor"]["count"] = actors
+    data["run_dir"] = str(run_dir)
+    data["metrics"]["host"] = "127.0.0.1"
+    resolved = config_mod.validate(data)
+    members = [Member("replay", i) for i in range(cfg.replay.shards)]
+    members += [Member("paramserver", i) for i in range(cfg.paramserver.shards)]
+    members.append(Member("learner"))
+    members += [Member("actor", i, actor_id=f"actor-{i}") for i in range(actors)]
+    if cfg.evaluator.enabled:
+        members.append(Member("evaluator", 0, actor_id="evaluator"))
+    for m in members:
+        m.metrics_port = free_tcp_port()
+    return resolved, members
+
+
+class Fleet:
+    """Starts, watches and stops the members of one local run."""
+
+    def __init__(self, cfg: Experiment, members: list[Member], run_dir: Path, inproc: bool) -> None:
+        self.cfg = cfg
+        self.members = members
+        self.run_dir = run_dir
+        self.inproc = inproc
+        self.config_path = run_dir / "config.yaml"
+        self.config_path.write_text(config_mod.dump(cfg))
+        (run_dir / "logs").mkdir(exist_ok=True)
+
+    # -- start ---------------------------------------------------------------
+    def start(self) -> None:
+        for m in self.members:
+            m.log_path = self.run_dir / "logs" / f"{m.label}.log"
+            if self.inproc:
+                self._start_thread(m)
+            else:
+                self._start_process(m)
+
+    def _start_process(self, m: Member) -> None:
+        cmd = [
+            sys.executable, "-m", "common.cli", "service", m.name,
+            "--config", str(self.config_path), "--shard", str(m.shard),
+            "--set", f"metrics.port={m.metrics_port}",
+        ]
+        if m.actor_id:
+            cmd += ["--actor-id", m.actor_id]
+        assert m.log_path is not None
+        with open(m.log_path, "ab") as out:
+            # Own process group: Ctrl-C in the terminal reaches only the launcher,
+            # which then stops the fleet in order.
+            m.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _start_thread(self, m: Member) -> None:
+        args = ServiceArgs(name=m.name, shard=m.shard, actor_id=m.actor_id)
+        m.service = build(self.cfg, args)
+        m.http = MetricsServer(m.service.metrics, m.service.health, "127.0.0.1", m.metrics_port).start()
+
+        def run() -> None:
+            try:
+                m.service.run()
+            except BaseException as exc:  # reported by the watcher, with the log
+                m.error = exc
+                log.exception("%s failed", m.label)
+            finally:
+                m.service.close()
+
+        m.thread = threading.Thread(target=run, name=m.label, daemon=True)
+        m.thread.start()
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Block until every member answers /healthz with ok, or raise."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(self.members)
+        while pending:
+            self.check_alive()
+            pending = [m for m in pending if not scrape(m.url, health_only=True).healthy]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                names = ", ".join(m.label for m in pending)
+                raise FleetError(f"not healthy after {timeout_s:.0f} s: {names}; see {self.run_dir}/logs/")
+            time.sleep(0.2)
+
+    def check_alive(self) -> None:
+        for m in self.members:
+            code = m.exit_code()
+            if code is not None:
+                raise FleetError(f"{m.label} exited (code {code}) :\n{tail(m.log_path)}")
+
+    # -- stop ----------------------------------------------------------------
+    def stop(self, timeout_s: float = 20.0) -> None:
+        for name in STOP_ORDER:
+            group = [m for m in self.members if m.name == name]
+            for m in group:
+                if m.proc is not None and m.proc.poll() is None:
+                    m.proc.send_signal(signal.SIGTERM)
+                elif m.service is not None:
+                    m.service.stop()
+            for m in group:
+                if m.proc is not None:
+                    try:
+                        m.proc.wait(timeout_s)
+                    except subprocess.TimeoutExpired:
+                        log.warning("%s did not stop within %.0f s; killing it", m.label, timeout_s)
+                        m.proc.kill()
+                        m.proc.wait()
+                if m.thread is not None:
+                    m.thread.join(timeout_s)
+                if m.http is not None:
+                    m.http.close()
+
+
+class FleetError(RuntimeError):
+    """The fleet could not start or a member died."""
+
+
+def tail(path: Path | None, lines: int = 15) -> str:
+    if path is None or not path.exists():
+        return "(no log)"
+    text = path.read_text(errors="replace").splitlines()[-lines:]
+    return "\n".join("    " + line for line in text)
+
+
+def run_fleet(
+    cfg: Experiment, actors: int, until_return: float | None, max_seconds: float | None, inproc: bool,
+    run_root: str = "runs", live: bool | None = None,
+) -> int:
+    """Run a local fleet; returns the process exit code."""
+    try:
+        probe_env(cfg)
+    except EnvError as exc:
+        click.echo(f"rlfleet: {exc}", err=True)
+        return EXIT_CONFIG
+    run_dir = make_run_dir(cfg, run_root)
+    cfg, members = plan(cfg, actors, run_dir, inproc)
+    if inproc:
+        setup_logging("INFO", run_dir / "logs" / "fleet.log")
+    click.echo(f"run directory: {run_dir}")
+    fleet = Fleet(cfg, members, run_dir, inproc)
+    stop = threading.Event()
+    reason: list[str] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        reason.append(signal.Signals(signum).name)
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    view = FleetView(members, run_dir / "progress.csv", live=sys.stdout.isatty() if live is None else live)
+    code = EXIT_FAILED
+    try:
+        fleet.start()
+        fleet.wait_healthy(cfg.network.timeout_s * 6)
+        start = time.monotonic()
+        while not stop.wait(1.0):
+            fleet.check_alive()
+            snap: Scrape = view.update(time.monotonic() - start)
+            if until_return is not None and snap.eval_return is not None and snap.eval_return >= until_return:
+                click.echo(f"target reached: eval return {snap.eval_return:.1f} >= {until_return:g} "
+                           f"after {snap.elapsed:.0f} s, {snap.env_steps:.0f} env steps")
+                code = EXIT_TARGET
+                break
+            if max_seconds is not None and snap.elapsed >= max_seconds:
+                best = "none yet" if view.best_return is None else f"{view.best_return:.1f}"
+                target = f"eval return {until_return:g}" if until_return is not None else "the end"
+                click.echo(f"rlfleet: time is up ({max_seconds:g} s) before {target}; best eval return: {best}",
+                           err=True)
+                code = EXIT_TIMEOUT if until_return is not None else EXIT_TARGET
+                break
+        else:
+            click.echo(f"stopping on {reason[0] if reason else 'request'}")
+            code = EXIT_STOPPED if until_return is not None else EXIT_TARGET
+    except FleetError as exc:
+        click.echo(f"rlfleet: {exc}", err=True)
+        code = EXIT_FAILED
+    finally:
+        view.close()
+        fleet.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+        click.echo(f"stopped; logs, progress.csv and checkpoints in {run_dir}")
+    return code
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
+              help="experiment file (YAML)")
+@click.option("--actors", type=click.IntRange(min=1), default=None, help="actors to start (default: actor.count)")
+@click.option("--sync", type=click.Choice(["barrier", "async"]), default=None, help="training protocol")
+@click.option("--until-return", type=float, default=None, help="stop (exit 0) when the eval mean reaches this")
+@click.option("--max-seconds", type=float, default=None, help="stop (exit 3 if a target was set) after this long")
+@click.option("--inproc", is_flag=True, help="run the whole fleet in this process over inproc:// sockets")
+@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
+@click.option("--runs", "run_root", default="runs", show_default=True, help="where run directories go")
+def up(
+    config_path: str, actors: int | None, sync: str | None, until_return: float | None,
+    max_seconds: float | None, inproc: bool, sets: tuple[str, ...], run_root: str,
+) -> None:
+    """Run the whole fleet on this machine and show its progress."""
+    logging.basicConfig(level="INFO", format=LOG_FORMAT)
+    extra = [f"sync={sync}"] if sync else []
+    try:
+        cfg = config_mod.load(config_path, [*sets, *extra])
+    except config_mod.ConfigError as exc:
+        click.echo(f"rlfleet: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(run_fleet(cfg, actors or cfg.actor.count, until_return, max_seconds, inproc, run_root))

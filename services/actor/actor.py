@@ -1,0 +1,231 @@
+"""The actor: steps a vector env with the current policy and streams transitions to replay.
+
+Async protocol: it never waits for the learner; it polls the paramserver every
+``actor.poll_every`` vector steps. Barrier protocol: round k is
+``actor.steps_per_round`` vector steps on version k; then the actor flushes its
+inserts (every one acked) and long-polls for version k + 1, which the learner
+publishes once every live actor is waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+
+from common import algorithms
+from common.config import Experiment
+from common.envs import make_vector_env, probe_env
+from common.metrics import ServiceMetrics
+from common.server import CommTimeout, RemoteError
+from services.actor.links import FleetLinks
+from services.replay.client import InsertClient
+
+log = logging.getLogger("rlfleet.actor")
+
+
+class EpisodeStats:
+    """Episode returns and lengths per vector slot, aware of NEXT_STEP autoreset."""
+
+    def __init__(self, num_envs: int) -> None:
+        self.returns = np.zeros(num_envs)
+        self.lengths = np.zeros(num_envs, np.int64)
+        self.resetting = np.zeros(num_envs, bool)
+        self.recent: deque[float] = deque(maxlen=20)
+
+    def add(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> list[float]:
+        live = ~self.resetting
+        self.returns[live] += rewards[live]
+        self.lengths[live] += 1
+        done = live & (terminated | truncated)
+        finished = [float(r) for r in self.returns[done]]
+        self.recent.extend(finished)
+        self.returns[done] = 0.0
+        self.lengths[done] = 0
+        self.resetting = done
+        return finished
+
+
+class ActorService:
+    """One actor: env, policy, n-step builder, replay inserts, weight sync, heartbeats."""
+
+    def __init__(self, cfg: Experiment, actor_id: str) -> None:
+        self.cfg = cfg
+        self.actor_id = actor_id
+        self._stopping = False
+        torch.set_num_threads(cfg.actor.torch_threads)
+        obs_space, act_space = probe_env(cfg)
+        self.algo = algorithms.get(cfg.algorithm.name)
+        self.links = FleetLinks(cfg, actor_id, role="actor")
+        self.index = self.links.welcome.index
+        self.num_actors = max(1, self.links.welcome.num_actors)
+        self.metrics = ServiceMetrics("actor", self.index)
+        self._define_metrics()
+        # The same seed everywhere gives every actor the same initial net; the
+        # paramserver's version replaces it before the first step anyway.
+        self.policy = self.algo.make_policy(cfg.algorithm, obs_space, act_space, device="cpu", seed=cfg.seed)
+        self.env_seed = cfg.seed * 100_003 + self.index * cfg.env.num_envs
+        self.rng = np.random.default_rng([cfg.seed, self.index, 1])
+        self.envs = make_vector_env(cfg.env, self.env_seed)
+        self.builder = self.algo.make_builder(cfg.algorithm, self.envs)
+        shard = self.index % cfg.replay.shards  # an actor sticks to one replay shard
+        self.replay = InsertClient(
+            cfg.network.replay[shard], actor_id,
+            max_unacked=cfg.actor.max_unacked, max_unacked_bytes=cfg.actor.max_unacked_bytes,
+            resend_after_s=cfg.actor.resend_after_s,
+        )
+        self.table = cfg.learner.table
+        self.epsilon = self.algo.exploration(cfg.algorithm, self.index, self.num_actors)
+        self.version = -1
+        self.pending: list[dict[str, np.ndarray]] = []
+        self.pending_rows = 0
+        self.episodes = EpisodeStats(cfg.env.num_envs)
+        log.info("actor %s: index %d of %d, epsilon %.4f, replay shard %d, %s protocol",
+                 actor_id, self.index, self.num_actors, self.epsilon, shard, cfg.sync)
+
+    def _define_metrics(self) -> None:
+        m = self.metrics
+        self.m_steps = m.counter("env_steps", "Environment steps taken (all vector slots).")
+        self.m_episodes = m.counter("episodes", "Episodes finished.")
+        self.m_return = m.gauge("episode_return", "Mean return of the last 20 episodes (exploring).")
+        self.m_version = m.gauge("weights_version", "Weights version this actor acts with.")
+        self.m_stale = m.gauge("weights_staleness", "Versions this actor was behind when it last synced.")
+        self.m_epsilon = m.gauge("actor_epsilon", "Exploration epsilon of this actor (Ape-X).")
+        self.m_inserted = m.counter("actor_transitions_sent", "Transitions handed to the replay client.")
+        self.m_wait = m.counter("actor_weights_wait_seconds", "Seconds spent waiting for weights.")
+
+    # -- weights ----------------------------------------------------------------
+    def _take(self, got: tuple[int, dict[str, np.ndarray]] | None) -> bool:
+        if got is None:
+            return False
+        version, tensors = got
+        self.policy.load_weights(tensors)
+        behind = version - self.version if self.version >= 0 else 0
+        self.m_stale.set(behind)
+        self.version = version
+        self.m_version.set(version)
+        return True
+
+    def wait_for_version(self, min_version: int) -> bool:
+        """Long-poll until a version >= min_version arrives (heartbeating meanwhile); False if stopped."""
+        start = time.monotonic()
+        while not self._stopping:
+            self._heartbeat()
+            try:
+                got = self.links.reader.wait(min_version, timeout_s=self.cfg.actor.heartbeat_s)
+            except (CommTimeout, RemoteError) as exc:
+                log.warning("actor %s: waiting for weights v%d: %s", self.actor_id, min_version, exc)
+                time.sleep(0.2)
+                continue
+            if self._take(got):
+                self.m_wait.inc(time.monotonic() - start)
+                return True
+        return False
+
+    def poll(self) -> None:
+        try:
+            self._take(self.links.reader.get(self.version, timeout_s=self.cfg.network.timeout_s))
+        except (CommTimeout, RemoteError) as exc:  # act on the weights we hold
+            log.warning("actor %s: weights poll failed (%s); acting on v%d", self.actor_id, exc, self.version)
+
+    def _heartbeat(self) -> None:
+        welcome = self.links.heartbeat(self.version)
+        if welcome is not None and (welcome.index, welcome.num_actors) != (self.index, self.num_actors):
+            if welcome.index >= 0 and welcome.num_actors > 0:
+                self.num_actors = welcome.num_actors
+                if welcome.index != self.index:
+                    log.info("actor %s: registry index %d -> %d", self.actor_id, self.index, welcome.index)
+                self.index = welcome.index
+                self.epsilon = self.algo.exploration(self.cfg.algorithm, self.index, self.num_actors)
+                self.m_epsilon.set(self.epsilon)
+
+    # -- data -------------------------------------------------------------------
+    def _queue(self, columns: dict[str, np.ndarray]) -> None:
+        n = len(next(iter(columns.values()))) if columns else 0
+        if n:
+            self.pending.append(columns)
+            self.pending_rows += n
+        if self.pending_rows >= self.cfg.actor.insert_batch:
+            self._send_pending()
+
+    def _send_pending(self) -> None:
+        if not self.pending:
+            return
+        batch = {k: np.concatenate([c[k] for c in self.pending]) for k in self.pending[0]}
+        self.pending, self.pending_rows = [], 0
+        priorities = self.policy.initial_priorities(batch)
+        while not self._stopping:
+            try:  # blocks while replay holds our acks (back-pressure); heartbeats go on
+                self.replay.insert(self.table, batch, priorities, timeout_s=self.cfg.actor.heartbeat_s)
+                self.m_inserted.inc(len(priorities))
+                return
+            except CommTimeout:
+                self._heartbeat()
+
+    # -- loop -------------------------------------------------------------------
+    def run(self) -> None:
+        cfg = self.cfg
+        self.m_epsilon.set(self.epsilon)
+        if not self.wait_for_version(0):
+            return
+        obs, _ = self.envs.reset(seed=[self.env_seed + j for j in range(cfg.env.num_envs)])
+        self.builder.reset(obs)
+        steps_in_round = 0
+        since_poll = 0
+        last_beat = time.monotonic()
+        while not self._stopping:
+            actions = self.policy.act(obs, self.epsilon, self.rng)
+            obs, rewards, terminated, truncated, infos = self.envs.step(actions)
+            self._queue(self.builder.add(actions, obs, rewards, terminated, truncated, infos))
+            finished = self.episodes.add(np.asarray(rewards, np.float64), terminated, truncated)
+            if finished:
+                self.m_episodes.inc(len(finished))
+                self.m_return.set(float(np.mean(self.episodes.recent)))
+            self.m_steps.inc(cfg.env.num_envs)
+            self.replay.poll()
+            if time.monotonic() - last_beat >= cfg.actor.heartbeat_s:
+                self._heartbeat()
+                last_beat = time.monotonic()
+            if cfg.sync == "async":
+                since_poll += 1
+                if since_poll >= cfg.actor.poll_every:
+                    since_poll = 0
+                    self.poll()
+            else:
+                steps_in_round += 1
+                if steps_in_round >= cfg.actor.steps_per_round:
+                    steps_in_round = 0
+                    self._end_round()
+                    last_beat = time.monotonic()
+
+    def _end_round(self) -> None:
+        """Barrier: every insert of round k acked, then wait for version k + 1."""
+        self._send_pending()
+        while not self._stopping:
+            try:
+                self.replay.flush(timeout_s=self.cfg.actor.heartbeat_s)
+                break
+            except CommTimeout:
+                self._heartbeat()
+        self.wait_for_version(self.version + 1)
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": not self._stopping, "actor_id": self.actor_id, "index": self.index,
+                "version": self.version, "epsilon": self.epsilon}
+
+    def close(self) -> None:
+        try:
+            self._send_pending()
+            self.replay.flush(timeout_s=2.0)
+        except (CommTimeout, RemoteError) as exc:
+            log.warning("actor %s: %s un-acked at stop: %s", self.actor_id, self.replay.unacked, exc)
+        self.links.close()
+        self.replay.close()
+        self.envs.close()

@@ -1,0 +1,113 @@
+"""The evaluator: an actor that acts greedily, inserts nothing and reports returns.
+
+Each evaluation runs ``evaluator.episodes`` episodes at once (one per vector
+slot, the first episode of each slot counts) on the newest weights version,
+with fixed seeds, so the same version always gets the same score.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from common import algorithms
+from common.config import Experiment
+from common.envs import make_vector_env, probe_env
+from common.metrics import ServiceMetrics
+from common.server import CommTimeout, RemoteError
+from services.actor.links import FleetLinks
+
+log = logging.getLogger("rlfleet.evaluator")
+
+EVAL_SEED_OFFSET = 1_000_000
+
+
+def evaluate(policy: Any, cfg: Experiment, episodes: int, epsilon: float, seed: int) -> np.ndarray:
+    """Returns of ``episodes`` episodes, one per slot of a vector env, seeds seed..seed+K-1."""
+    env_cfg = cfg.env.model_copy(update={"num_envs": episodes})
+    envs = make_vector_env(env_cfg, seed)
+    rng = np.random.default_rng(seed)
+    try:
+        obs, _ = envs.reset(seed=[seed + i for i in range(episodes)])
+        returns = np.zeros(episodes)
+        running = np.ones(episodes, bool)
+        while running.any():
+            obs, rewards, terminated, truncated, _ = envs.step(policy.act(obs, epsilon, rng))
+            returns[running] += np.asarray(rewards, np.float64)[running]
+            running &= ~(np.asarray(terminated) | np.asarray(truncated))
+        return returns
+    finally:
+        envs.close()
+
+
+class EvaluatorService:
+    def __init__(self, cfg: Experiment, actor_id: str) -> None:
+        self.cfg = cfg
+        self.actor_id = actor_id
+        self._stopping = False
+        torch.set_num_threads(cfg.actor.torch_threads)
+        obs_space, act_space = probe_env(cfg)
+        self.algo = algorithms.get(cfg.algorithm.name)
+        self.policy = self.algo.make_policy(cfg.algorithm, obs_space, act_space, device="cpu", seed=cfg.seed)
+        self.links = FleetLinks(cfg, actor_id, role="evaluator")
+        self.metrics = ServiceMetrics("evaluator", 0)
+        m = self.metrics
+        self.m_return = m.gauge("eval_return", "Mean return of the last evaluation (greedy).")
+        self.m_std = m.gauge("eval_return_std", "Standard deviation of the last evaluation's returns.")
+        self.m_version = m.gauge("eval_version", "Weights version of the last evaluation.")
+        self.m_evals = m.counter("evaluations", "Evaluations done.")
+        self.m_seconds = m.gauge("eval_seconds", "Seconds the last evaluation took.")
+        self.version = -1
+        self.last: dict[str, float] = {}
+
+    def run(self) -> None:
+        cfg = self.cfg.evaluator
+        last_beat = 0.0
+        while not self._stopping:
+            if time.monotonic() - last_beat >= self.cfg.actor.heartbeat_s:
+                self.links.heartbeat(self.version)
+                last_beat = time.monotonic()
+            try:
+                got = self.links.reader.wait(self.version + 1, timeout_s=self.cfg.actor.heartbeat_s)
+            except (CommTimeout, RemoteError) as exc:
+                log.warning("evaluator: weights unavailable (%s)", exc)
+                time.sleep(0.5)
+                continue
+            if got is None:
+                continue
+            version, tensors = got
+            self.policy.load_weights(tensors)
+            self.version = version
+            start = time.monotonic()
+            returns = evaluate(self.policy, self.cfg, cfg.episodes, cfg.epsilon, self.cfg.seed + EVAL_SEED_OFFSET)
+            took = time.monotonic() - start
+            mean, std = float(returns.mean()), float(returns.std())
+            self.m_return.set(mean)
+            self.m_std.set(std)
+            self.m_version.set(version)
+            self.m_seconds.set(took)
+            self.m_evals.inc()
+            self.last = {"version": version, "mean": mean, "std": std}
+            log.info("eval v%d: return %.1f +- %.1f over %d episodes (%.1f s)", version, mean, std,
+                     cfg.episodes, took)
+            pause = cfg.every_s - took
+            if pause > 0:
+                self._sleep(pause)
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self._stopping and time.monotonic() < end:
+            time.sleep(min(0.1, end - time.monotonic()))
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": not self._stopping, "version": self.version, "last": self.last}
+
+    def close(self) -> None:
+        self.links.close()

@@ -1,0 +1,64 @@
+"""An actor's links to the paramserver: registry (hello, heartbeat, goodbye) and weights."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from common.config import Experiment
+from common.server import CommTimeout, RemoteError
+from services.paramserver.client import RegistryClient, WeightsReader, Welcome
+
+log = logging.getLogger("rlfleet.actor")
+
+
+class StartupError(RuntimeError):
+    """A peer could not be reached at start-up; the message names it."""
+
+
+class FleetLinks:
+    """Registers with paramserver shard 0 and reads weights from every shard."""
+
+    def __init__(self, cfg: Experiment, actor_id: str, role: str) -> None:
+        self.cfg = cfg
+        self.role = role
+        self.registry = RegistryClient(cfg.network.paramserver[0], actor_id, role)
+        # The reader's sender is the actor id: that is how the barrier sees this actor waiting.
+        self.reader = WeightsReader(cfg.network.paramserver, actor_id, timeout_s=cfg.network.timeout_s)
+        self.welcome = self._hello(cfg.network.timeout_s)
+        self._failing = False
+
+    def _hello(self, timeout_s: float) -> Welcome:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.registry.hello(timeout_s=min(2.0, timeout_s))
+            except CommTimeout:
+                if time.monotonic() > deadline:
+                    self.close()
+                    raise StartupError(
+                        f"paramserver at {self.cfg.network.paramserver[0]} did not answer within "
+                        f"{timeout_s:g} s (network.paramserver, network.timeout_s)"
+                    ) from None
+
+    def heartbeat(self, version: int) -> Welcome | None:
+        """Heartbeat shard 0; None (logged once per outage) while it does not answer."""
+        try:
+            welcome = self.registry.heartbeat(version, timeout_s=self.cfg.actor.heartbeat_s)
+        except (CommTimeout, RemoteError) as exc:
+            if not self._failing:
+                log.warning("%s: registry heartbeat failed (%s); acting on", self.registry.actor_id, exc)
+            self._failing = True
+            return None
+        if self._failing:
+            log.info("%s: registry answers again", self.registry.actor_id)
+        self._failing = False
+        return welcome
+
+    def close(self) -> None:
+        try:
+            self.registry.goodbye(timeout_s=1.0)
+        except (CommTimeout, RemoteError):
+            pass  # the registry expires us after the liveness timeout anyway
+        self.registry.close()
+        self.reader.close()

@@ -1,0 +1,220 @@
+"""The learner: samples from every replay shard, trains, publishes versioned weights.
+
+Async protocol: trains continuously (the replay rate limiter keeps the ratio
+of learning to acting) and publishes every ``learner.publish_every`` updates.
+Barrier protocol: for round k it waits at the paramserver's barrier until
+every live actor has finished acting on version k, does
+``learner.updates_per_round`` updates (none while replay is below its min
+size) and publishes version k + 1.
+
+Sample requests are kept in flight by the SampleClient, so a batch is usually
+waiting when an update ends; priorities go back without waiting. Checkpoints
+(model, target, optimizer, counters, version, config) are written atomically
+every ``learner.checkpoint_every_s`` and on stop, and resumed on start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common import algorithms
+from common.config import Experiment, dump
+from common.envs import probe_env
+from common.metrics import ServiceMetrics
+from common.server import CommTimeout, RemoteError
+from services.paramserver.client import WeightsPublisher, WeightsReader
+from services.replay.client import SampleClient
+
+log = logging.getLogger("rlfleet.learner")
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def checkpoint_path(cfg: Experiment) -> Path:
+    return Path(cfg.run_dir) / cfg.learner.dir / CHECKPOINT
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """A learner checkpoint from local disk; tensors and plain values only."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or "core" not in state or "version" not in state:
+        raise ValueError(f"{path} is not an rlfleet learner checkpoint")
+    return state
+
+
+class LearnerService:
+    def __init__(self, cfg: Experiment) -> None:
+        self.cfg = cfg
+        self._stopping = False
+        obs_space, act_space = probe_env(cfg)
+        self.algo = algorithms.get(cfg.algorithm.name)
+        self.core = self.algo.make_learner(
+            cfg.algorithm, obs_space, act_space, device=cfg.learner.device, seed=cfg.seed
+        )
+        self.metrics = ServiceMetrics("learner", 0)
+        self._define_metrics()
+        self.version = 0
+        self.ckpt = checkpoint_path(cfg)
+        if self.ckpt.exists():
+            state = load_checkpoint(self.ckpt)
+            self.core.load_state(state["core"])
+            self.version = int(state["version"])
+            log.info("learner: resumed from %s at update %d, version %d", self.ckpt, self.core.num_updates,
+                     self.version)
+        self.sampler = SampleClient.from_config(cfg, "learner")
+        self.publisher = WeightsPublisher(cfg.network.paramserver, "learner")
+        self.table = next(t for t in cfg.replay.tables if t.name == cfg.learner.table)
+        self.last_ckpt = time.monotonic()
+        self.m_updates.inc(self.core.num_updates)
+        log.info("learner: %s on %s, %s protocol", cfg.algorithm.name, self.core.device, cfg.sync)
+
+    def _define_metrics(self) -> None:
+        m = self.metrics
+        self.m_updates = m.counter("learner_updates", "Gradient updates done (continues across restarts).")
+        self.m_loss = m.gauge("learner_loss", "Loss of the last update.")
+        self.m_q = m.gauge("learner_q_mean", "Mean Q of the last sampled batch.")
+        self.m_version = m.gauge("learner_version", "Newest weights version published.")
+        self.m_publishes = m.counter("learner_publishes", "Weights versions published.")
+        self.m_wait = m.counter("learner_sample_wait_seconds", "Seconds the learner waited for a batch.")
+        self.m_barrier = m.counter("learner_barrier_wait_seconds", "Seconds the learner waited at barriers.")
+        self.m_ups = m.gauge("learner_updates_per_second", "Updates per second over the last 10 s.")
+        self.m_ckpt = m.counter("learner_checkpoints", "Checkpoints written.")
+        self._rate = (time.monotonic(), self.core.num_updates)
+
+    # -- publish / checkpoint ---------------------------------------------------
+    def publish(self, version: int) -> None:
+        """Publish ``version``, retrying while the paramserver is away."""
+        weights = self.core.weights()
+        while True:
+            try:
+                self.publisher.publish(version, weights, timeout_s=self.cfg.network.timeout_s)
+                break
+            except CommTimeout:
+                if self._stopping:
+                    return
+                log.warning("learner: paramserver did not ack version %d; retrying", version)
+        self.version = version
+        self.m_version.set(version)
+        self.m_publishes.inc()
+
+    def first_version(self) -> int:
+        """Continue after whatever the paramserver holds (a restarted learner never goes back)."""
+        reader = WeightsReader(self.cfg.network.paramserver, "learner-probe", timeout_s=self.cfg.network.timeout_s)
+        try:
+            got = reader.get(-1)
+        except (CommTimeout, RemoteError) as exc:
+            raise RuntimeError(
+                f"paramserver at {self.cfg.network.paramserver} did not answer within "
+                f"{self.cfg.network.timeout_s:g} s (network.paramserver): {exc}"
+            ) from None
+        finally:
+            reader.close()
+        held = got[0] if got else -1
+        return max(self.version, held + 1) if held >= 0 else self.version
+
+    def checkpoint(self) -> None:
+        state = {"core": self.core.state(), "version": self.version, "config": dump(self.cfg)}
+        self.ckpt.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.ckpt.with_suffix(".tmp")
+        torch.save(state, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self.ckpt)
+        self.last_ckpt = time.monotonic()
+        self.m_ckpt.inc()
+
+    def _maybe_checkpoint(self) -> None:
+        if time.monotonic() - self.last_ckpt >= self.cfg.learner.checkpoint_every_s:
+            self.checkpoint()
+
+    # -- updates ------------------------------------------------------------------
+    def update_once(self, timeout_s: float) -> bool:
+        """One update from one sampled batch; False if no batch came within timeout_s."""
+        start = time.monotonic()
+        try:
+            batch = self.sampler.sample(beta=self.core.beta(), timeout_s=timeout_s)
+        except CommTimeout:
+            self.m_wait.inc(time.monotonic() - start)
+            return False
+        self.m_wait.inc(time.monotonic() - start)
+        figures, priorities = self.core.update(batch.data, batch.weights)
+        self.sampler.update_priorities(batch, priorities)
+        self.m_updates.inc()
+        self.m_loss.set(figures.get("loss", float("nan")))
+        self.m_q.set(figures.get("q_mean", float("nan")))
+        now = time.monotonic()
+        if now - self._rate[0] >= 10.0:
+            self.m_ups.set((self.core.num_updates - self._rate[1]) / (now - self._rate[0]))
+            self._rate = (now, self.core.num_updates)
+        return True
+
+    def run(self) -> None:
+        self.publish(self.first_version())
+        log.info("learner: published version %d", self.version)
+        if self.cfg.sync == "async":
+            self._run_async()
+        else:
+            self._run_barrier()
+
+    def _run_async(self) -> None:
+        every = self.cfg.learner.publish_every
+        while not self._stopping:
+            if self.update_once(timeout_s=0.5) and self.core.num_updates % every == 0:
+                self.publish(self.version + 1)
+            self._maybe_checkpoint()
+
+    def _replay_ready(self) -> bool:
+        """Every shard at or above the table's min size (below it, samples are held)."""
+        ready = 0
+        for shard in range(len(self.cfg.network.replay)):
+            try:
+                stats = self.sampler.info(shard, timeout_s=self.cfg.network.timeout_s)
+            except CommTimeout:
+                return False
+            size = stats["tables"][self.table.name]["size"]
+            ready += size >= self.table.min_size
+        return ready == len(self.cfg.network.replay)
+
+    def _run_barrier(self) -> None:
+        cfg = self.cfg.learner
+        while not self._stopping:
+            start = time.monotonic()
+            try:
+                actors = self.publisher.barrier(self.version, timeout_s=1.0)
+            except CommTimeout:
+                self.m_barrier.inc(time.monotonic() - start)
+                self._maybe_checkpoint()
+                continue
+            self.m_barrier.inc(time.monotonic() - start)
+            done = 0
+            if self._replay_ready():
+                while done < cfg.updates_per_round and not self._stopping:
+                    done += self.update_once(timeout_s=1.0)
+            if self._stopping:
+                break
+            self.publish(self.version + 1)
+            log.debug("learner: round %d: %d actors, %d updates", self.version - 1, actors, done)
+            self._maybe_checkpoint()
+
+    # -- service contract ---------------------------------------------------------
+    def stop(self) -> None:
+        self._stopping = True
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": not self._stopping, "updates": self.core.num_updates, "version": self.version,
+                "device": str(self.core.device)}
+
+    def close(self) -> None:
+        try:
+            self.checkpoint()
+            log.info("learner: checkpoint at update %d, version %d -> %s", self.core.num_updates, self.version,
+                     self.ckpt)
+        finally:
+            self.sampler.close()
+            self.publisher.close()
