@@ -68,7 +68,7 @@ class ReplayProcess:
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.sets = [f"run_dir={run_dir}", f"network.replay=[{self.address}]", "metrics.port=0",
                      "network.bind_host=127.0.0.1", *sets]
-        self.log_path = run_dir / "replay.log"
+        self.log_path = run_dir / f"replay-{time.monotonic_ns()}.log"  # one per process
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ReplayProcess:

@@ -52,6 +52,7 @@ class ReplayService:
         return self.server.endpoint
 
     def run(self) -> None:
+        log.info("replay shard %d: running", self.shard)
         try:
             self.server.serve()
         finally:

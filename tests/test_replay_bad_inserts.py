@@ -1,0 +1,98 @@
+"""Bad inserts get an error reply naming the problem; the server keeps serving the next good client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from common.protocol import Limits, Message, decode, encode
+from common.transport import make_socket
+from services.replay.client import InsertClient
+from tests.replay_helpers import replay_config, serving, transitions
+
+
+def request(sock: zmq.Socket[Any], frames: list[Any], timeout_ms: int = 5000) -> Message:
+    sock.send_multipart(frames)
+    assert sock.poll(timeout_ms), "no reply"
+    return decode(sock.recv_multipart())
+
+
+def insert_frames(arrays: dict[str, np.ndarray], seq: int, table: str = "main") -> list[Any]:
+    return encode(Message("insert", {"table": table}, arrays, sender="bad", seq=seq))
+
+
+def good(n: int = 4) -> dict[str, np.ndarray]:
+    return transitions(0, 0, n)
+
+
+BAD: list[tuple[str, Any, str, str]] = [
+    ("missing column", lambda: {k: v for k, v in good().items() if k != "reward"}, "schema_mismatch", "'reward'"),
+    ("wrong dtype", lambda: {**good(), "action": good()["action"].astype(np.int32)}, "schema_mismatch", "'action'"),
+    ("wrong shape", lambda: {**good(), "obs": np.zeros((4, 5), np.float32)}, "schema_mismatch", "'obs'"),
+    ("extra column", lambda: {**good(), "extra": np.zeros(4)}, "schema_mismatch", "'extra'"),
+    ("ragged batch", lambda: {**good(), "reward": np.zeros(3, np.float32)}, "bad_batch", "'reward'"),
+    ("scalar column", lambda: {**good(), "reward": np.float32(1.0).reshape(())}, "bad_batch", "'reward'"),
+    ("oversize batch", lambda: transitions(0, 0, 200), "batch_too_large", "200 items"),
+    ("reserved name", lambda: {**good(), "key": np.zeros(4, np.uint64)}, "reserved_column", "'key'"),
+    ("nan priority", lambda: {**good(), "priority": np.full(4, np.nan)}, "bad_priority", "finite"),
+    ("short priority", lambda: {**good(), "priority": np.ones(3)}, "bad_priority", "[4]"),
+]
+
+
+def test_bad_inserts_get_errors_and_the_server_goes_on() -> None:
+    cfg = replay_config(capacity=100)
+    with serving(cfg, limits=Limits(max_message_bytes=1 << 20)) as server:
+        sock = make_socket(zmq.DEALER, connect=server.endpoint)
+        try:
+            ok = request(sock, insert_frames(good(), 1))
+            assert ok.type == "ack" and ok["stored"] == 4
+            seq = 2
+            for name, make, reason, word in BAD:
+                reply = request(sock, insert_frames(make(), seq))
+                assert reply.type == "error", name
+                assert (reply["reason"], reply["ref_seq"]) == (reason, seq), (name, reply.body)
+                assert word in reply["detail"], (name, reply["detail"])
+                seq += 1
+            reply = request(sock, insert_frames(good(), seq, table="other"))
+            assert reply["reason"] == "unknown_table"
+            # oversize message: refused by the decoder before anything is built
+            big = {**good(), "obs": np.zeros((4, 1 << 17), np.float32)}
+            assert request(sock, insert_frames(big, 99))["reason"] == "message_too_large"
+            # garbage frames
+            assert request(sock, [b"\x00garbage"])["reason"] in ("bad_msgpack", "bad_header")
+            assert request(sock, [msgpack.packb({"v": 1, "type": "insert"})])["reason"] == "missing_field"
+            header = msgpack.packb({"v": 1, "type": "insert", "sender": "x", "seq": 5, "body": {"table": "main"},
+                                    "arrays": [["obs", "float32", [4, 4]]]})
+            assert request(sock, [header, b"short"])["reason"] == "frame_length_mismatch"
+            assert request(sock, [msgpack.packb({**msgpack.unpackb(header), "v": 7})])["reason"] == \
+                "version_mismatch"
+        finally:
+            sock.close(linger=0)
+        assert server.tables["main"].size == 4  # nothing bad was stored
+        errors = server.metrics.protocol_errors
+        assert errors.labels("schema_mismatch")._value.get() == 4
+        assert errors.labels("bad_msgpack")._value.get() + errors.labels("bad_header")._value.get() == 1
+        # the next good client is served
+        with InsertClient(server.endpoint, "good") as ic:
+            ic.insert("main", transitions(1, 0, 8))
+            ic.flush(5)
+            assert ic.acked == 1
+        assert server.tables["main"].size == 12
+
+
+def test_insert_client_raises_the_refusal_and_continues() -> None:
+    with serving(replay_config(capacity=100)) as server:
+        with InsertClient(server.endpoint, "a") as ic:
+            ic.insert("main", good())
+            ic.insert("main", {**good(), "obs": np.zeros((4, 2), np.float32)})
+            with pytest.raises(Exception) as e:
+                ic.flush(5)
+            assert getattr(e.value, "reason", "") == "schema_mismatch"
+            assert ic.unacked == 0  # the refused insert left the window
+            ic.insert("main", good())
+            ic.flush(5)
+        assert server.tables["main"].size == 8
