@@ -31,6 +31,10 @@ SERVICES = {
 }
 
 
+class StartupError(RuntimeError):
+    """A service cannot start (peer unreachable, env unusable, ...); the message says why."""
+
+
 @dataclass
 class ServiceArgs:
     """What distinguishes one instance of a service from another."""
@@ -70,7 +74,13 @@ def setup_logging(level: str = "INFO", file: str | Path | None = None) -> None:
 
 def run_service(cfg: Experiment, args: ServiceArgs) -> int:
     """Run one service in the foreground until SIGTERM/SIGINT; 0 on a clean stop."""
-    service = build(cfg, args)
+    from common.envs import EnvError
+
+    try:
+        service = build(cfg, args)
+    except (StartupError, EnvError) as exc:
+        log.error("%s cannot start: %s", args.name, exc)
+        return 1
     http = MetricsServer(service.metrics, service.health, cfg.metrics.host, cfg.metrics.port).start()
     log.info("%s shard %d serving metrics on %s:%d", args.name, args.shard, http.host, http.port)
 
@@ -81,10 +91,14 @@ def run_service(cfg: Experiment, args: ServiceArgs) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+    code = 0
     try:
         service.run()
+    except StartupError as exc:
+        log.error("%s cannot start: %s", args.name, exc)
+        code = 1
     finally:
         service.close()
         http.close()
     log.info("%s shard %d stopped", args.name, args.shard)
-    return 0
+    return code

@@ -6,14 +6,11 @@ import logging
 import time
 
 from common.config import Experiment
+from common.runtime import StartupError
 from common.server import CommTimeout, RemoteError
 from services.paramserver.client import RegistryClient, WeightsReader, Welcome
 
 log = logging.getLogger("rlfleet.actor")
-
-
-class StartupError(RuntimeError):
-    """A peer could not be reached at start-up; the message names it."""
 
 
 class FleetLinks:

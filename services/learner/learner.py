@@ -27,6 +27,7 @@ from common import algorithms
 from common.config import Experiment, dump
 from common.envs import probe_env
 from common.metrics import ServiceMetrics
+from common.runtime import StartupError
 from common.server import CommTimeout, RemoteError
 from services.paramserver.client import WeightsPublisher, WeightsReader
 from services.replay.client import SampleClient
@@ -109,7 +110,7 @@ class LearnerService:
         try:
             got = reader.get(-1)
         except (CommTimeout, RemoteError) as exc:
-            raise RuntimeError(
+            raise StartupError(
                 f"paramserver at {self.cfg.network.paramserver} did not answer within "
                 f"{self.cfg.network.timeout_s:g} s (network.paramserver): {exc}"
             ) from None
