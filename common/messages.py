@@ -128,17 +128,21 @@ _SPECS = [
     MessageSpec("get", "Poll for weights.", {
         "have_version": _f("int", "version the reader holds (-1: none)"),
         "version": _f("int", "exact version wanted (one of the two kept)", False),
+        "shm": _f("bool", "the reader can map this host's /dev/shm: answer with weights.shm", False),
     }),
     MessageSpec("wait", "Long poll: answer when a version >= min_version is held, or at timeout.", {
         "min_version": _f("int", "lowest acceptable version"),
         "timeout_ms": _f("int", "answer not_modified after this long"),
         "have_version": _f("int", "version the reader holds (-1: none)", False),
+        "shm": _f("bool", "the reader can map this host's /dev/shm: answer with weights.shm", False),
     }),
     MessageSpec("weights", "One shard's tensors of one version.", {
         "ref_seq": _f("int", "seq of the get or wait"),
         "version": _f("int", "version of these tensors"),
         "versions": _f("list", "versions this shard holds, newest first"),
         "layout": _f("str", "fingerprint of the partition"),
+        "shm": _f("map", "instead of payload frames: {path, probe, arrays: [[name, dtype, shape, offset]]}",
+                  False),
     }, open_arrays=True),
     MessageSpec("not_modified", "Nothing newer than asked for.", {
         "ref_seq": _f("int", "seq of the get or wait"),

@@ -31,6 +31,7 @@ from common.partition import Layout, fingerprint, tensor_specs
 from common.protocol import DEFAULT_LIMITS, Limits, Message, ProtocolError, decode
 from common.server import Client, CommTimeout, RemoteError
 from common.transport import CurveConfig
+from services.paramserver import shm as shmlib
 
 log = logging.getLogger(__name__)
 
@@ -180,10 +181,16 @@ class WeightsReader(VariableSource):
         curve: CurveConfig | None = None,
         ctx: zmq.Context[Any] | None = None,
         timeout_s: float = 10.0,
+        shm: bool = True,
     ) -> None:
         self.shards = _Shards(addresses, sender, curve, ctx)
         self.timeout_s = timeout_s
         self.version = -1  # newest version returned so far
+        # Ask each shard for shared memory until it proves not to be on this host.
+        self.use_shm = [shm and shmlib.available()] * len(self.shards)
+
+    def _request(self, mtype: str, body: dict[str, Any], shards: Sequence[int]) -> dict[int, Message]:
+        return {i: Message(mtype, {**body, "shm": True} if self.use_shm[i] else dict(body)) for i in shards}
 
     def get_variables(self, have_version: int) -> Weights | None:
         return self.get(have_version)
@@ -197,17 +204,39 @@ class WeightsReader(VariableSource):
         """Long poll: a consistent version >= min_version, or None after timeout_s."""
         deadline = time.monotonic() + timeout_s
         body = {"min_version": min_version, "timeout_ms": int(timeout_s * 1000)}
-        replies = self.shards.gather(
-            {i: Message("wait", dict(body)) for i in range(len(self.shards))}, deadline + WAIT_MARGIN_S
-        )
+        replies = self.shards.gather(self._request("wait", body, range(len(self.shards))), deadline + WAIT_MARGIN_S)
         _raise_errors(replies, "wait")
         if any(r.type == "not_modified" for r in replies.values()):
             return None
         return self._resolve(replies, min_version - 1, deadline + WAIT_MARGIN_S)
 
     def _get_all(self, have: int, deadline: float) -> dict[int, Message]:
-        msg = {"have_version": have}
-        return self.shards.gather({i: Message("get", dict(msg)) for i in range(len(self.shards))}, deadline)
+        return self.shards.gather(self._request("get", {"have_version": have}, range(len(self.shards))), deadline)
+
+    def _map_shm(self, parts: dict[int, Message]) -> tuple[dict[int, Message], bool]:
+        """Map the pieces that came as shared memory; drop those that could not be mapped.
+
+        Returns (usable parts, gone): ``gone`` when a version's file had already
+        been dropped by its shard (ask again).
+        """
+        out: dict[int, Message] = {}
+        gone = False
+        for i, r in parts.items():
+            desc = r.get("shm")
+            if desc is not None and not r.arrays:
+                try:
+                    r.arrays = shmlib.map_arrays(desc)
+                except shmlib.ShmUnavailable:
+                    log.info("paramserver shard %d is not on this host's /dev/shm: using frames", i)
+                    self.use_shm[i] = False
+                    continue
+                except shmlib.ShmGone:
+                    gone = True
+                    continue
+                except (ValueError, OSError) as exc:
+                    raise RemoteError("bad_shm", f"paramserver shard {i}: {exc}") from None
+            out[i] = r
+        return out, gone
 
     def _resolve(self, replies: dict[int, Message], have: int, deadline: float) -> Weights | None:
         """Pick the newest version all shards hold and fetch the pieces still missing."""
@@ -225,15 +254,19 @@ class WeightsReader(VariableSource):
                 return None
             version = max(candidates)
             parts = {i: r for i, r in replies.items() if r.type == "weights" and r["version"] == version}
+            parts, gone = self._map_shm(parts)
             missing = [i for i in replies if i not in parts]
-            if missing:
+            if missing and not gone:
                 exact = {"have_version": -1, "version": version}
-                more = self.shards.gather({i: Message("get", dict(exact)) for i in missing}, deadline)
-                if any(r.type == "error" and r["reason"] == "version_gone" for r in more.values()):
-                    replies = self._get_all(have, deadline)  # two newer publishes overtook us
-                    continue
-                _raise_errors(more, f"get of version {version}")
-                parts.update(more)
+                more = self.shards.gather(self._request("get", exact, missing), deadline)
+                gone = any(r.type == "error" and r["reason"] == "version_gone" for r in more.values())
+                if not gone:
+                    _raise_errors(more, f"get of version {version}")
+                    more, gone = self._map_shm(more)
+                    parts.update(more)
+            if gone or len(parts) < len(replies):
+                replies = self._get_all(have, deadline)  # newer publishes overtook us: look again
+                continue
             return self._assemble(version, parts)
         return None  # shards keep disagreeing (publishes racing this reader): try again later
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import zmq
 
 from common.metrics import ServiceMetrics
 from common.partition import Layout
 from common.protocol import Message
 from common.server import Peer, RequestError, Server
+from services.paramserver import shm as shmlib
 from services.paramserver.registry import ROLES, Registry
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class ParkedWait:
     peer: Peer
     min_version: int
     deadline: float
+    shm: bool
 
 
 @dataclass
@@ -70,9 +71,16 @@ class ShardServer(Server):
         shard: int,
         num_shards: int,
         liveness_s: float,
+        shm: bool = True,
         **kw: Any,
     ) -> None:
         super().__init__(metrics, bind, **kw)
+        self.shm: shmlib.ShmExporter | None = None
+        if shm and shmlib.available():
+            try:
+                self.shm = shmlib.ShmExporter(shard)
+            except OSError as exc:
+                log.warning("shared memory for same-host readers is off: %s", exc)
         self.shard = shard
         self.num_shards = num_shards
         self.layout: Layout | None = None
@@ -148,20 +156,28 @@ class ShardServer(Server):
                      len(layout.shards[self.shard]), layout.shard_nbytes(self.shard))
         self.layout = layout
         held = Held(version, dict(msg.arrays), layout.fingerprint)
-        self.held = [held, *self.held][:KEEP_VERSIONS]
+        self.held = [held, *self.held]
+        for old in self.held[KEEP_VERSIONS:]:
+            if self.shm is not None:
+                self.shm.drop(old.version)
+        del self.held[KEEP_VERSIONS:]
         self.m_version.set(version)
         self.m_publishes.inc()
         self.reply(peer, Message("publish_ack", {"version": version}))
         for identity, w in list(self.waits.items()):
             if w.min_version <= version:
                 del self.waits[identity]
-                self._send_weights(w.peer, held)
+                self._send_weights(w.peer, held, w.shm)
         self.m_parked.set(len(self.waits))
 
-    def _send_weights(self, peer: Peer, held: Held) -> None:
-        body = {"version": held.version, "versions": self.versions, "layout": held.layout}
+    def _send_weights(self, peer: Peer, held: Held, shm: bool = False) -> None:
+        body: dict[str, Any] = {"version": held.version, "versions": self.versions, "layout": held.layout}
         self.m_weights.inc()
-        self.reply(peer, Message("weights", body, held.arrays))
+        if shm and self.shm is not None:
+            body["shm"] = self.shm.export(held.version, held.arrays)
+            self.reply(peer, Message("weights", body))
+        else:
+            self.reply(peer, Message("weights", body, held.arrays))
 
     def _send_not_modified(self, peer: Peer) -> None:
         self.m_not_modified.inc()
@@ -186,7 +202,7 @@ class ShardServer(Server):
         if held is None or held.version <= have:
             self._send_not_modified(peer)
         else:
-            self._send_weights(peer, held)
+            self._send_weights(peer, held, bool(msg.get("shm")))
 
     def on_wait(self, peer: Peer, msg: Message) -> None:
         self._touch(msg)
@@ -194,7 +210,7 @@ class ShardServer(Server):
         have = msg.get("have_version")
         want = max(msg["min_version"], -1 if have is None else have + 1)
         if self.held and self.held[0].version >= want:
-            self._send_weights(peer, self.held[0])
+            self._send_weights(peer, self.held[0], bool(msg.get("shm")))
             return
         timeout_ms = min(max(msg["timeout_ms"], 0), MAX_WAIT_MS)
         old = self.waits.pop(peer.identity, None)
@@ -202,7 +218,7 @@ class ShardServer(Server):
             self._send_not_modified(old.peer)
         if len(self.waits) >= MAX_PARKED_WAITS:
             raise RequestError("busy", f"{MAX_PARKED_WAITS} long polls are already waiting on this shard")
-        self.waits[peer.identity] = ParkedWait(peer, want, time.monotonic() + timeout_ms / 1000)
+        self.waits[peer.identity] = ParkedWait(peer, want, time.monotonic() + timeout_ms / 1000, bool(msg.get("shm")))
         self.m_parked.set(len(self.waits))
         self._check_barriers()
 
@@ -212,6 +228,7 @@ class ShardServer(Server):
             "layout": self.layout.fingerprint if self.layout else "",
             "num_shards": self.num_shards,
             "waits_parked": len(self.waits),
+            "shm": self.shm is not None,
         }
         if self.registry is not None:
             stats["actors"] = [[m.actor_id, m.role, m.index] for m in self.registry.members.values()][:200]
@@ -300,5 +317,7 @@ class ShardServer(Server):
         self._check_barriers()
 
 
-def make_context(io_threads: int = 1) -> zmq.Context[Any]:
-    return zmq.Context(io_threads=io_threads)
+    def close(self) -> None:
+        if self.shm is not None:
+            self.shm.close()
+        super().close()

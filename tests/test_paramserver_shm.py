@@ -1,0 +1,102 @@
+"""Same-host readers map weights from /dev/shm; others (or a failed mapping) get frames."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from common.protocol import Message
+from services.paramserver import shm as shmlib
+from services.paramserver.client import WeightsPublisher, WeightsReader
+from services.paramserver.procs import ShardProcesses
+
+
+def model(version: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(version)
+    return {"w1": rng.standard_normal((300, 40), dtype=np.float32), "b1": np.full(40, version, np.float32),
+            "w2": rng.standard_normal((40, 300), dtype=np.float32), "n": np.full((), version, np.int64)}
+
+
+def files_of(pid: int) -> list[str]:
+    return glob.glob(f"/dev/shm/{shmlib.PREFIX}{pid}-*")
+
+
+def is_mapped(arr: np.ndarray) -> bool:
+    base = arr
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return type(base).__name__ == "mmap"
+
+
+def test_shm_and_frames_agree_and_fallback_works() -> None:
+    assert shmlib.available()
+    with ShardProcesses(2) as ps:
+        pids = [p.pid for p in ps.procs]
+        pub = WeightsPublisher(ps.addresses)
+        via_shm = WeightsReader(ps.addresses, "shm-reader")
+        via_frames = WeightsReader(ps.addresses, "frame-reader", shm=False)
+        pub.publish(1, model(1))
+        v1, a = via_shm.wait(1, 10.0)
+        v2, b = via_frames.get(-1)
+        assert v1 == v2 == 1 and a.keys() == b.keys() == model(1).keys()
+        for name, want in model(1).items():
+            assert np.array_equal(a[name], want) and np.array_equal(b[name], want)
+            assert not a[name].flags.writeable
+        assert all(is_mapped(arr) for arr in a.values() if arr.size)
+        assert not any(is_mapped(arr) for arr in b.values())
+        # A reply naming files this reader cannot see (another host's /dev/shm): frames from then on.
+        ghost = Message("weights", {"version": 2, "versions": [2], "layout": "x", "shm": {
+            "path": "/dev/shm/rlfleet-ps-ghost-v2", "probe": "/dev/shm/rlfleet-ps-ghost-probe", "arrays": []}})
+        assert via_shm._map_shm({1: ghost}) == ({}, False)
+        assert via_shm.use_shm == [True, False]
+        pub.publish(2, model(2))
+        version, c = via_shm.get(1)
+        assert version == 2 and all(np.array_equal(c[n], w) for n, w in model(2).items())
+        assert is_mapped(c["w1"] if "w1" in pub.layout.shards[0] else c["w2"])
+        assert not is_mapped(c["w2"] if "w1" in pub.layout.shards[0] else c["w1"])
+        # A shard keeps files for its two newest versions only.
+        pub.publish(3, model(3))
+        assert via_shm.wait(3, 10.0)[0] == 3
+        pub.publish(4, model(4))
+        assert via_shm.wait(4, 10.0)[0] == 4
+        assert len(files_of(pids[0])) == 3  # probe + versions 3 and 4
+        assert np.array_equal(a["w1"], model(1)["w1"])  # an old mapping stays valid after unlink
+        for r in (via_shm, via_frames, pub):
+            r.close()
+    assert not files_of(pids[0]) and not files_of(pids[1])  # removed on a clean stop
+
+
+def test_gone_versus_unavailable() -> None:
+    probe = "/dev/shm/rlfleet-ps-test-probe"
+    open(probe, "wb").close()
+    try:
+        with pytest.raises(shmlib.ShmGone):
+            shmlib.map_arrays({"path": "/dev/shm/rlfleet-ps-test-v9", "probe": probe, "arrays": []})
+    finally:
+        os.unlink(probe)
+    with pytest.raises(shmlib.ShmUnavailable):
+        shmlib.map_arrays({"path": "/dev/shm/rlfleet-ps-test-v9", "probe": probe, "arrays": []})
+
+
+@pytest.mark.parametrize("desc", [
+    {"path": "/etc/passwd", "probe": "/dev/shm/rlfleet-ps-x", "arrays": []},
+    {"path": "/dev/shm/rlfleet-ps-../../etc/passwd", "probe": "/dev/shm/rlfleet-ps-x", "arrays": []},
+    {"path": "/dev/shm/rlfleet-ps-test", "probe": "/dev/shm/rlfleet-ps-test", "arrays": [["a", "float32", [4], 64]]},
+    {"path": "/dev/shm/rlfleet-ps-test", "probe": "/dev/shm/rlfleet-ps-test", "arrays": [["a", "object", [1], 0]]},
+    {"path": "/dev/shm/rlfleet-ps-test", "probe": "/dev/shm/rlfleet-ps-test", "arrays": [["a", "float32", [1], 3]]},
+    "not a map",
+])
+def test_map_arrays_trusts_nothing(desc: object) -> None:
+    path = "/dev/shm/rlfleet-ps-test"
+    with open(path, "wb") as f:
+        f.write(b"\0" * 64)
+    try:
+        with pytest.raises(ValueError):
+            shmlib.map_arrays(desc)
+    finally:
+        os.unlink(path)
