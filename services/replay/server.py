@@ -114,6 +114,8 @@ class ReplayServer(Server):
         self.m_snap = m.gauge("replay_snapshot_seconds", "Seconds the last snapshot took to write.")
         for name in self.tables:
             self.m_size.labels(name).set(0)
+        self._m_inserts = {name: self.m_inserts.labels(name) for name in self.tables}
+        self._m_wait_insert = self.m_wait.labels("insert")
         for side in ("insert", "sample"):
             self.m_wait.labels(side).inc(0)
         self.route("insert", self.on_insert)
@@ -173,10 +175,9 @@ class ReplayServer(Server):
             self._ack(peer, Message("ack", {"stored": 0, "duplicate": True}))
 
     def _ack(self, peer: Peer, msg: Message) -> None:
-        if self.wal is not None:
-            self.deferred_acks.append((peer, msg))  # sent after the burst's fsync
-        else:
-            self.reply(peer, msg)
+        # Acks go out together after each burst of messages (tick), for wal after the
+        # burst's fsync; replies sent back to back also wake ZeroMQ's I/O thread less often.
+        self.deferred_acks.append((peer, msg))
 
     def on_sample(self, peer: Peer, msg: Message) -> None:
         table = self._table(msg["table"])
@@ -238,13 +239,13 @@ class ReplayServer(Server):
     def _store(self, table: Table, h: HeldInsert) -> None:
         key = (h.peer.sender, h.peer.seq)
         self.held_keys.discard(key)
-        first = table.insert(h.arrays, h.priority)
+        first = table.insert(h.arrays, h.priority, h.n)
         if self.wal is not None:
             logged = h.arrays if h.priority is None else {**h.arrays, "__priority__": h.priority}
             self.wal.append_insert(table.name, first, logged, key[0], key[1], h.window_start)
         self.dedup.add(key[0], key[1], h.window_start)
-        self.m_inserts.labels(table.name).inc(h.n)
-        self.m_wait.labels("insert").inc(time.monotonic() - h.since)
+        self._m_inserts[table.name].inc(h.n)
+        self._m_wait_insert.inc(time.monotonic() - h.since)
         self._ack(h.peer, Message("ack", {"stored": h.n, "duplicate": False}))
 
     def _serve(self, table: Table, h: HeldSample) -> None:
@@ -282,12 +283,12 @@ class ReplayServer(Server):
             self.snapshot()
 
     def flush_acks(self) -> None:
-        """wal: fsync what this burst appended, then send its acks."""
+        """Send the acks of this burst (wal: after fsync'ing what it appended)."""
         if self.wal is not None:
             self.wal.sync()
-            acks, self.deferred_acks = self.deferred_acks, []
-            for peer, msg in acks:
-                self.reply(peer, msg)
+        acks, self.deferred_acks = self.deferred_acks, []
+        for peer, msg in acks:
+            self.reply(peer, msg)
 
     # -- durability -----------------------------------------------------------
     def snapshot(self, wait: bool = False) -> None:

@@ -1,0 +1,150 @@
+"""Replay ingest: acked transitions per second into a replay server, vs raw PUSH->PULL.
+
+    .venv/bin/python -m bench.replay_ingest [--quick]
+
+Writers (1, 2, 4 processes) send CartPole transitions (obs 4 x f32, action
+i64, reward f32, next_obs 4 x f32, done bool, discount f32) in batches of 64
+and 256 to one replay server process through ``InsertClient`` (window of 8,
+the config default): encode, send, and wait for every ack. The time runs from
+the moment all writers are released until the last writer has all its acks.
+
+The ceiling, side by side in the same run: the same writer processes push the
+same encoded insert bytes (encoded once) through a raw pyzmq PUSH socket to a
+PULL process that only receives them; its time ends when the last message is
+received. One extra figure: 4 writers, batch 256, into a server with ``wal``
+durability (fsync per burst).
+
+Last line: JSON with transitions/s for every case, ``ratio_b256`` per writer
+count (ours / ceiling), and ``ratio``: their geometric mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import tempfile
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from common.config import ReplayConfig, TableConfig
+from common.metrics import ServiceMetrics
+from common.protocol import Message, encode
+from common.transport import make_socket
+
+CTX = mp.get_context("spawn")
+
+
+def cartpole(n: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(n)
+    obs = rng.standard_normal((n, 4)).astype(np.float32)
+    return {"obs": obs, "action": rng.integers(0, 2, n).astype(np.int64), "reward": np.ones(n, np.float32),
+            "next_obs": obs + 0.01, "done": np.zeros(n, bool), "discount": np.full(n, 0.99, np.float32)}
+
+
+def _server(durability: str, directory: str, addr_q: Any, stop: Any) -> None:
+    from services.replay.server import ReplayServer
+
+    cfg = ReplayConfig(tables=[TableConfig(name="main", kind="uniform", capacity=1_000_000, min_size=1)],
+                       durability=durability, checkpoint_every_s=3600)  # type: ignore[arg-type]
+    srv = ReplayServer(cfg, ServiceMetrics("replay"), "tcp://127.0.0.1:0", directory=directory)
+    addr_q.put(srv.endpoint)
+    threading.Thread(target=lambda: (stop.wait(), srv.stop()), daemon=True).start()
+    srv.serve()
+    srv.close()
+
+
+def _pull(total: int, addr_q: Any, result_q: Any) -> None:
+    sock = make_socket(zmq.PULL, bind="tcp://127.0.0.1:0", hwm=1000)
+    addr_q.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    for _ in range(total):
+        sock.recv_multipart(copy=False)
+    result_q.put(time.time())
+    sock.close()
+
+
+def _writer(mode: str, addr: str, index: int, n_msgs: int, batch: int, start: Any, done: Any, result_q: Any) -> None:
+    cols = cartpole(batch)
+    if mode == "raw":
+        sock = make_socket(zmq.PUSH, connect=addr, hwm=1000)
+        frames = encode(Message("insert", {"table": "main"}, cols, sender=f"w{index}", seq=1))
+        start.wait()
+        for _ in range(n_msgs):
+            sock.send_multipart(frames, copy=False)
+        done.wait(60)  # linger is 0: stay until the receiver has everything
+        sock.close()
+        result_q.put(time.time())
+        return
+    from services.replay.client import InsertClient
+
+    client = InsertClient(addr, f"w{index}-{time.time_ns()}")
+    start.wait()
+    for _ in range(n_msgs):
+        client.insert("main", cols, timeout_s=60)
+    client.flush(60)
+    result_q.put(time.time())
+    client.close()
+
+
+def run_case(mode: str, writers: int, batch: int, total_msgs: int) -> float:
+    """Transitions per second for one case."""
+    per = total_msgs // writers
+    total_msgs = per * writers
+    addr_q, result_q = CTX.Queue(), CTX.Queue()
+    start, done, stop = CTX.Event(), CTX.Event(), CTX.Event()
+    tmp = tempfile.TemporaryDirectory(prefix="rlfleet-bench-")
+    if mode == "raw":
+        receiver = CTX.Process(target=_pull, args=(total_msgs, addr_q, result_q))
+    else:
+        receiver = CTX.Process(target=_server, args=("wal" if mode == "wal" else "memory", tmp.name, addr_q, stop))
+    receiver.start()
+    addr = addr_q.get(timeout=60)
+    procs = [CTX.Process(target=_writer, args=(mode, addr, i, per, batch, start, done, result_q))
+             for i in range(writers)]
+    for p in procs:
+        p.start()
+    time.sleep(1.0 + 0.3 * writers)  # let every writer import, connect and encode
+    t0 = time.time()
+    start.set()
+    if mode == "raw":
+        t_end = result_q.get(timeout=120)  # the receiver's time comes first
+        done.set()
+        for _ in procs:
+            result_q.get(timeout=60)
+    else:
+        t_end = max(result_q.get(timeout=120) for _ in procs)
+        stop.set()
+    for p in [*procs, receiver]:
+        p.join(30)
+    tmp.cleanup()
+    return total_msgs * batch / (t_end - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    scale = 0.25 if a.quick else 1.0
+    out: dict[str, Any] = {"unit": "transitions/s", "ours": {}, "raw": {}}
+    for batch in (64, 256):
+        msgs = int((4000 if batch == 64 else 1600) * scale)
+        for writers in (1, 2, 4):
+            for mode in ("ours", "raw"):
+                tps = run_case(mode, writers, batch, msgs)
+                out[mode][f"w{writers}_b{batch}"] = round(tps)
+                print(f"{mode:5s} writers={writers} batch={batch}: {tps:,.0f} transitions/s", flush=True)
+    tps = run_case("wal", 4, 256, int(1600 * scale))
+    out["ours_wal_w4_b256"] = round(tps)
+    print(f"wal   writers=4 batch=256: {tps:,.0f} transitions/s", flush=True)
+    ratios = {f"w{w}": out["ours"][f"w{w}_b256"] / out["raw"][f"w{w}_b256"] for w in (1, 2, 4)}
+    out["ratio_b256"] = {k: round(v, 3) for k, v in ratios.items()}
+    out["ratio"] = round(float(np.exp(np.mean(np.log(list(ratios.values()))))), 3)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
