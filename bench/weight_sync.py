@@ -5,9 +5,12 @@
 Models of 70k, 1.2M and 25M float32 parameters (a few realistic tensors
 each), published through 1, 2 and 4 paramserver shards (each shard its own
 process) to 4 reader processes that long-poll with ``WeightsReader.wait``.
-A reader's time is taken when ``wait`` returns the assembled version; the
-figure for one publish is the latest of the 4 readers minus the moment just
-before ``publish`` was called (CLOCK_MONOTONIC is shared by all processes).
+Readers on the shards' host map each version from /dev/shm (the default);
+the ``shards_1_frames`` row is the same with shm off, i.e. every reader gets
+the bytes over tcp, as readers on other hosts do. A reader's time is taken
+when ``wait`` returns the assembled version; the figure for one publish is
+the latest of the 4 readers minus the moment just before ``publish`` was
+called (CLOCK_MONOTONIC is shared by all processes).
 
 The ceiling, measured in the same run for each model: a raw pyzmq DEALER
 sending the same tensors (one frame each, zero-copy) over tcp to one reader
@@ -66,10 +69,10 @@ def make(shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
 
 # -- reader processes ---------------------------------------------------------
 
-def reader_proc(addresses: list[str], name: str, report: str) -> None:
+def reader_proc(addresses: list[str], name: str, report: str, shm: bool) -> None:
     out = zmq.Context.instance().socket(zmq.PUSH)
     out.connect(report)
-    reader = WeightsReader(addresses, name)
+    reader = WeightsReader(addresses, name, shm=shm)
     have = -1
     out.send(msgpack.packb([name, -1, time.monotonic_ns()]))  # ready
     while True:
@@ -132,12 +135,12 @@ def percentiles(samples: list[float]) -> dict[str, float]:
 
 # -- the two measurements ---------------------------------------------------------
 
-def run_ours(tensors: dict[str, np.ndarray], shards: int, reps: int) -> list[float]:
+def run_ours(tensors: dict[str, np.ndarray], shards: int, reps: int, shm: bool = True) -> list[float]:
     ctx = mp.get_context("spawn")
     reports = Reports()
     lat: list[float] = []
     with ShardProcesses(shards) as ps:
-        procs = [ctx.Process(target=reader_proc, args=(ps.addresses, f"r{i}", reports.address), daemon=True)
+        procs = [ctx.Process(target=reader_proc, args=(ps.addresses, f"r{i}", reports.address, shm), daemon=True)
                  for i in range(READERS)]
         for p in procs:
             p.start()
@@ -205,6 +208,8 @@ def main() -> None:
         row["raw"] = percentiles(run_raw(tensors, reps[label]))
         for shards in (1, 2, 4):
             row[f"shards_{shards}"] = percentiles(run_ours(tensors, shards, reps[label]))
+        # The same through tcp frames only (readers on another host, or shm off).
+        row["shards_1_frames"] = percentiles(run_ours(tensors, 1, reps[label], shm=False))
         results[label] = row
         print(label, json.dumps(row), flush=True)
     out = {
