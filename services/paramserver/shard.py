@@ -302,6 +302,11 @@ class ShardServer(Server):
             self._send_not_modified(self.waits.pop(k).peer)
         if expired:
             self.m_parked.set(len(self.waits))
+        if self.shm is not None and self.shm.spare is None and self.shm.last_size:
+            try:
+                self.shm.prepare_spare()
+            except OSError as exc:  # /dev/shm full: the next export allocates as it goes
+                log.warning("%s: could not prepare a shared-memory file: %s", self.name, exc)
         if self.registry is None:
             return
         if self.registry.expire():

@@ -79,6 +79,11 @@ class ShmExporter:
         fd = os.open(self.probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         os.close(fd)
         self.files: dict[int, tuple[str, list[list[Any]]]] = {}  # version -> (path, descriptors)
+        # A file of the last version's size with its pages already allocated, so that
+        # exporting the next version is one copy, not a copy plus page faults.
+        self.spare: tuple[str, int] | None = None
+        self.last_size = 0
+        self._count = 0
 
     def export(self, version: int, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
         """The ``weights.shm`` field for ``version`` (written on first call)."""
@@ -88,15 +93,21 @@ class ShmExporter:
         return {"path": path, "probe": self.probe, "arrays": descriptors}
 
     def _write(self, version: int, arrays: Mapping[str, np.ndarray]) -> tuple[str, list[list[Any]]]:
-        path = f"{self.base}-v{version}"
         descriptors: list[list[Any]] = []
         offset = 0
         for name, arr in arrays.items():
             descriptors.append([name, wire_dtype_name(arr.dtype), list(arr.shape), offset])
             offset += -(-arr.nbytes // ALIGN) * ALIGN
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        size = self.last_size = max(offset, 1)
+        path = f"{self.base}-v{version}"
+        if self.spare is not None and self.spare[1] == size:
+            os.rename(self.spare[0], path)  # never read by anyone: its name was never sent
+            self.spare = None
+            fd = os.open(path, os.O_RDWR)
+        else:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            os.ftruncate(fd, size)
         try:
-            os.ftruncate(fd, max(offset, 1))
             for (_, _, _, start), arr in zip(descriptors, arrays.values(), strict=True):
                 view = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
                 done = 0
@@ -109,6 +120,24 @@ class ShmExporter:
             os.close(fd)
         return path, descriptors
 
+    def prepare_spare(self) -> None:
+        """Allocate the next version's file ahead of time (call when idle)."""
+        if self.spare is not None or not self.last_size:
+            return
+        self._count += 1
+        path = f"{self.base}-spare{self._count}"
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, self.last_size)
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, self.last_size)
+        except OSError:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        self.spare = (path, self.last_size)
+
     def drop(self, version: int) -> None:
         entry = self.files.pop(version, None)
         if entry is not None:
@@ -118,6 +147,10 @@ class ShmExporter:
     def close(self) -> None:
         for version in list(self.files):
             self.drop(version)
+        if self.spare is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.spare[0])
+            self.spare = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.probe)
 
