@@ -63,6 +63,9 @@ class NStepBuilder:
         self.obs_shape = tuple(obs_shape)
         self.autoreset_mode = mode
         self._powers = gamma ** np.arange(n_step + 1, dtype=np.float64)
+        # _upper[k, j] = gamma^(j - k) for j >= k: n-step returns of every window as one product.
+        offsets = np.arange(n_step)[None, :] - np.arange(n_step)[:, None]
+        self._upper = np.where(offsets >= 0, gamma ** np.maximum(offsets, 0), 0.0)
         # Per slot: a ring of the last n (obs, action, reward); `_length` entries
         # are open windows, the oldest at (_head - _length) % n.
         self._obs = np.zeros((num_envs, n_step, *self.obs_shape), np.float32)
@@ -122,14 +125,14 @@ class NStepBuilder:
         self._length[slots] += 1
 
         final_obs = self._final_obs(next_obs, done, infos)
-        parts = [self._emit_full(np.flatnonzero(valid & ~done & (self._length == self.n_step)), next_obs)]
-        for slot in np.flatnonzero(done):
-            parts.append(self._flush(int(slot), final_obs[slot], bool(terminated[slot])))
+        columns = self._emit(
+            np.flatnonzero(done | (valid & (self._length == self.n_step))), done, terminated, final_obs
+        )
 
         self._current[:] = next_obs
         if self.autoreset_mode is AutoresetMode.NEXT_STEP:
             self._skip = done
-        return _concat(parts, self.obs_shape)
+        return columns
 
     # -- internals ----------------------------------------------------------
 
@@ -149,52 +152,34 @@ class NStepBuilder:
             final[slot] = infos["final_obs"][slot]
         return final
 
-    def _window(self, slots: np.ndarray) -> np.ndarray:
-        """Ring positions [slot, k] of each slot's open window, oldest first."""
-        start = (self._head[slots] - self._length[slots]) % self.n_step
-        return (start[:, None] + np.arange(self.n_step)) % self.n_step
+    def _emit(self, slots: np.ndarray, done: np.ndarray, terminated: np.ndarray, bootstrap: np.ndarray) -> Columns:
+        """Emit the oldest window of full slots and every open window of ended ones.
 
-    def _emit_full(self, slots: np.ndarray, next_obs: np.ndarray) -> Columns:
-        """Slots with n steps open and no episode end: emit their oldest window."""
-        pos = self._window(slots)
-        rows = slots[:, None]
-        reward = (self._reward[rows, pos] * self._powers[: self.n_step]).sum(axis=1)
-        first = pos[:, 0]
-        self._length[slots] -= 1
+        ``bootstrap`` holds each slot's observation after this step (the final
+        one where an episode ended). All slots at once: no Python loop per slot.
+        """
+        n = self.n_step
+        length = self._length[slots]
+        # Ring positions [slot, k] of each open window, oldest first.
+        pos = ((self._head[slots] - length)[:, None] + np.arange(n)) % n
+        k = np.arange(n)
+        is_open = k < length[:, None]
+        rewards = np.where(is_open, self._reward[slots[:, None], pos], 0.0)
+        # Window k spans steps k..length-1: return[s, k] = sum_j>=k g^(j-k) r[s, j].
+        returns = rewards @ self._upper.T
+        ended = done[slots]
+        emit = np.where(ended[:, None], is_open, k == 0)
+        row, col = np.nonzero(emit)
+        slot = slots[row]
+        span = length[row] - col
+        self._length[slots] = np.where(ended, 0, length - 1)
         return {
-            "obs": self._obs[slots, first],
-            "action": self._action[slots, first],
-            "reward": reward.astype(np.float32),
-            "next_obs": next_obs[slots].astype(np.float32),
-            "discount": np.full(len(slots), self._powers[self.n_step], np.float32),
+            "obs": self._obs[slot, pos[row, col]],
+            "action": self._action[slot, pos[row, col]],
+            "reward": returns[row, col].astype(np.float32),
+            "next_obs": np.asarray(bootstrap[slot], np.float32),
+            "discount": np.where(terminated[slot], 0.0, self._powers[span]).astype(np.float32),
         }
-
-    def _flush(self, slot: int, final_obs: np.ndarray, terminated: bool) -> Columns:
-        """An episode ended in ``slot``: emit every open window, shortest last."""
-        length = int(self._length[slot])
-        pos = self._window(np.array([slot]))[0, :length]
-        rewards = self._reward[slot, pos]
-        # Window k spans steps k..length-1: its return and its own length.
-        returns = np.array([(rewards[k:] * self._powers[: length - k]).sum() for k in range(length)])
-        spans = length - np.arange(length)
-        discount = np.zeros(length) if terminated else self._powers[spans]
-        self._length[slot] = 0
-        return {
-            "obs": self._obs[slot, pos],
-            "action": self._action[slot, pos],
-            "reward": returns.astype(np.float32),
-            "next_obs": np.broadcast_to(final_obs.astype(np.float32), (length, *self.obs_shape)),
-            "discount": discount.astype(np.float32),
-        }
-
-
-def _concat(parts: list[Columns], obs_shape: tuple[int, ...]) -> Columns:
-    parts = [p for p in parts if len(p["action"])]
-    if not parts:
-        return empty_columns(obs_shape)
-    if len(parts) == 1:
-        return {key: np.ascontiguousarray(value) for key, value in parts[0].items()}
-    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
 
 def empty_columns(obs_shape: tuple[int, ...]) -> Columns:
