@@ -38,10 +38,24 @@ def test_total_and_inner_sums_match_brute_force() -> None:
             p[i] = v  # last write wins, as numpy assignment does
         assert tree.total == pytest.approx(p.sum())
         np.testing.assert_allclose(tree.get(np.arange(37)), p)
-    # every inner node is the sum of its children
-    t = tree.tree
-    for k in range(1, tree.leaves):
-        assert t[k] == pytest.approx(t[2 * k] + t[2 * k + 1])
+    # every node is the sum of its children
+    for upper, lower in zip(tree.levels, tree.levels[1:], strict=False):
+        np.testing.assert_allclose(upper, lower[0::2] + lower[1::2])
+
+
+@pytest.mark.parametrize("capacity, cut", [(1, 6), (5, 1), (100, 3), (1000, 6), (40_000, 6), (40_000, 20)])
+def test_shapes_and_brute_force_on_many_sizes(capacity: int, cut: int) -> None:
+    rng = np.random.default_rng(capacity)
+    tree = SumTree(capacity, cut)
+    p = rng.random(capacity)
+    p[1::5] = 0.0
+    tree.set(np.arange(capacity), p)
+    assert tree.total == pytest.approx(p.sum())
+    u = rng.random(2000) * p.sum()
+    got = tree.find(u)
+    expected = np.searchsorted(np.cumsum(p), u, side="right")
+    assert (got != expected).mean() < 1e-3 and (got < capacity).all() and (p[got] > 0).all()
+    assert (p[tree.find(np.full(3, p.sum() * (1 + 1e-12)))] > 0).all()  # u past the end by rounding
 
 
 def test_find_matches_cumulative_sum_exactly() -> None:
@@ -65,7 +79,7 @@ def test_sampling_distribution_chi_square(capacity: int) -> None:
     p = rng.random(capacity) ** 2
     p[3] = 0.0
     tree.set(np.arange(capacity), p)
-    draws = tree.sample(200_000, np.random.default_rng(42))
+    draws, _ = tree.sample(200_000, np.random.default_rng(42))
     counts = np.bincount(draws, minlength=capacity)
     probs = p / p.sum()
     df = int((probs > 0).sum()) - 1
@@ -166,7 +180,8 @@ def test_snapshot_state_round_trip() -> None:
     meta, arrays = t.state()
     r = table("prioritized", capacity=30)
     assert r.restore(meta, arrays) == 30
-    np.testing.assert_allclose(r.tree.tree, t.tree.tree)
+    for a, b in zip(r.tree.levels, t.tree.levels, strict=True):
+        np.testing.assert_allclose(a, b)
     assert (r.next_key, r.size, r.limiter.samples) == (45, 30, 10)
     for name in t.columns:
         np.testing.assert_array_equal(r.columns[name], t.columns[name])

@@ -285,12 +285,12 @@ class PrioritizedTable(Table):
         self._set(slots, np.full(n, self.max_priority) if priority is None else priority)
 
     def _select(self, batch_size: int, beta: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        total = self.tree.total
-        if total <= 0:  # every priority is zero: fall back to uniform
+        try:
+            slots, total = self.tree.sample(batch_size, self.rng)
+        except ValueError:  # every priority is zero: fall back to uniform
             offsets = self.rng.integers(0, self.size, batch_size, dtype=np.int64)
             keys = np.uint64(self.oldest_key) + offsets.astype(np.uint64)
             return keys, np.full(batch_size, 1.0 / self.size), np.ones(batch_size, np.float32)
-        slots = self.tree.sample(batch_size, self.rng)
         oldest_slot = self.oldest_key % self.capacity
         keys = np.uint64(self.oldest_key) + ((slots - oldest_slot) % self.capacity).astype(np.uint64)
         prob = self.tree.get(slots) / total
