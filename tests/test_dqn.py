@@ -13,6 +13,7 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import common.algorithms as algorithms
+from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
 from common.algorithms.device import resolve_device
 from common.algorithms.dqn import (
     ALGORITHM,
@@ -324,12 +325,20 @@ def test_state_round_trip_through_torch_save(tmp_path: Path) -> None:
     torch.save(first.state(), path)
     second = DQNLearner(cfg, OBS_SPACE, ACT_SPACE, device="cpu", seed=99)
     second.load_state(torch.load(path, weights_only=True))
+    # The same through the atomic helper the learner service uses.
+    assert load_checkpoint(tmp_path / "none.pt") is None
+    save_checkpoint(tmp_path / "sub" / "learner.pt", first.state())
+    third = DQNLearner(cfg, OBS_SPACE, ACT_SPACE, device="cpu", seed=98)
+    third.load_state(load_checkpoint(tmp_path / "sub" / "learner.pt") or {})
+    assert [p.name for p in (tmp_path / "sub").iterdir()] == ["learner.pt"]
     assert second.num_updates == 5
     for batch in batches[5:]:  # Adam moments and the target schedule carry on identically
         m1, p1 = first.update(batch)
         m2, p2 = second.update(batch)
-        assert m1 == m2
+        m3, p3 = third.update(batch)
+        assert m1 == m2 == m3
         np.testing.assert_array_equal(p1, p2)
+        np.testing.assert_array_equal(p1, p3)
     for a, b in zip(first.target.state_dict().values(), second.target.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     with pytest.raises(ValueError, match="not a DQN checkpoint"):
