@@ -413,7 +413,7 @@ def greedy_return(policy: DQNPolicy, seed: int, episodes: int = 10) -> float:
     obs, _ = envs.reset(seed=seed)
     returns, done = np.zeros(episodes), np.zeros(episodes, bool)
     while not done.all():
-        obs, rewards, terminated, truncated, _ = envs.step(policy.act(obs, 0.0, np.random.default_rng()))
+        obs, rewards, terminated, truncated, _ = envs.step(policy.act(obs, 0.0, np.random.default_rng(0)))
         returns += rewards * ~done
         done |= terminated | truncated
     envs.close()
