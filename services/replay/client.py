@@ -14,9 +14,10 @@ under the same id never reuses a seq; each insert also carries
 
 SampleClient (all shards): keeps ``in_flight`` sample requests outstanding
 per shard so a batch is usually waiting when the learner asks. ``sample()``
-picks among the shards that have a batch ready, weighted by the size of their
-table (so items are drawn roughly uniformly over the union of shards), and
-waits for the first one when none is ready. Priority updates go back to the
+draws a shard with probability proportional to the size of its table (so
+items are drawn roughly uniformly over the union of shards) and takes its
+batch; a shard silent for ``stall_s`` is passed over for one that has a
+batch ready. Priority updates go back to the
 shard that served each batch, fire and forget; their acks are counted.
 """
 
@@ -243,6 +244,7 @@ class _Shard:
     in_flight: dict[int, float] = field(default_factory=dict)  # seq -> sent at
     ready: deque[SampleBatch] = field(default_factory=deque)
     size: int = 0
+    last_reply: float = field(default_factory=time.monotonic)
 
 
 class SampleClient:
@@ -255,6 +257,7 @@ class SampleClient:
         *,
         in_flight: int = 4,
         request_timeout_s: float = 30.0,
+        stall_s: float = 1.0,
         beta: float | None = None,
         seed: int | None = None,
         curve: CurveConfig | None = None,
@@ -269,6 +272,7 @@ class SampleClient:
         self.batch_size = batch_size
         self.in_flight = in_flight
         self.request_timeout_s = request_timeout_s
+        self.stall_s = stall_s
         self.beta = beta
         self.limits = limits
         self.rng = np.random.default_rng(seed)
@@ -325,30 +329,46 @@ class SampleClient:
                 s.in_flight[msg.seq] = now
 
     def sample(self, beta: float | None = None, timeout_s: float = 30.0) -> SampleBatch:
-        """One batch from one shard; importance weights recomputed for ``beta`` when given."""
+        """One batch from one shard; importance weights recomputed for ``beta`` when given.
+
+        The shard is drawn with probability proportional to its table size
+        (as last reported), and its batch awaited; a shard that has not
+        answered for ``stall_s`` while another has a batch ready is passed
+        over (it is down, or its rate limiter holds the learner).
+        """
         if beta is not None:
             self.beta = beta
         deadline = time.monotonic() + timeout_s
         self._top_up()
         self._poll(0)
+        target = self._choose([s for s in self.shards if s.size > 0])
         while True:
             self._raise()
+            if target is not None and target.ready:
+                shard = target
+                break
             ready = [s for s in self.shards if s.ready]
-            if ready:
+            if ready and (target is None or time.monotonic() - target.last_reply > self.stall_s):
+                shard = self._choose(ready)
+                assert shard is not None
                 break
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CommTimeout(f"sample from {self.table!r}: no batch from any of {len(self.shards)} replay "
                                   f"shards within {timeout_s:.3g} s")
-            self._poll(min(left, 1.0))
+            self._poll(min(left, 0.1))
             self._top_up()
-        weights = np.array([max(s.size, 1) for s in ready], np.float64)
-        shard = ready[int(self.rng.choice(len(ready), p=weights / weights.sum()))] if len(ready) > 1 else ready[0]
         batch = shard.ready.popleft()
         self._top_up()
         if beta is not None:
             batch.weights = importance_weights(batch.probabilities, batch.table_size, beta)
         return batch
+
+    def _choose(self, shards: list[_Shard]) -> _Shard | None:
+        if len(shards) <= 1:
+            return shards[0] if shards else None
+        weights = np.array([max(s.size, 1) for s in shards], np.float64)
+        return shards[int(self.rng.choice(len(shards), p=weights / weights.sum()))]
 
     def update_priorities(self, batch: SampleBatch | int, priorities: np.ndarray,
                           keys: np.ndarray | None = None) -> None:
@@ -401,6 +421,7 @@ class SampleClient:
             log.warning("sample client: undecodable reply from %s: %s", shard.address, exc)
             return
         ref = msg.get("ref_seq")
+        shard.last_reply = time.monotonic()
         if msg.type == "batch":
             if shard.in_flight.pop(ref, None) is None:
                 return  # a reply to a request given up on: drop it
