@@ -349,8 +349,9 @@ class SampleClient:
                 break
             ready = [s for s in self.shards if s.ready]
             if ready and (target is None or time.monotonic() - target.last_reply > self.stall_s):
-                shard = self._choose(ready)
-                assert shard is not None
+                chosen = self._choose(ready)
+                assert chosen is not None
+                shard = chosen
                 break
             left = deadline - time.monotonic()
             if left <= 0:

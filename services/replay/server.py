@@ -265,7 +265,7 @@ class ReplayServer(Server):
         now = time.monotonic()
         for held in self.held_samples.values():
             if held and any(h.deadline is not None and h.deadline <= now for h in held):
-                keep = deque()
+                keep: deque[HeldSample] = deque()
                 for h in held:
                     if h.deadline is not None and h.deadline <= now:
                         self.m_wait.labels("sample").inc(now - h.since)

@@ -145,7 +145,7 @@ class WriteAheadLog:
 
     def _append(self, header: Mapping[str, Any], payload: list[np.ndarray]) -> None:
         head = msgpack.packb(header, use_bin_type=True)
-        bufs = [memoryview(np.ascontiguousarray(a)).cast("B") for a in payload]
+        bufs = [memoryview(np.ascontiguousarray(a)).cast("B") for a in payload]  # type: ignore[arg-type]
         crc = zlib.crc32(head)
         for b in bufs:
             crc = zlib.crc32(b, crc)
