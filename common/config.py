@@ -147,6 +147,9 @@ class ReplayConfig(Strict):
 class LearnerConfig(Strict):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present")
     table: str = Field("main", description="replay table to train from")
+    torch_threads: PosInt = Field(
+        1, description="torch intra-op threads on CPU; small nets train fastest on one, beside other services"
+    )
     samples_in_flight: PosInt = Field(4, description="sample requests kept in flight per shard")
     publish_every: PosInt = Field(20, description="async: updates between published versions")
     updates_per_round: PosInt = Field(125, description="barrier: updates per round")

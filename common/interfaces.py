@@ -82,5 +82,5 @@ class Worker(abc.ABC):
     def run(self) -> None:
         """Run until stopped."""
 
-    def stop(self) -> None:
+    def stop(self) -> None:  # noqa: B027 (optional hook)
         """Ask run() to return soon (from a signal handler or another thread)."""

@@ -216,7 +216,7 @@ def tail(path: Path | None, lines: int = 15) -> str:
 
 def run_fleet(
     cfg: Experiment, actors: int, until_return: float | None, max_seconds: float | None, inproc: bool,
-    run_root: str = "runs", live: bool | None = None,
+    run_root: str = "runs", live: bool | None = None, max_env_steps: int | None = None,
 ) -> int:
     """Run a local fleet; returns the process exit code."""
     try:
@@ -252,11 +252,14 @@ def run_fleet(
                            f"after {snap.elapsed:.0f} s, {snap.env_steps:.0f} env steps")
                 code = EXIT_TARGET
                 break
-            if max_seconds is not None and snap.elapsed >= max_seconds:
+            out_of_time = max_seconds is not None and snap.elapsed >= max_seconds
+            out_of_steps = max_env_steps is not None and snap.env_steps >= max_env_steps
+            if out_of_time or out_of_steps:
                 best = "none yet" if view.best_return is None else f"{view.best_return:.1f}"
                 target = f"eval return {until_return:g}" if until_return is not None else "the end"
-                click.echo(f"rlfleet: time is up ({max_seconds:g} s) before {target}; best eval return: {best}",
-                           err=True)
+                budget = f"time is up ({max_seconds:g} s)" if out_of_time else \
+                    f"env-step budget spent ({snap.env_steps:.0f} >= {max_env_steps})"
+                click.echo(f"rlfleet: {budget} before {target}; best eval return: {best}", err=True)
                 code = EXIT_TIMEOUT if until_return is not None else EXIT_TARGET
                 break
         else:
@@ -281,12 +284,13 @@ def run_fleet(
 @click.option("--sync", type=click.Choice(["barrier", "async"]), default=None, help="training protocol")
 @click.option("--until-return", type=float, default=None, help="stop (exit 0) when the eval mean reaches this")
 @click.option("--max-seconds", type=float, default=None, help="stop (exit 3 if a target was set) after this long")
+@click.option("--max-env-steps", type=int, default=None, help="stop (exit 3 if a target was set) after this many")
 @click.option("--inproc", is_flag=True, help="run the whole fleet in this process over inproc:// sockets")
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
 @click.option("--runs", "run_root", default="runs", show_default=True, help="where run directories go")
 def up(
     config_path: str, actors: int | None, sync: str | None, until_return: float | None,
-    max_seconds: float | None, inproc: bool, sets: tuple[str, ...], run_root: str,
+    max_seconds: float | None, max_env_steps: int | None, inproc: bool, sets: tuple[str, ...], run_root: str,
 ) -> None:
     """Run the whole fleet on this machine and show its progress."""
     logging.basicConfig(level="INFO", format=LOG_FORMAT)
@@ -297,4 +301,5 @@ def up(
         click.echo(f"rlfleet: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(run_fleet(cfg, actors or cfg.actor.count, until_return, max_seconds, inproc, run_root))
+    sys.exit(run_fleet(cfg, actors or cfg.actor.count, until_return, max_seconds, inproc, run_root,
+                       max_env_steps=max_env_steps))

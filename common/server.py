@@ -23,7 +23,7 @@ from typing import Any
 import zmq
 
 from common.metrics import ServiceMetrics
-from common.protocol import DEFAULT_LIMITS, Limits, Message, ProtocolError, decode, encode, error_reply
+from common.protocol import DEFAULT_LIMITS, Limits, Message, ProtocolError, decode, encode
 from common.transport import DEFAULT_HWM, CommTimeout, CurveConfig, make_socket, recv, send
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,9 @@ class Server:
         return True
 
     def reply_error(self, peer: Peer, reason: str, detail: str) -> None:
+        """Count and send an ``error`` whose ref_seq is the request's (-1 if it did not decode)."""
         self.metrics.protocol_errors.labels(reason).inc()
-        self.reply(peer, error_reply(None, reason, detail))
+        self.reply(peer, Message("error", {"ref_seq": peer.seq, "reason": reason, "detail": detail[:1000]}))
 
     # -- loop ---------------------------------------------------------------
     def tick(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,26 @@ class EpisodeStats:
         return finished
 
 
+class EpisodeLog:
+    """Every finished episode as a CSV row: what reports and the determinism test read."""
+
+    FIELDS = "wall_s,env_steps,version,episode_return\n"
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 (closed in close())
+        if self._file.tell() == 0:
+            self._file.write(self.FIELDS)
+        self._start = time.time()
+
+    def write(self, env_steps: int, version: int, returns: list[float]) -> None:
+        wall = time.time() - self._start
+        self._file.writelines(f"{wall:.3f},{env_steps},{version},{r:g}\n" for r in returns)
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class ActorService:
     """One actor: env, policy, n-step builder, replay inserts, weight sync, heartbeats."""
 
@@ -84,6 +105,8 @@ class ActorService:
         self.pending: list[dict[str, np.ndarray]] = []
         self.pending_rows = 0
         self.episodes = EpisodeStats(cfg.env.num_envs)
+        self.episode_log = EpisodeLog(Path(cfg.run_dir) / "episodes" / f"{actor_id}.csv")
+        self.env_steps = 0
         log.info("actor %s: index %d of %d, epsilon %.4f, replay shard %d, %s protocol",
                  actor_id, self.index, self.num_actors, self.epsilon, shard, cfg.sync)
 
@@ -182,7 +205,9 @@ class ActorService:
             obs, rewards, terminated, truncated, infos = self.envs.step(actions)
             self._queue(self.builder.add(actions, obs, rewards, terminated, truncated, infos))
             finished = self.episodes.add(np.asarray(rewards, np.float64), terminated, truncated)
+            self.env_steps += cfg.env.num_envs
             if finished:
+                self.episode_log.write(self.env_steps, self.version, finished)
                 self.m_episodes.inc(len(finished))
                 self.m_return.set(float(np.mean(self.episodes.recent)))
             self.m_steps.inc(cfg.env.num_envs)
@@ -229,3 +254,4 @@ class ActorService:
         self.links.close()
         self.replay.close()
         self.envs.close()
+        self.episode_log.close()

@@ -16,7 +16,6 @@ every ``learner.checkpoint_every_s`` and on stop, and resumed on start.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 
 from common import algorithms
+from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
 from common.config import Experiment, dump
 from common.envs import probe_env
 from common.metrics import ServiceMetrics
@@ -41,18 +41,11 @@ def checkpoint_path(cfg: Experiment) -> Path:
     return Path(cfg.run_dir) / cfg.learner.dir / CHECKPOINT
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """A learner checkpoint from local disk; tensors and plain values only."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or "core" not in state or "version" not in state:
-        raise ValueError(f"{path} is not an rlfleet learner checkpoint")
-    return state
-
-
 class LearnerService:
     def __init__(self, cfg: Experiment) -> None:
         self.cfg = cfg
         self._stopping = False
+        torch.set_num_threads(cfg.learner.torch_threads)
         obs_space, act_space = probe_env(cfg)
         self.algo = algorithms.get(cfg.algorithm.name)
         self.core = self.algo.make_learner(
@@ -62,8 +55,10 @@ class LearnerService:
         self._define_metrics()
         self.version = 0
         self.ckpt = checkpoint_path(cfg)
-        if self.ckpt.exists():
-            state = load_checkpoint(self.ckpt)
+        state = load_checkpoint(self.ckpt)
+        if state is not None:
+            if "core" not in state or "version" not in state:
+                raise StartupError(f"{self.ckpt} is not an rlfleet learner checkpoint")
             self.core.load_state(state["core"])
             self.version = int(state["version"])
             log.info("learner: resumed from %s at update %d, version %d", self.ckpt, self.core.num_updates,
@@ -120,13 +115,7 @@ class LearnerService:
         return max(self.version, held + 1) if held >= 0 else self.version
 
     def checkpoint(self) -> None:
-        state = {"core": self.core.state(), "version": self.version, "config": dump(self.cfg)}
-        self.ckpt.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.ckpt.with_suffix(".tmp")
-        torch.save(state, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, self.ckpt)
+        save_checkpoint(self.ckpt, {"core": self.core.state(), "version": self.version, "config": dump(self.cfg)})
         self.last_ckpt = time.monotonic()
         self.m_ckpt.inc()
 

@@ -110,12 +110,6 @@ class ShardServer(Server):
                                    ("goodbye", self.on_goodbye), ("barrier", self.on_barrier)):
                 self.route(mtype, handler)
 
-    def reply_error(self, peer: Peer, reason: str, detail: str) -> None:
-        # Unlike Server.reply_error, keep the request's seq in ref_seq so a client
-        # with requests to several shards in flight can match the error.
-        self.metrics.protocol_errors.labels(reason).inc()
-        self.reply(peer, Message("error", {"ref_seq": peer.seq, "reason": reason, "detail": detail[:1000]}))
-
     # -- weights ------------------------------------------------------------
     @property
     def versions(self) -> list[int]:

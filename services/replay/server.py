@@ -123,12 +123,6 @@ class ReplayServer(Server):
         self.route("priorities", self.on_priorities)
         self.route("info", self.on_info)
 
-    def reply_error(self, peer: Peer, reason: str, detail: str) -> None:
-        # Unlike Server.reply_error, keep the request's seq in ref_seq: clients with
-        # several requests in flight must know which one failed.
-        self.metrics.protocol_errors.labels(reason).inc()
-        self.reply(peer, Message("error", {"ref_seq": peer.seq, "reason": reason, "detail": detail[:1000]}))
-
     # -- handlers -------------------------------------------------------------
     def _table(self, name: str) -> Table:
         table = self.tables.get(name)
