@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,11 @@ class EvaluatorService:
         self.m_seconds = m.gauge("eval_seconds", "Seconds the last evaluation took.")
         self.version = -1
         self.last: dict[str, float] = {}
+        self.csv_path = Path(cfg.run_dir) / "evaluations.csv"
+        self.csv_path.parent.mkdir(parents=True, exist_ok=True)
+        self._csv = open(self.csv_path, "a", buffering=1)  # noqa: SIM115 (closed in close())
+        if self._csv.tell() == 0:
+            self._csv.write("wall_time,version,mean_return,std_return,episodes,seconds\n")
 
     def run(self) -> None:
         cfg = self.cfg.evaluator
@@ -92,6 +98,7 @@ class EvaluatorService:
             self.m_seconds.set(took)
             self.m_evals.inc()
             self.last = {"version": version, "mean": mean, "std": std}
+            self._csv.write(f"{time.time():.3f},{version},{mean:.4f},{std:.4f},{cfg.episodes},{took:.3f}\n")
             log.info("eval v%d: return %.1f +- %.1f over %d episodes (%.1f s)", version, mean, std,
                      cfg.episodes, took)
             pause = cfg.every_s - took
@@ -111,3 +118,4 @@ class EvaluatorService:
 
     def close(self) -> None:
         self.links.close()
+        self._csv.close()
