@@ -9,6 +9,7 @@ time runs out.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -122,6 +123,9 @@ class Fleet:
 
     # -- start ---------------------------------------------------------------
     def start(self) -> None:
+        # What `rlfleet status --run DIR` reads to find the fleet's endpoints.
+        fleet = [{"label": m.label, "service": m.name, "shard": m.shard, "url": m.url} for m in self.members]
+        (self.run_dir / "fleet.json").write_text(json.dumps({"inproc": self.inproc, "members": fleet}, indent=1))
         for m in self.members:
             m.log_path = self.run_dir / "logs" / f"{m.label}.log"
             if self.inproc:
