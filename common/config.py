@@ -93,7 +93,10 @@ class ActorConfig(Strict):
 class EvaluatorConfig(Strict):
     enabled: bool = Field(True, description="start an evaluator")
     episodes: PosInt = Field(10, description="greedy episodes per evaluation")
-    every_s: NonNegFloat = Field(2.0, description="at most one evaluation this often")
+    every_s: NonNegFloat = Field(2.0, description="at most one evaluation this often (when every_steps is null)")
+    every_steps: PosInt | None = Field(
+        None, description="evaluate each time the fleet's env steps pass a multiple of this (e.g. 5000)"
+    )
     epsilon: Annotated[float, Field(ge=0, lt=1)] = Field(0.0, description="exploration while evaluating")
 
 

@@ -157,11 +157,13 @@ _SPECS = [
         "index": _f("int", "0..N-1, stable while the actor lives (-1 for evaluators and after goodbye)"),
         "num_actors": _f("int", "live actors"),
         "liveness_ms": _f("int", "an actor silent this long leaves the registry"),
+        "fleet_env_steps": _f("int", "env steps all actors reported, restarts included", False),
     }),
     MessageSpec("heartbeat", "An actor is alive; re-registers it if it had expired.", {
         "actor_id": _f("str", "stable id of the actor"),
         "role": _f("str", "actor | evaluator"),
         "version": _f("int", "weights version the actor holds"),
+        "env_steps": _f("int", "env steps this actor took since it started", False),
     }),
     MessageSpec("goodbye", "An actor leaves the registry on a clean stop.", {
         "actor_id": _f("str", "stable id of the actor"),

@@ -156,7 +156,7 @@ class ActorService:
             log.warning("actor %s: weights poll failed (%s); acting on v%d", self.actor_id, exc, self.version)
 
     def _heartbeat(self) -> None:
-        welcome = self.links.heartbeat(self.version)
+        welcome = self.links.heartbeat(self.version, self.env_steps)
         if welcome is not None and (welcome.index, welcome.num_actors) != (self.index, self.num_actors):
             if welcome.index >= 0 and welcome.num_actors > 0:
                 self.num_actors = welcome.num_actors

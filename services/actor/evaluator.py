@@ -63,47 +63,64 @@ class EvaluatorService:
         self.m_evals = m.counter("evaluations", "Evaluations done.")
         self.m_seconds = m.gauge("eval_seconds", "Seconds the last evaluation took.")
         self.version = -1
-        self.last: dict[str, float] = {}
+        self.last: dict[str, float] = {}  # version, mean, std, seconds of the last evaluation
         self.csv_path = Path(cfg.run_dir) / "evaluations.csv"
         self.csv_path.parent.mkdir(parents=True, exist_ok=True)
         self._csv = open(self.csv_path, "a", buffering=1)  # noqa: SIM115 (closed in close())
         if self._csv.tell() == 0:
-            self._csv.write("wall_time,version,mean_return,std_return,episodes,seconds\n")
+            self._csv.write("wall_time,env_steps,version,mean_return,std_return,episodes,seconds\n")
 
     def run(self) -> None:
+        """Evaluate each new version (paced by every_s), or at every multiple of every_steps env steps."""
         cfg = self.cfg.evaluator
-        last_beat = 0.0
+        next_at = cfg.every_steps or 0
         while not self._stopping:
-            if time.monotonic() - last_beat >= self.cfg.actor.heartbeat_s:
+            if cfg.every_steps:
+                welcome = self.links.heartbeat(self.version)
+                steps = welcome.fleet_env_steps if welcome else 0
+                if steps < next_at:
+                    self._sleep(0.1)
+                    continue
+                next_at = (steps // cfg.every_steps + 1) * cfg.every_steps
+                self._evaluate(self._fetch(lambda: self.links.reader.get(self.version)), steps)
+            else:
                 self.links.heartbeat(self.version)
-                last_beat = time.monotonic()
-            try:
-                got = self.links.reader.wait(self.version + 1, timeout_s=self.cfg.actor.heartbeat_s)
-            except (CommTimeout, RemoteError) as exc:
-                log.warning("evaluator: weights unavailable (%s)", exc)
-                time.sleep(0.5)
-                continue
-            if got is None:
-                continue
+                got = self._fetch(lambda: self.links.reader.wait(self.version + 1, self.cfg.actor.heartbeat_s))
+                if got is not None:
+                    self._evaluate(got, None)
+                    self._sleep(cfg.every_s - self.last.get("seconds", 0.0))
+
+    def _fetch(self, call: Any) -> tuple[int, dict[str, Any]] | None:
+        try:
+            return call()  # type: ignore[no-any-return]
+        except (CommTimeout, RemoteError) as exc:
+            log.warning("evaluator: weights unavailable (%s)", exc)
+            self._sleep(0.5)
+            return None
+
+    def _evaluate(self, got: tuple[int, dict[str, Any]] | None, env_steps: int | None) -> None:
+        """Score the newest weights; the same version as last time keeps its (deterministic) score."""
+        cfg = self.cfg.evaluator
+        if got is not None:
             version, tensors = got
             self.policy.load_weights(tensors)
             self.version = version
             start = time.monotonic()
             returns = evaluate(self.policy, self.cfg, cfg.episodes, cfg.epsilon, self.cfg.seed + EVAL_SEED_OFFSET)
-            took = time.monotonic() - start
-            mean, std = float(returns.mean()), float(returns.std())
-            self.m_return.set(mean)
-            self.m_std.set(std)
-            self.m_version.set(version)
-            self.m_seconds.set(took)
-            self.m_evals.inc()
-            self.last = {"version": version, "mean": mean, "std": std}
-            self._csv.write(f"{time.time():.3f},{version},{mean:.4f},{std:.4f},{cfg.episodes},{took:.3f}\n")
-            log.info("eval v%d: return %.1f +- %.1f over %d episodes (%.1f s)", version, mean, std,
-                     cfg.episodes, took)
-            pause = cfg.every_s - took
-            if pause > 0:
-                self._sleep(pause)
+            self.last = {"version": version, "mean": float(returns.mean()), "std": float(returns.std()),
+                         "seconds": time.monotonic() - start}
+            log.info("eval v%d: return %.1f +- %.1f over %d episodes (%.1f s)", version, self.last["mean"],
+                     self.last["std"], cfg.episodes, self.last["seconds"])
+        elif not self.last:
+            return  # no weights yet
+        self.m_return.set(self.last["mean"])
+        self.m_std.set(self.last["std"])
+        self.m_version.set(self.last["version"])
+        self.m_seconds.set(self.last["seconds"])
+        self.m_evals.inc()
+        steps = "" if env_steps is None else env_steps
+        self._csv.write(f"{time.time():.3f},{steps},{self.last['version']},{self.last['mean']:.4f},"
+                        f"{self.last['std']:.4f},{cfg.episodes},{self.last['seconds']:.3f}\n")
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds

@@ -38,10 +38,10 @@ class FleetLinks:
                         f"{timeout_s:g} s (network.paramserver, network.timeout_s)"
                     ) from None
 
-    def heartbeat(self, version: int) -> Welcome | None:
+    def heartbeat(self, version: int, env_steps: int | None = None) -> Welcome | None:
         """Heartbeat shard 0; None (logged once per outage) while it does not answer."""
         try:
-            welcome = self.registry.heartbeat(version, timeout_s=self.cfg.actor.heartbeat_s)
+            welcome = self.registry.heartbeat(version, timeout_s=self.cfg.actor.heartbeat_s, env_steps=env_steps)
         except (CommTimeout, RemoteError) as exc:
             if not self._failing:
                 log.warning("%s: registry heartbeat failed (%s); acting on", self.registry.actor_id, exc)

@@ -298,6 +298,7 @@ class Welcome:
     index: int  # 0..N-1 for actors, -1 for evaluators and after goodbye
     num_actors: int  # live actors
     liveness_s: float  # silent this long -> removed
+    fleet_env_steps: int = 0  # env steps all actors reported, restarts included
 
 
 class RegistryClient:
@@ -320,13 +321,16 @@ class RegistryClient:
         reply = self.client.request(msg, timeout_s)
         if reply.type != "welcome":
             raise RemoteError("unexpected_reply", f"expected welcome, got {reply.type}")
-        return Welcome(reply["index"], reply["num_actors"], reply["liveness_ms"] / 1000)
+        return Welcome(reply["index"], reply["num_actors"], reply["liveness_ms"] / 1000,
+                       reply.get("fleet_env_steps") or 0)
 
     def hello(self, timeout_s: float = 5.0) -> Welcome:
         return self._call(Message("hello", {"actor_id": self.actor_id, "role": self.role}), timeout_s)
 
-    def heartbeat(self, version: int = -1, timeout_s: float = 5.0) -> Welcome:
-        body = {"actor_id": self.actor_id, "role": self.role, "version": version}
+    def heartbeat(self, version: int = -1, timeout_s: float = 5.0, env_steps: int | None = None) -> Welcome:
+        body: dict[str, Any] = {"actor_id": self.actor_id, "role": self.role, "version": version}
+        if env_steps is not None:
+            body["env_steps"] = env_steps
         return self._call(Message("heartbeat", body), timeout_s)
 
     def goodbye(self, timeout_s: float = 5.0) -> Welcome:

@@ -40,6 +40,9 @@ class Registry:
         self.liveness_s = liveness_s
         self.clock = clock
         self.members: dict[str, Member] = {}
+        # env steps each actor id reported; kept after it leaves so the fleet total never drops
+        self._steps: dict[str, int] = {}
+        self._steps_before_restart: dict[str, int] = {}
 
     # -- queries ------------------------------------------------------------
     @property
@@ -54,7 +57,20 @@ class Registry:
     def get(self, actor_id: str) -> Member | None:
         return self.members.get(actor_id)
 
+    @property
+    def fleet_env_steps(self) -> int:
+        """Env steps of every actor that ever reported, restarts included."""
+        return sum(self._steps.values()) + sum(self._steps_before_restart.values())
+
     # -- changes ------------------------------------------------------------
+    def report_steps(self, actor_id: str, env_steps: int) -> None:
+        """An actor's own total; a smaller one than before means it restarted from 0."""
+        old = self._steps.get(actor_id, 0)
+        if env_steps < old:
+            self._steps_before_restart[actor_id] = self._steps_before_restart.get(actor_id, 0) + old
+        if len(self._steps) < 100_000 or actor_id in self._steps:
+            self._steps[actor_id] = env_steps
+
     def _free_index(self) -> int:
         used = {m.index for m in self.members.values() if m.role == "actor"}
         i = 0

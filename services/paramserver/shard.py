@@ -235,7 +235,8 @@ class ShardServer(Server):
         assert self.registry is not None
         self.m_actors.set(self.registry.num_actors)
         body = {"index": index, "num_actors": self.registry.num_actors,
-                "liveness_ms": int(self.registry.liveness_s * 1000)}
+                "liveness_ms": int(self.registry.liveness_s * 1000),
+                "fleet_env_steps": self.registry.fleet_env_steps}
         self.reply(peer, Message("welcome", body))
 
     def _join(self, peer: Peer, msg: Message, version: int) -> None:
@@ -256,6 +257,10 @@ class ShardServer(Server):
         self._join(peer, msg, -1)
 
     def on_heartbeat(self, peer: Peer, msg: Message) -> None:
+        steps = msg.get("env_steps")
+        if steps is not None and msg["role"] == "actor":
+            assert self.registry is not None
+            self.registry.report_steps(msg["actor_id"], max(0, steps))
         self._join(peer, msg, msg["version"])
 
     def on_goodbye(self, peer: Peer, msg: Message) -> None:
