@@ -7,8 +7,11 @@ import sys
 import click
 
 from common import config as config_mod
+from common.evalcmd import eval_checkpoint
 from common.launcher import up
+from common.report import report
 from common.runtime import SERVICES, ServiceArgs, run_service, setup_logging
+from common.status import status
 
 CONFIG_HELP = "experiment file (YAML); RLFLEET_* env vars and --set override it"
 
@@ -57,6 +60,9 @@ def show_config(config_path: str | None, sets: tuple[str, ...]) -> None:
 
 
 main.add_command(up)
+main.add_command(report)
+main.add_command(eval_checkpoint)
+main.add_command(status)
 
 if __name__ == "__main__":
     main()

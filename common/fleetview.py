@@ -75,17 +75,21 @@ class Scrape:
     eval_version: float | None = None
     steps_per_s: float = 0.0
     updates_per_s: float = 0.0
+    actor_staleness: float = 0.0  # mean over actors of rlfleet_weights_staleness
     healthy: dict[str, bool] = field(default_factory=dict)
 
 
 def collect(members: Iterable[HasUrl], elapsed: float) -> Scrape:
     snap = Scrape(elapsed=elapsed)
+    actors = 0
     for m in members:
         ep = scrape(m.url)
         snap.healthy[m.label] = ep.healthy
         s = ep.samples
         if m.name == "actor":
             snap.env_steps += s.get("rlfleet_env_steps_total", 0.0)
+            snap.actor_staleness += s.get("rlfleet_weights_staleness", 0.0)
+            actors += 1
         elif m.name == "learner":
             snap.updates += s.get("rlfleet_learner_updates_total", 0.0)
             snap.version = max(snap.version, s.get("rlfleet_learner_version", -1.0))
@@ -94,11 +98,12 @@ def collect(members: Iterable[HasUrl], elapsed: float) -> Scrape:
         elif m.name == "evaluator" and s.get("rlfleet_evaluations_total", 0.0) > 0:
             snap.eval_return = s.get("rlfleet_eval_return")
             snap.eval_version = s.get("rlfleet_eval_version")
+    snap.actor_staleness /= max(1, actors)
     return snap
 
 
 CSV_FIELDS = ("wall_s", "env_steps", "updates", "eval_return", "eval_version", "replay_size", "weights_version",
-              "env_steps_per_s", "updates_per_s")
+              "env_steps_per_s", "updates_per_s", "actor_staleness")
 
 
 class FleetView:
@@ -132,6 +137,7 @@ class FleetView:
             "" if snap.eval_return is None else f"{snap.eval_return:.3f}",
             "" if snap.eval_version is None else int(snap.eval_version),
             int(snap.replay_size), int(snap.version), f"{snap.steps_per_s:.1f}", f"{snap.updates_per_s:.1f}",
+            f"{snap.actor_staleness:.2f}",
         ])
         self._csv_file.flush()
         self._show(snap)
