@@ -31,7 +31,11 @@ SERVICES = {
 }
 
 
-class StartupError(RuntimeError):
+class FatalError(RuntimeError):
+    """A service cannot go on (a peer refuses what it sends, ...); the message says why."""
+
+
+class StartupError(FatalError):
     """A service cannot start (peer unreachable, env unusable, ...); the message says why."""
 
 
@@ -94,8 +98,8 @@ def run_service(cfg: Experiment, args: ServiceArgs) -> int:
     code = 0
     try:
         service.run()
-    except StartupError as exc:
-        log.error("%s cannot start: %s", args.name, exc)
+    except FatalError as exc:
+        log.error("%s cannot go on: %s", args.name, exc)
         code = 1
     finally:
         service.close()

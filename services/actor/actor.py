@@ -22,6 +22,7 @@ from common import algorithms
 from common.config import Experiment
 from common.envs import make_vector_env, probe_env
 from common.metrics import ServiceMetrics
+from common.runtime import FatalError
 from common.server import CommTimeout, RemoteError
 from services.actor.links import FleetLinks
 from services.replay.client import InsertClient
@@ -188,6 +189,8 @@ class ActorService:
                 return
             except CommTimeout:
                 self._heartbeat()
+            except RemoteError as exc:  # e.g. schema_mismatch: retrying cannot help
+                raise FatalError(f"replay at {self.replay.address} refused our transitions: {exc}") from None
 
     # -- loop -------------------------------------------------------------------
     def run(self) -> None:
