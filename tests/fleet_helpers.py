@@ -1,0 +1,38 @@
+"""Running `rlfleet up` and reading its run directory, for the end-to-end tests."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+
+
+def rlfleet(*args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user would; returns the finished process (stdout+stderr in .stdout)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "common.cli", *args], cwd=cwd or ROOT, env=env, timeout=timeout,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def only_run_dir(runs: Path) -> Path:
+    dirs = [d for d in runs.iterdir() if d.is_dir()]
+    assert len(dirs) == 1, f"expected one run directory in {runs}, found {dirs}"
+    return dirs[0]
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def episodes(run_dir: Path, actor_id: str) -> list[tuple[int, int, float]]:
+    """(env_steps, version, return) of every episode an actor finished."""
+    rows = read_csv(run_dir / "episodes" / f"{actor_id}.csv")
+    return [(int(r["env_steps"]), int(r["version"]), float(r["episode_return"])) for r in rows]
