@@ -189,11 +189,15 @@ class ActorService:
                 return
             except CommTimeout:
                 self._heartbeat()
-            except RemoteError as exc:  # e.g. schema_mismatch: retrying cannot help
-                raise FatalError(f"replay at {self.replay.address} refused our transitions: {exc}") from None
 
     # -- loop -------------------------------------------------------------------
     def run(self) -> None:
+        try:
+            self._run()
+        except RemoteError as exc:  # replay refused an insert (schema_mismatch, ...): retrying cannot help
+            raise FatalError(f"replay at {self.replay.address} refused our transitions: {exc}") from None
+
+    def _run(self) -> None:
         cfg = self.cfg
         self.m_epsilon.set(self.epsilon)
         if not self.wait_for_version(0):

@@ -1,0 +1,33 @@
+"""A custom env reachable as ``tests.toy_envs:Corridor`` (the module:Class form)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+class Corridor(gym.Env):  # type: ignore[type-arg]
+    """Walk right to the end of a corridor: reward 1 at the end, 10 steps at most."""
+
+    def __init__(self, length: int = 5) -> None:
+        self.length = length
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.pos = 0
+        self.steps = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.pos / self.length, self.steps / 10], np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.pos, self.steps = 0, 0
+        return self._obs(), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.pos = max(0, self.pos + (1 if action == 1 else -1))
+        self.steps += 1
+        done = self.pos >= self.length
+        return self._obs(), float(done), done, self.steps >= 10 and not done, {}
