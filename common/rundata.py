@@ -207,3 +207,20 @@ def staleness(run: Run) -> dict[str, np.ndarray]:
     if "actor_staleness" in p:
         out["actors"] = p["actor_staleness"]
     return out
+
+
+def weights_time_to_target(run: Run, target: float) -> tuple[float, int] | None:
+    """(wall_s, env steps) when the learner published the first version that the evaluator
+    later scored >= target: time to *produce* the policy, free of the evaluator's own delay
+    (an evaluation of a good CartPole policy under step latency takes seconds)."""
+    if not run.has_evals:
+        return None
+    good = np.flatnonzero(run.evals["mean"] >= target)
+    if not len(good):
+        return None
+    version = float(np.min(run.evals["version"][good]))
+    p = run.progress
+    rows = np.flatnonzero(p["weights_version"] >= version)
+    if not len(rows):
+        return None
+    return float(p["wall_s"][rows[0]]), int(p["env_steps"][rows[0]])

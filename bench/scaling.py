@@ -1,0 +1,147 @@
+"""Scaling with a slow simulator: 1, 2, 4, 8 actors on CartPole with 2 ms per env step.
+
+    .venv/bin/python -m bench.scaling [--actors 1,2,4,8] [--max-seconds 300] [--docs]
+
+Each count is one real `rlfleet up` (processes, async protocol, the experiment
+file plus ``env.step_latency_ms``: what a remote simulator, game server or
+robot costs) run until the evaluator's mean return reaches the target or the
+cap. Per count: env steps/s (mean over the run), learner updates/s, seconds and
+env steps to the target as the launcher saw it (``seconds_to_target``) and
+when the learner published the first version that scored it
+(``weights_seconds_to_target``: free of the evaluation's own duration).
+
+Reference, measured in the same run: the ceiling of one actor, a bare loop
+stepping the same vector env (same latency) with random actions; N actors'
+ideal is N times it.
+
+Figures: ``rlfleet report`` over the runs (RUNS/report/); ``--docs`` copies
+its speedup chart to docs/scaling.png and its summary to docs/scaling.md.
+
+Last line: JSON with every count's figures, ``speedup_8`` (time to target of
+1 actor / of 8, null if either missed the target), ``speedup_8_weights`` (the
+same on publish times) and ``speedup_8_steps`` (env steps/s of 8 / of 1).
+The machine has 2 shared cores: time to target is noisy; steps/s less so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common import config as config_mod
+from common.envs import make_vector_env
+from common.report import write_report
+from common.rundata import load_run, summarize, weights_time_to_target
+
+CONFIG = "configs/cartpole-dqn.yaml"
+
+
+def env_ceiling(cfg_path: str, latency_ms: float, sets: list[str], seconds: float = 3.0) -> float:
+    """Env steps/s of a bare loop over one actor's vector env with random actions."""
+    cfg = config_mod.load(cfg_path, [*sets, f"env.step_latency_ms={latency_ms}"], environ={})
+    envs = make_vector_env(cfg.env, 0)
+    rng = np.random.default_rng(0)
+    try:
+        envs.reset(seed=0)
+        steps, start = 0, time.monotonic()
+        while time.monotonic() - start < seconds:
+            envs.step(rng.integers(0, 2, cfg.env.num_envs))
+            steps += cfg.env.num_envs
+        return steps / (time.monotonic() - start)
+    finally:
+        envs.close()
+
+
+def run_one(actors: int, args: argparse.Namespace, runs: Path) -> Path:
+    root = runs / f"actors-{actors}"
+    cmd = [sys.executable, "-m", "common.cli", "up", "--config", args.config, "--actors", str(actors),
+           "--sync", "async", "--until-return", str(args.target), "--max-seconds", str(args.max_seconds),
+           "--runs", str(root), "--set", f"env.step_latency_ms={args.latency_ms}"]
+    for s in args.set:
+        cmd += ["--set", s]
+    print(f"# {actors} actor(s): {' '.join(cmd[2:])}", flush=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=args.max_seconds + 180)
+    tail = [line for line in proc.stdout.splitlines() if "target" in line or "time is up" in line]
+    print("#   " + (tail[-1] if tail else f"exit {proc.returncode}"), flush=True)
+    dirs = sorted(root.glob("*/config.yaml"))
+    if not dirs:
+        raise SystemExit(f"no run directory under {root}; output:\n{proc.stdout[-2000:]}")
+    return dirs[-1].parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--actors", default="1,2,4,8", help="actor counts, comma-separated")
+    ap.add_argument("--max-seconds", type=float, default=300.0, help="cap on each run")
+    ap.add_argument("--latency-ms", type=float, default=2.0, help="env.step_latency_ms")
+    ap.add_argument("--target", type=float, default=475.0, help="eval mean return to reach")
+    ap.add_argument("--config", default=CONFIG)
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="extra config override")
+    ap.add_argument("--runs", default=None, help="where run directories go (default: runs/scaling-<time>)")
+    ap.add_argument("--docs", action="store_true", help="copy the speedup chart and summary into docs/")
+    args = ap.parse_args()
+    counts = sorted({int(n) for n in args.actors.split(",")})
+    runs = Path(args.runs or f"runs/scaling-{time.strftime('%Y%m%d-%H%M%S')}")
+    runs.mkdir(parents=True, exist_ok=True)
+
+    ceiling = env_ceiling(args.config, args.latency_ms, args.set)
+    print(f"# one actor's env ceiling (bare vector env loop, {args.latency_ms:g} ms/step): {ceiling:.0f} steps/s")
+    rows: dict[int, dict[str, Any]] = {}
+    run_dirs = []
+    for n in counts:
+        run_dir = run_one(n, args, runs)
+        run_dirs.append(run_dir)
+        run = load_run(run_dir, require_evals=False)
+        s = summarize(run, args.target)
+        w = weights_time_to_target(run, args.target)
+        rows[n] = {
+            "steps_per_s": round(s.steps_per_s, 1), "updates_per_s": round(s.updates_per_s, 1),
+            "ideal_steps_per_s": round(n * ceiling, 1),
+            "seconds_to_target": s.seconds_to_target, "env_steps_to_target": s.env_steps_to_target,
+            "weights_seconds_to_target": None if w is None else w[0],
+            "best_return": None if np.isnan(s.best_return) else s.best_return, "seconds": s.seconds,
+            "run": str(run_dir),
+        }
+        print(f"# {n} actor(s): {json.dumps(rows[n])}", flush=True)
+
+    report_dir = runs / "report"
+    try:
+        md = write_report(run_dirs, report_dir, args.target)
+        print(f"# report: {md}")
+        if args.docs and (report_dir / "speedup.png").is_file():
+            Path("docs").mkdir(exist_ok=True)
+            shutil.copy(report_dir / "speedup.png", "docs/scaling.png")
+            text = md.read_text().replace("](", f"]({report_dir}/")  # figures stay with the runs
+            Path("docs/scaling.md").write_text(text)
+    except ValueError as exc:  # a run without evaluations: no report, the JSON still stands
+        print(f"# no report: {exc}")
+
+    def ratio(key: str, lo: int, hi: int, inverse: bool) -> float | None:
+        a, b = rows.get(lo, {}).get(key), rows.get(hi, {}).get(key)
+        if not a or not b:
+            return None
+        return round(a / b if inverse else b / a, 2)
+
+    lo, hi = counts[0], counts[-1]
+    result = {
+        "bench": "scaling", "latency_ms": args.latency_ms, "target": args.target, "max_seconds": args.max_seconds,
+        "env_ceiling_steps_per_s": round(ceiling, 1), "actors": {str(n): r for n, r in rows.items()},
+        f"speedup_{hi}": ratio("seconds_to_target", lo, hi, True),
+        f"speedup_{hi}_weights": ratio("weights_seconds_to_target", lo, hi, True),
+        f"speedup_{hi}_steps": ratio("steps_per_s", lo, hi, False),
+        "baseline_actors": lo,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
