@@ -28,7 +28,6 @@ import yaml
 
 from common import algorithms
 from common import config as config_mod
-from common.algorithms.checkpoint import load_checkpoint
 from common.config import Experiment
 
 
@@ -47,6 +46,8 @@ class Loaded:
 
 def load_for_eval(path: str | Path) -> Loaded:
     """Config, version and acting weights of a learner checkpoint (weights_only load)."""
+    from common.algorithms.checkpoint import load_checkpoint  # torch: not in the replay/paramserver images
+
     try:
         state = load_checkpoint(path)
     except Exception as exc:  # torch refuses non-weights content, truncated files, ...
