@@ -1,6 +1,6 @@
 """Scaling with a slow simulator: 1, 2, 4, 8 actors on CartPole with 2 ms per env step.
 
-    .venv/bin/python -m bench.scaling [--actors 1,2,4,8] [--max-seconds 300] [--docs]
+    .venv/bin/python -m bench.scaling [--actors 1,2,4,8] [--max-seconds 400] [--docs]
 
 Each count is one real `rlfleet up` (processes, async protocol, the experiment
 file plus ``env.step_latency_ms``: what a remote simulator, game server or
@@ -42,6 +42,9 @@ from common.report import write_report
 from common.rundata import load_run, summarize, weights_time_to_target
 
 CONFIG = "configs/cartpole-dqn.yaml"
+# Fewer, larger updates at the experiment's samples per insert, so that one CPU learner can
+# keep the ratio with 8 latency-bound actors (8 x ~430 steps/s x 16 / 64 = 860 updates/s otherwise).
+BENCH_SETS = ["algorithm.batch_size=256"]
 
 
 def env_ceiling(cfg_path: str, latency_ms: float, sets: list[str], seconds: float = 3.0) -> float:
@@ -81,11 +84,12 @@ def run_one(actors: int, args: argparse.Namespace, runs: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--actors", default="1,2,4,8", help="actor counts, comma-separated")
-    ap.add_argument("--max-seconds", type=float, default=300.0, help="cap on each run")
+    ap.add_argument("--max-seconds", type=float, default=400.0, help="cap on each run")
     ap.add_argument("--latency-ms", type=float, default=2.0, help="env.step_latency_ms")
     ap.add_argument("--target", type=float, default=475.0, help="eval mean return to reach")
     ap.add_argument("--config", default=CONFIG)
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="extra config override")
+    ap.add_argument("--set", action="append", default=list(BENCH_SETS), metavar="FIELD=VALUE",
+                    help=f"config override (default: {' '.join(BENCH_SETS)}; given ones are added to it)")
     ap.add_argument("--runs", default=None, help="where run directories go (default: runs/scaling-<time>)")
     ap.add_argument("--docs", action="store_true", help="copy the speedup chart and summary into docs/")
     args = ap.parse_args()

@@ -138,7 +138,7 @@ def record_gif(cfg: Experiment, policy: Any, seed: int, path: str | Path, max_fr
         env.close()
     if not frames:
         raise CheckpointError(f"env {cfg.env.id!r} rendered no rgb_array frames")
-    frames = [f.convert("P", palette=Image.Palette.ADAPTIVE, colors=64) for f in frames]
+    frames = [f.quantize(colors=32, method=Image.Quantize.FASTOCTREE) for f in frames]  # 5x faster than median cut
     duration = max(20, round(1000 / fps / 10) * 10)  # GIF delays are centiseconds; < 20 ms plays slowly
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     frames[0].save(path, save_all=True, append_images=frames[1:], duration=duration, loop=0, optimize=False)

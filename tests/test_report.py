@@ -21,13 +21,15 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from fleet_helpers import CONFIGS, ROOT, read_csv, rlfleet
+from click.testing import CliRunner, Result
+from fleet_helpers import CONFIGS, ROOT, read_csv
 from PIL import Image
 
+from common.cli import main
 from common.report import FIG_SIZE, FIGURES
 from common.transport import free_tcp_port
 
-RUN_SECONDS = 25
+RUN_SECONDS = 15
 FAST = [  # small and quick: evaluations every 2 s, checkpoint at stop
     "--set", "evaluator.every_steps=null", "--set", "evaluator.every_s=1", "--set", "evaluator.episodes=5",
     "--set", "algorithm.hidden=[64,64]", "--set", "replay.tables.0.min_size=500",
@@ -64,13 +66,20 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"run_dir": run_dir, "status": status, "out": out}
 
 
+def rlfleet(*args: str, timeout: float = 0) -> Result:
+    """The real command, run in this process (no interpreter start-up per call); .returncode like a process."""
+    res = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    res.returncode = res.exit_code  # type: ignore[attr-defined]
+    return res
+
+
 # -- status ----------------------------------------------------------------------
 
 
 def test_status_of_a_running_fleet(fleet: dict[str, Any]) -> None:
     st = fleet["status"]
-    assert st.returncode == 0, st.stdout
-    rows = json.loads(st.stdout)
+    assert st.returncode == 0, st.output
+    rows = json.loads(st.output)
     members = json.loads((fleet["run_dir"] / "fleet.json").read_text())["members"]
     assert sorted(r["label"] for r in rows) == sorted(m["label"] for m in members)
     assert all(r["healthy"] for r in rows), rows
@@ -83,11 +92,11 @@ def test_status_of_a_running_fleet(fleet: dict[str, Any]) -> None:
 def test_status_unreachable_and_bad_arguments(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_tcp_port()}"
     res = rlfleet("status", "--url", dead, "--interval", "0", timeout=60)
-    assert res.returncode == 1 and "down" in res.stdout and "unreachable" in res.stdout
+    assert res.returncode == 1 and "down" in res.output and "unreachable" in res.output
     res = rlfleet("status", timeout=60)
-    assert res.returncode == 2 and "exactly one of" in res.stdout
+    assert res.returncode == 2 and "exactly one of" in res.output
     res = rlfleet("status", "--run", str(tmp_path), timeout=60)
-    assert res.returncode == 2 and "fleet.json does not exist" in res.stdout
+    assert res.returncode == 2 and "fleet.json does not exist" in res.output
 
 
 # -- report ----------------------------------------------------------------------
@@ -123,7 +132,7 @@ def test_report_figures_and_numbers_match_the_csvs(fleet: dict[str, Any], tmp_pa
 
     out = tmp_path / "report"
     res = rlfleet("report", str(run_dir), "--out", str(out), "--target", str(target), timeout=120)
-    assert res.returncode == 0, res.stdout
+    assert res.returncode == 0, res.output
     for name in FIGURES:
         _png_ok(out / name)
     assert not (out / "speedup.png").exists()  # one actor count: no speedup chart
@@ -159,7 +168,7 @@ def test_report_speedup_chart_for_two_actor_counts(fleet: dict[str, Any], tmp_pa
     (other / "config.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "report"
     res = rlfleet("report", str(fleet["run_dir"]), str(other), "--out", str(out), "--target", "0", timeout=120)
-    assert res.returncode == 0, res.stdout
+    assert res.returncode == 0, res.output
     _png_ok(out / "speedup.png")
     md = (out / "report.md").read_text()
     speed = [r for r in _table(md.split("## Speedup")[1]) if r.get("actors")]
@@ -170,7 +179,7 @@ def test_report_speedup_chart_for_two_actor_counts(fleet: dict[str, Any], tmp_pa
 def test_report_refuses_what_is_not_a_run(fleet: dict[str, Any], tmp_path: Path) -> None:
     (tmp_path / "junk").mkdir()
     res = rlfleet("report", str(tmp_path / "junk"), timeout=60)
-    assert res.returncode == 2 and "is not a run directory" in res.stdout, res.stdout
+    assert res.returncode == 2 and "is not a run directory" in res.output, res.output
     res = rlfleet("report", str(tmp_path / "missing"), timeout=60)
     assert res.returncode != 0
 
@@ -179,7 +188,7 @@ def test_report_refuses_what_is_not_a_run(fleet: dict[str, Any], tmp_path: Path)
     lines = (early / "evaluations.csv").read_text().splitlines()
     (early / "evaluations.csv").write_text(lines[0] + "\n")
     res = rlfleet("report", str(early), "--out", str(tmp_path / "r"), timeout=60)
-    assert res.returncode == 2 and "no evaluations yet" in res.stdout, res.stdout
+    assert res.returncode == 2 and "no evaluations yet" in res.output, res.output
     assert not (tmp_path / "r" / "report.md").exists()
 
 
@@ -231,8 +240,8 @@ def test_eval_matches_the_evaluator_for_the_same_weights(fleet: dict[str, Any], 
     ckpt = fleet["run_dir"] / "learner" / "checkpoint.pt"
     gif = tmp_path / "episode.gif"
     res = rlfleet("eval", "--checkpoint", str(ckpt), "--video", str(gif), timeout=300)
-    assert res.returncode == 0, res.stdout
-    mean = float(re.search(r"mean (-?[\d.]+) std", res.stdout).group(1))  # type: ignore[union-attr]
+    assert res.returncode == 0, res.output
+    mean = float(re.search(r"mean (-?[\d.]+) std", res.output).group(1))  # type: ignore[union-attr]
 
     loaded = load_for_eval(ckpt)
     # The evaluator, as a service, scoring the very weights the command scored: same code, seeds, result.
@@ -245,7 +254,7 @@ def test_eval_matches_the_evaluator_for_the_same_weights(fleet: dict[str, Any], 
         for r in same:
             assert float(r["mean_return"]) == pytest.approx(mean, abs=0.006)
 
-    episode_return = float(re.search(r"return (-?[\d.]+)\)", res.stdout).group(1))  # type: ignore[union-attr]
+    episode_return = float(re.search(r"return (-?[\d.]+)\)", res.output).group(1))  # type: ignore[union-attr]
     with Image.open(gif) as im:
         # One frame a step (CartPole: reward 1 a step); Pillow may merge identical consecutive frames.
         assert 2 <= im.n_frames <= episode_return and im.size == (600, 400)
@@ -255,6 +264,6 @@ def test_eval_refuses_a_file_that_is_not_a_checkpoint(tmp_path: Path) -> None:
     bogus = tmp_path / "bogus.pt"
     bogus.write_bytes(b"not a checkpoint")
     res = rlfleet("eval", "--checkpoint", str(bogus), timeout=60)
-    assert res.returncode == 2 and "cannot be read as a checkpoint" in res.stdout, res.stdout
+    assert res.returncode == 2 and "cannot be read as a checkpoint" in res.output, res.output
     res = rlfleet("eval", "--checkpoint", str(tmp_path / "none.pt"), timeout=60)
-    assert res.returncode == 2 and "no such file" in res.stdout
+    assert res.returncode == 2 and "no such file" in res.output
