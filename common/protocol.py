@@ -326,16 +326,3 @@ def _check_arrays(spec: MessageSpec, arrays: Mapping[str, np.ndarray]) -> None:
         extra = sorted(set(arrays) - set(spec.arrays))
         if extra:
             raise ProtocolError("unexpected_array", f"{spec.name} takes no array named {extra[0]!r}")
-
-
-def error_reply(ref: Message | None, reason: str, detail: str, sender: str = "") -> Message:
-    """The ``error`` message that answers ``ref`` (or an undecodable message)."""
-    return Message(
-        type="error",
-        body={"ref_seq": ref.seq if ref else -1, "reason": reason, "detail": detail[:1000]},
-        sender=sender,
-    )
-
-
-def spec_of(mtype: str) -> MessageSpec:
-    return MESSAGES[mtype]

@@ -109,9 +109,14 @@ class Server:
         self.metrics.count_message(msg.type, "out", sum(len(f) for f in frames))
         return True
 
-    def reply_error(self, peer: Peer, reason: str, detail: str) -> None:
-        """Count and send an ``error`` whose ref_seq is the request's (-1 if it did not decode)."""
-        self.metrics.protocol_errors.labels(reason).inc()
+    def reply_error(self, peer: Peer, reason: str, detail: str, *, count: bool = True) -> None:
+        """Send an ``error`` whose ref_seq is the request's (-1 if it did not decode).
+
+        Counted in rlfleet_protocol_errors_total unless ``count`` is False: an
+        expected outcome such as a long poll's timeout is not a protocol error.
+        """
+        if count:
+            self.metrics.protocol_errors.labels(reason).inc()
         self.reply(peer, Message("error", {"ref_seq": peer.seq, "reason": reason, "detail": detail[:1000]}))
 
     # -- loop ---------------------------------------------------------------

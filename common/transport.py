@@ -105,13 +105,17 @@ def make_socket(
     identity: bytes | None = None,
     curve: CurveConfig | None = None,
     ctx: zmq.Context[Any] | None = None,
+    send_timeout_ms: int = 2000,
 ) -> zmq.Socket[Any]:
-    """A socket with linger 0 and bounded send/receive queues."""
+    """A socket with linger 0, bounded send/receive queues and a send timeout."""
     ctx = ctx or context()
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
+    # A send to a peer whose queue is full (or that never came) fails after this
+    # long with CommTimeout instead of blocking forever and ignoring SIGTERM.
+    sock.setsockopt(zmq.SNDTIMEO, send_timeout_ms)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
     if kind == zmq.ROUTER:
@@ -135,7 +139,7 @@ def _apply_curve(sock: zmq.Socket[Any], ctx: zmq.Context[Any], curve: CurveConfi
         sock.curve_server = True
     else:
         if curve.server_key is None:
-            raise ValueError("a CurveZMQ client needs the server's public key (security.server_public_key)")
+            raise ValueError("a CurveZMQ client needs the server's public key (CurveConfig.server_key)")
         sock.curve_serverkey = curve.server_key
 
 

@@ -126,3 +126,38 @@ def test_learner_resumes_where_it_stopped(tmp_path: Path) -> None:
         assert "resumed from" in (run_dir / "logs" / "learner.log").read_text()
     finally:
         fleet.stop()
+
+
+def test_ctrl_c_stops_the_whole_fleet_cleanly(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.fleet_helpers import ROOT
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "common.cli", "up", "--config", str(CONFIGS / "cartpole-dqn.yaml"),
+         "--actors", "1", "--runs", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        run_dir = wait_for(lambda: next((d for d in tmp_path.iterdir() if d.is_dir()), None), 60, "the run dir")
+        wait_for(lambda: (run_dir / "progress.csv").exists() and len(read_csv(run_dir / "progress.csv")) >= 3,
+                 180, "the fleet to be up")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-2000:]
+    assert "stopping on SIGINT" in out
+    members = json.loads((run_dir / "fleet.json").read_text())["members"]
+    assert {m["service"] for m in members} == {"replay", "paramserver", "learner", "actor", "evaluator"}
+    for m in members:
+        assert not scrape(m["url"], health_only=True, timeout_s=0.5).healthy, f"{m['label']} still answers"
+    assert (run_dir / "learner" / "checkpoint.pt").exists()
+    for m in members:
+        log = (run_dir / "logs" / f"{m['label']}.log").read_text()
+        assert "stopped" in log, f"{m['label']} did not stop cleanly:\n{log[-1000:]}"
