@@ -29,7 +29,7 @@ from common.config import Experiment
 from common.envs import EnvError, probe_env
 from common.fleetview import FleetView, Scrape, scrape
 from common.metrics import MetricsServer
-from common.runtime import LOG_FORMAT, ServiceArgs, build, setup_logging
+from common.runtime import LOG_FORMAT, FatalError, ServiceArgs, build, setup_logging
 from common.transport import free_tcp_port
 
 log = logging.getLogger("rlfleet.up")
@@ -186,6 +186,7 @@ class Fleet:
 
     # -- stop ----------------------------------------------------------------
     def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM group by group (producers first); each group shares one deadline, then SIGKILL."""
         for name in STOP_ORDER:
             group = [m for m in self.members if m.name == name]
             for m in group:
@@ -193,16 +194,18 @@ class Fleet:
                     m.proc.send_signal(signal.SIGTERM)
                 elif m.service is not None:
                     m.service.stop()
+            deadline = time.monotonic() + timeout_s
             for m in group:
+                left = max(0.1, deadline - time.monotonic())
                 if m.proc is not None:
                     try:
-                        m.proc.wait(timeout_s)
+                        m.proc.wait(left)
                     except subprocess.TimeoutExpired:
                         log.warning("%s did not stop within %.0f s; killing it", m.label, timeout_s)
                         m.proc.kill()
-                        m.proc.wait()
+                        m.proc.wait(5)
                 if m.thread is not None:
-                    m.thread.join(timeout_s)
+                    m.thread.join(left)
                 if m.http is not None:
                     m.http.close()
 
@@ -269,7 +272,7 @@ def run_fleet(
         else:
             click.echo(f"stopping on {reason[0] if reason else 'request'}")
             code = EXIT_STOPPED if until_return is not None else EXIT_TARGET
-    except FleetError as exc:
+    except (FleetError, FatalError, EnvError) as exc:  # the last two: an --inproc member could not start
         click.echo(f"rlfleet: {exc}", err=True)
         code = EXIT_FAILED
     finally:

@@ -176,18 +176,25 @@ class ActorService:
         if self.pending_rows >= self.cfg.actor.insert_batch:
             self._send_pending()
 
-    def _send_pending(self) -> None:
+    def _send_pending(self, deadline_s: float | None = None) -> None:
+        """Insert what is pending; blocks while replay holds acks (heartbeating meanwhile).
+
+        While running it waits until stopped; at stop it waits at most ``deadline_s``.
+        """
         if not self.pending:
             return
         batch = {k: np.concatenate([c[k] for c in self.pending]) for k in self.pending[0]}
         self.pending, self.pending_rows = [], 0
         priorities = self.policy.initial_priorities(batch)
-        while not self._stopping:
-            try:  # blocks while replay holds our acks (back-pressure); heartbeats go on
+        end = None if deadline_s is None else time.monotonic() + deadline_s
+        while end is not None or not self._stopping:
+            try:
                 self.replay.insert(self.table, batch, priorities, timeout_s=self.cfg.actor.heartbeat_s)
                 self.m_inserted.inc(len(priorities))
                 return
             except CommTimeout:
+                if end is not None and time.monotonic() >= end:
+                    raise
                 self._heartbeat()
 
     # -- loop -------------------------------------------------------------------
@@ -254,7 +261,7 @@ class ActorService:
 
     def close(self) -> None:
         try:
-            self._send_pending()
+            self._send_pending(deadline_s=2.0)
             self.replay.flush(timeout_s=2.0)
         except (CommTimeout, RemoteError) as exc:
             log.warning("actor %s: %s un-acked at stop: %s", self.actor_id, self.replay.unacked, exc)

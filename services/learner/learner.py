@@ -27,8 +27,9 @@ from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
 from common.config import Experiment, dump
 from common.envs import probe_env
 from common.metrics import ServiceMetrics
-from common.runtime import StartupError
+from common.runtime import FatalError, StartupError
 from common.server import CommTimeout, RemoteError
+from common.tboard import ScalarWriter
 from services.paramserver.client import WeightsPublisher, WeightsReader
 from services.replay.client import SampleClient
 
@@ -64,6 +65,9 @@ class LearnerService:
             log.info("learner: resumed from %s at update %d, version %d", self.ckpt, self.core.num_updates,
                      self.version)
         self.sampler = SampleClient.from_config(cfg, "learner")
+        self.tb = ScalarWriter(cfg.run_dir, "learner")  # RUN_DIR/tensorboard/learner; a no-op without tensorboard
+        self._tb_last = 0.0
+        self.published: dict[str, Any] = {}  # arrays of self.version, checkpointed for `rlfleet eval`
         self.publisher = WeightsPublisher(cfg.network.paramserver, "learner")
         self.table = next(t for t in cfg.replay.tables if t.name == cfg.learner.table)
         self.last_ckpt = time.monotonic()
@@ -95,9 +99,17 @@ class LearnerService:
                 if self._stopping:
                     return
                 log.warning("learner: paramserver did not ack version %d; retrying", version)
+            except RemoteError as exc:
+                if exc.reason != "stale_version":
+                    raise FatalError(f"paramserver refused version {version}: {exc}") from None
+                # The paramserver holds a newer version than ours (it outlived a learner
+                # that published further than our checkpoint): continue after it.
+                version = self.first_version()
+                log.warning("learner: paramserver holds newer weights; publishing as version %d", version)
         self.version = version
         self.m_version.set(version)
         self.m_publishes.inc()
+        self.published = weights
 
     def first_version(self) -> int:
         """Continue after whatever the paramserver holds (a restarted learner never goes back)."""
@@ -115,7 +127,10 @@ class LearnerService:
         return max(self.version, held + 1) if held >= 0 else self.version
 
     def checkpoint(self) -> None:
-        save_checkpoint(self.ckpt, {"core": self.core.state(), "version": self.version, "config": dump(self.cfg)})
+        state: dict[str, Any] = {"core": self.core.state(), "version": self.version, "config": dump(self.cfg)}
+        if self.published:  # the exact arrays actors and the evaluator got as `version`
+            state["weights"] = {k: torch.from_numpy(v) for k, v in self.published.items()}
+        save_checkpoint(self.ckpt, state)
         self.last_ckpt = time.monotonic()
         self.m_ckpt.inc()
 
@@ -138,6 +153,10 @@ class LearnerService:
         self.m_updates.inc()
         self.m_loss.set(figures.get("loss", float("nan")))
         self.m_q.set(figures.get("q_mean", float("nan")))
+        if time.monotonic() - self._tb_last >= 1.0:  # TensorBoard: once a second is plenty
+            self._tb_last = time.monotonic()
+            self.tb.add_many({"learner/loss": figures.get("loss"), "learner/q_mean": figures.get("q_mean"),
+                              "learner/version": self.version}, step=self.core.num_updates)
         now = time.monotonic()
         if now - self._rate[0] >= 10.0:
             self.m_ups.set((self.core.num_updates - self._rate[1]) / (now - self._rate[0]))
@@ -160,16 +179,18 @@ class LearnerService:
             self._maybe_checkpoint()
 
     def _replay_ready(self) -> bool:
-        """Every shard at or above the table's min size (below it, samples are held)."""
-        ready = 0
+        """Some shard at or above the table's min size: it serves while the others hold samples.
+
+        (With fewer actors than shards some shards stay empty: requiring all would stall.)
+        """
         for shard in range(len(self.cfg.network.replay)):
             try:
                 stats = self.sampler.info(shard, timeout_s=self.cfg.network.timeout_s)
             except CommTimeout:
-                return False
-            size = stats["tables"][self.table.name]["size"]
-            ready += size >= self.table.min_size
-        return ready == len(self.cfg.network.replay)
+                continue
+            if stats["tables"][self.table.name]["size"] >= self.table.min_size:
+                return True
+        return False
 
     def _run_barrier(self) -> None:
         cfg = self.cfg.learner
@@ -184,8 +205,15 @@ class LearnerService:
             self.m_barrier.inc(time.monotonic() - start)
             done = 0
             if self._replay_ready():
-                while done < cfg.updates_per_round and not self._stopping:
-                    done += self.update_once(timeout_s=1.0)
+                # A round has a deadline: replay restarting mid-round must not hold every actor forever.
+                deadline = time.monotonic() + self.cfg.network.timeout_s
+                while done < cfg.updates_per_round and not self._stopping and time.monotonic() < deadline:
+                    if self.update_once(timeout_s=1.0):
+                        done += 1
+                        deadline = time.monotonic() + self.cfg.network.timeout_s
+                if done < cfg.updates_per_round and not self._stopping:
+                    log.warning("learner: round %d ended after %d of %d updates: no batch for %.0f s",
+                                self.version, done, cfg.updates_per_round, self.cfg.network.timeout_s)
             if self._stopping:
                 break
             self.publish(self.version + 1)
@@ -208,3 +236,4 @@ class LearnerService:
         finally:
             self.sampler.close()
             self.publisher.close()
+            self.tb.close()
