@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-fast lint bench clean
+.PHONY: setup run test test-fast lint bench clean images
 
 setup: $(STAMP)
 
@@ -33,3 +33,9 @@ lint: setup
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+
+# Every container image (replay, paramserver, learner, actor, prometheus). Where
+# python:3.11-slim cannot be pulled, the base is made with debootstrap (cached);
+# deps come from a wheelhouse made on the host. See deploy/build-images.sh.
+images: setup
+	PYTHON=$(BIN)/python bash deploy/build-images.sh
