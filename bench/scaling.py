@@ -4,9 +4,10 @@
 
 Each count is one real `rlfleet up` (processes, async protocol, the experiment
 file plus ``env.step_latency_ms``: what a remote simulator, game server or
-robot costs) run until the evaluator's mean return reaches the target or the
-cap. Per count: env steps/s (mean over the run), learner updates/s, seconds and
-env steps to the target as the launcher saw it (``seconds_to_target``) and
+robot costs, and BENCH_SETS) run until the evaluator's mean return reaches the
+target or the cap (``--from-runs`` re-reads runs already made). Per count:
+env steps/s (mean over the run), learner updates/s, seconds and env steps to
+the target as the launcher saw it (``seconds_to_target``) and
 when the learner published the first version that scored it
 (``weights_seconds_to_target``: free of the evaluation's own duration).
 
@@ -15,7 +16,8 @@ stepping the same vector env (same latency) with random actions; N actors'
 ideal is N times it.
 
 Figures: ``rlfleet report`` over the runs (RUNS/report/); ``--docs`` copies
-its speedup chart to docs/scaling.png and its summary to docs/scaling.md.
+its speedup chart to docs/scaling.png and its tables with the JSON to
+docs/scaling.md.
 
 Last line: JSON with every count's figures, ``speedup_8`` (time to target of
 1 actor / of 8, null if either missed the target), ``speedup_8_weights`` (the
@@ -92,6 +94,7 @@ def main() -> None:
                     help=f"config override (default: {' '.join(BENCH_SETS)}; given ones are added to it)")
     ap.add_argument("--runs", default=None, help="where run directories go (default: runs/scaling-<time>)")
     ap.add_argument("--docs", action="store_true", help="copy the speedup chart and summary into docs/")
+    ap.add_argument("--from-runs", action="store_true", help="summarize the runs already under --runs")
     args = ap.parse_args()
     counts = sorted({int(n) for n in args.actors.split(",")})
     runs = Path(args.runs or f"runs/scaling-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -102,7 +105,13 @@ def main() -> None:
     rows: dict[int, dict[str, Any]] = {}
     run_dirs = []
     for n in counts:
-        run_dir = run_one(n, args, runs)
+        if args.from_runs:  # re-read finished runs: no new run
+            found = sorted((runs / f"actors-{n}").glob("*/config.yaml"))
+            if not found:
+                raise SystemExit(f"no run of {n} actor(s) under {runs}")
+            run_dir = found[-1].parent
+        else:
+            run_dir = run_one(n, args, runs)
         run_dirs.append(run_dir)
         run = load_run(run_dir, require_evals=False)
         s = summarize(run, args.target)
@@ -118,14 +127,10 @@ def main() -> None:
         print(f"# {n} actor(s): {json.dumps(rows[n])}", flush=True)
 
     report_dir = runs / "report"
+    md: Path | None = None
     try:
         md = write_report(run_dirs, report_dir, args.target)
         print(f"# report: {md}")
-        if args.docs and (report_dir / "speedup.png").is_file():
-            Path("docs").mkdir(exist_ok=True)
-            shutil.copy(report_dir / "speedup.png", "docs/scaling.png")
-            text = md.read_text().replace("](", f"]({report_dir}/")  # figures stay with the runs
-            Path("docs/scaling.md").write_text(text)
     except ValueError as exc:  # a run without evaluations: no report, the JSON still stands
         print(f"# no report: {exc}")
 
@@ -144,7 +149,26 @@ def main() -> None:
         f"speedup_{hi}_steps": ratio("steps_per_s", lo, hi, False),
         "baseline_actors": lo,
     }
+    if args.docs and md is not None and (report_dir / "speedup.png").is_file():
+        write_docs(md, report_dir, result, args)
     print(json.dumps(result))
+
+
+def write_docs(md: Path, report_dir: Path, result: dict[str, Any], args: argparse.Namespace) -> None:
+    """docs/scaling.png (the report's speedup chart) and docs/scaling.md (its tables and the JSON)."""
+    docs = Path("docs")
+    docs.mkdir(exist_ok=True)
+    shutil.copy(report_dir / "speedup.png", docs / "scaling.png")
+    tables = md.read_text().split("## Figures")[0].replace("# rlfleet report", "").strip()
+    extra = " ".join(f"--set {s}" for s in args.set)
+    (docs / "scaling.md").write_text(
+        "# Scaling with a slow simulator\n\n"
+        f"`.venv/bin/python -m bench.scaling --docs` ({args.config}, env.step_latency_ms={args.latency_ms:g}, "
+        f"async, {extra}, each run capped at {args.max_seconds:g} s), on 2 cores shared with other work: "
+        "time to target is noisy, env steps/s less so.\n\n"
+        "![speedup](scaling.png)\n\n" + tables + "\n\nBenchmark line:\n\n```json\n" + json.dumps(result)
+        + "\n```\n"
+    )
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ def record_gif(cfg: Experiment, policy: Any, seed: int, path: str | Path, max_fr
     kw = dict(cfg.env.kwargs)
     cls = _custom_class(cfg.env.id)
     if cls is not None:
-        env: gym.Env = cls(render_mode="rgb_array", **kw)  # type: ignore[type-arg]
+        env: gym.Env = cls(render_mode="rgb_array", **kw)  # type: ignore[type-arg, call-arg]
         if cfg.env.max_episode_steps:
             env = gym.wrappers.TimeLimit(env, cfg.env.max_episode_steps)
     else:

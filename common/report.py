@@ -62,11 +62,11 @@ def _labels(runs: Sequence[Run]) -> list[str]:
 
 
 def _smooth(values: np.ndarray, window: int = 5) -> np.ndarray:
-    if len(values) < window:
-        return values
-    kernel = np.ones(window) / window
-    padded = np.concatenate([np.full(window - 1, values[0]), values])
-    return np.convolve(padded, kernel, mode="valid")
+    """Trailing mean over the last ``window`` values (fewer at the start)."""
+    csum = np.cumsum(np.concatenate([[0.0], values]))
+    idx = np.arange(1, len(values) + 1)
+    lo = np.maximum(0, idx - window)
+    return (csum[idx] - csum[lo]) / (idx - lo)
 
 
 def plot_eval(runs: Sequence[Run], x: str, path: Path, target: float | None) -> None:
@@ -92,7 +92,7 @@ def plot_eval(runs: Sequence[Run], x: str, path: Path, target: float | None) -> 
 def plot_throughput(runs: Sequence[Run], path: Path) -> None:
     fig, (top, bottom) = _figure(2)
     for run, label in zip(runs, _labels(runs), strict=True):
-        p = run.progress
+        p = {k: v[1:] for k, v in run.progress.items()}  # the first row has no rate yet
         top.plot(p["wall_s"], _smooth(p["env_steps_per_s"]), label=label, lw=1.4)
         bottom.plot(p["wall_s"], _smooth(p["updates_per_s"]), label=label, lw=1.4)
     top.set_ylabel("env steps / s")

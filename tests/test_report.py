@@ -267,3 +267,19 @@ def test_eval_refuses_a_file_that_is_not_a_checkpoint(tmp_path: Path) -> None:
     assert res.returncode == 2 and "cannot be read as a checkpoint" in res.output, res.output
     res = rlfleet("eval", "--checkpoint", str(tmp_path / "none.pt"), timeout=60)
     assert res.returncode == 2 and "no such file" in res.output
+
+
+# -- TensorBoard -----------------------------------------------------------------
+
+
+def test_learner_and_evaluator_write_tensorboard_scalars(fleet: dict[str, Any]) -> None:
+    from common.tboard import read_scalars
+
+    run_dir: Path = fleet["run_dir"]
+    learner = read_scalars(run_dir / "tensorboard" / "learner")
+    assert learner["learner/loss"] and learner["learner/version"]
+    steps = [s for s, _ in learner["learner/loss"]]
+    assert steps == sorted(steps) and steps[-1] > 0  # step: the learner's update count
+    evaluator = read_scalars(run_dir / "tensorboard" / "evaluator")["eval/mean_return_by_version"]
+    csv_means = {int(r["version"]): float(r["mean_return"]) for r in read_csv(run_dir / "evaluations.csv")}
+    assert evaluator and {v: round(m, 3) for v, m in evaluator} == {v: round(csv_means[v], 3) for v, _ in evaluator}

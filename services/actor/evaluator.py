@@ -20,6 +20,7 @@ from common.config import Experiment
 from common.envs import make_vector_env, probe_env
 from common.metrics import ServiceMetrics
 from common.server import CommTimeout, RemoteError
+from common.tboard import ScalarWriter
 from services.actor.links import FleetLinks
 
 log = logging.getLogger("rlfleet.evaluator")
@@ -69,6 +70,7 @@ class EvaluatorService:
         self._csv = open(self.csv_path, "a", buffering=1)  # noqa: SIM115 (closed in close())
         if self._csv.tell() == 0:
             self._csv.write("wall_time,env_steps,version,mean_return,std_return,episodes,seconds\n")
+        self.tb = ScalarWriter(cfg.run_dir, "evaluator")  # RUN_DIR/tensorboard/evaluator
 
     def run(self) -> None:
         """Evaluate each new version (paced by every_s), or at every multiple of every_steps env steps."""
@@ -121,6 +123,11 @@ class EvaluatorService:
         steps = "" if env_steps is None else env_steps
         self._csv.write(f"{time.time():.3f},{steps},{self.last['version']},{self.last['mean']:.4f},"
                         f"{self.last['std']:.4f},{cfg.episodes},{self.last['seconds']:.3f}\n")
+        if got is not None:  # TensorBoard: by weights version always, by fleet env steps when known
+            self.tb.add("eval/mean_return_by_version", self.last["mean"], step=int(self.last["version"]))
+            if env_steps is not None:
+                self.tb.add_many({"eval/mean_return": self.last["mean"], "eval/std_return": self.last["std"]},
+                                 step=env_steps)
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -136,3 +143,4 @@ class EvaluatorService:
     def close(self) -> None:
         self.links.close()
         self._csv.close()
+        self.tb.close()
