@@ -203,6 +203,14 @@ class SwarmStack:
             raise RuntimeError(f"{len(found)} running {service} containers in stack {self.name}")
         return found[0]
 
+    def logs(self, lines: int = 15) -> str:
+        """The last lines of every container of the stack, exited ones too (for a failure report)."""
+        out = []
+        for c in self.client.containers.list(all=True, filters={"label": f"com.docker.stack.namespace={self.name}"}):
+            text = c.logs(tail=lines).decode(errors="replace")
+            out.append(f"--- {c.name} ({c.status}, exit {c.attrs['State'].get('ExitCode')})\n{text}")
+        return "\n".join(out)
+
     def rm(self) -> None:
         subprocess.run(["docker", "stack", "rm", self.name], capture_output=True, timeout=120)
         label = f"com.docker.stack.namespace={self.name}"

@@ -296,9 +296,12 @@ def test_swarm_stack_three_replicas_train_and_docker_kill_is_replaced(
                  STARTUP_S, "swarm replaced the killed actor")
         ps = stack.one("paramserver")
         wait_for(lambda: live_actors(ps), lambda n: n == 3, STARTUP_S, "3 live actors after the replacement")
-        fresh = [c for c in stack.containers("actor") if c.id != victim.id]
-        wait_for(lambda: [metrics(c).get("rlfleet_env_steps_total", 0) for c in fresh],
-                 lambda steps: all(s > 0 for s in steps), STARTUP_S, "every actor steps, the new one too")
+        wait_for(lambda: [metrics(c).get("rlfleet_env_steps_total", 0) for c in stack.containers("actor")],
+                 lambda steps: len(steps) == 3 and all(s > 0 for s in steps), STARTUP_S,
+                 "every actor steps, the new one too")
+    except BaseException:
+        print(stack.logs())
+        raise
     finally:
         try:
             stack.rm()
