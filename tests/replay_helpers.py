@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zmq
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common.config import ReplayConfig, TableConfig  # noqa: E402
 from common.metrics import ServiceMetrics  # noqa: E402
-from common.transport import free_tcp_port  # noqa: E402
+from common.protocol import Message, decode, encode  # noqa: E402
+from common.transport import free_tcp_port, make_socket  # noqa: E402
 from services.replay.server import ReplayServer  # noqa: E402
 
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
@@ -37,9 +39,10 @@ def replay_config(**table: Any) -> ReplayConfig:
 
 
 @contextlib.contextmanager
-def serving(cfg: ReplayConfig, directory: Path | None = None, **kw: Any) -> Iterator[ReplayServer]:
-    """A ReplayServer on a free tcp port, served by a thread; stopped and closed on exit."""
-    server = ReplayServer(cfg, ServiceMetrics("replay"), "tcp://127.0.0.1:0", directory=directory, **kw)
+def serving(cfg: ReplayConfig, directory: Path | None = None, bind: str = "tcp://127.0.0.1:0",
+            **kw: Any) -> Iterator[ReplayServer]:
+    """A ReplayServer on ``bind`` (a free tcp port), served by a thread; stopped and closed on exit."""
+    server = ReplayServer(cfg, ServiceMetrics("replay"), bind, directory=directory, **kw)
     server.restore()
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
@@ -49,6 +52,18 @@ def serving(cfg: ReplayConfig, directory: Path | None = None, **kw: Any) -> Iter
         server.stop()
         thread.join(10)
         server.close()
+
+
+def ask(endpoint: str, msg: Message, sender: str = "raw", seq: int = 1, timeout_s: float = 10.0) -> Message:
+    """One request over a fresh DEALER socket; its reply (AssertionError if none within timeout_s)."""
+    sock = make_socket(zmq.DEALER, connect=endpoint)
+    try:
+        msg.sender, msg.seq = sender, seq
+        sock.send_multipart(encode(msg))
+        assert sock.poll(int(timeout_s * 1000)), f"no reply to {msg.type} within {timeout_s} s"
+        return decode(sock.recv_multipart())
+    finally:
+        sock.close(linger=0)
 
 
 def transitions(writer: int, start: int, n: int) -> dict[str, np.ndarray]:

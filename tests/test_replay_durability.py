@@ -6,9 +6,14 @@ import re
 from pathlib import Path
 
 import numpy as np
+import zmq
 
+from common.metrics import ServiceMetrics
+from common.protocol import Message, decode, encode
+from common.transport import make_socket
 from services.replay.client import InsertClient, SampleClient
-from services.replay.storage import SNAPSHOT, read_snapshot
+from services.replay.server import ReplayServer
+from services.replay.storage import SNAPSHOT, read_segment, read_snapshot
 from tests.replay_helpers import ReplayProcess, replay_config, serving, transitions
 
 TABLE = "replay.tables=[{name: main, kind: prioritized, capacity: 100000, min_size: 1}]"
@@ -119,3 +124,38 @@ def test_torn_wal_tail_is_ignored(tmp_path: Path) -> None:
         t = server.tables["main"]
         assert t.size == 30
         np.testing.assert_array_equal(np.sort(t.columns["idx"][:30]), np.arange(30))
+
+
+def test_queue_batch_leaves_only_after_its_pop_is_on_disk(tmp_path: Path) -> None:
+    """Driven by hand (no loop thread): whenever the learner holds a batch, the log on disk holds its pop."""
+    cfg = replay_config(kind="queue", capacity=100)
+    cfg.durability = "wal"
+    server = ReplayServer(cfg, ServiceMetrics("replay"), "tcp://127.0.0.1:0", directory=tmp_path)
+    sock = make_socket(zmq.DEALER, connect=server.endpoint)
+
+    def serve_one() -> None:
+        assert server.sock.poll(10_000)
+        server.handle_frames(server.sock.recv_multipart(copy=False))
+
+    def pops_on_disk() -> int:
+        return sum(h["op"] == "pop" for seg in sorted(tmp_path.glob("wal-*.log")) for h, _ in read_segment(seg))
+
+    try:
+        sock.send_multipart(encode(Message("insert", {"table": "main"}, transitions(0, 0, 10), "actor", 1)))
+        serve_one()
+        server.tick()
+        assert sock.poll(10_000) and decode(sock.recv_multipart()).type == "ack"
+        sock.send_multipart(encode(Message("sample", {"table": "main", "batch_size": 4}, {}, "learner", 1)))
+        serve_one()  # the burst is read; the loop would tick next
+        if sock.poll(300):  # a batch sent before the tick must already have its pop on disk
+            assert pops_on_disk() == 1, "a queue batch left before its pop was fsync'ed"
+        server.tick()
+        assert sock.poll(10_000)
+        batch = decode(sock.recv_multipart())
+        assert batch.type == "batch" and batch.arrays["key"].tolist() == [0, 1, 2, 3]
+        assert pops_on_disk() == 1
+    finally:
+        sock.close(linger=0)
+        server.close()
+    with serving(cfg, directory=tmp_path) as restored:  # the popped items are not served again
+        assert restored.tables["main"].size == 6 and restored.tables["main"].oldest_key == 4

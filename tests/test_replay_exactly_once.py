@@ -9,6 +9,7 @@ import subprocess
 import numpy as np
 
 from services.replay.client import SampleClient
+from services.replay.dedup import WINDOW, Dedup
 from tests.replay_helpers import PYTHON, ROOT, replay_config, serving
 
 WRITERS = 4
@@ -51,3 +52,22 @@ def test_four_writers_exactly_once() -> None:
         assert stats["duplicates"] == server.duplicates > 0
         # dedup state stays bounded: each writer's window, not its history
         assert all(len(s.above) <= 16 for s in server.dedup.senders.values())
+
+
+def test_dedup_window_bound_applies_with_and_without_window_start() -> None:
+    """As docs/protocol.md says: seqs below window_start, and all but the newest 4,096 seqs, are done."""
+    d = Dedup()
+    ws = 1_000
+    d.add("a", ws + WINDOW - 1, ws)  # a full window of 4,096 un-acked inserts: ws .. ws + 4095
+    assert not d.seen("a", ws)  # the oldest of them can still be stored
+    assert d.seen("a", ws - 1)  # below window_start: done
+    for seq in range(ws, ws + WINDOW - 1):
+        d.add("a", seq, ws)
+    assert all(d.seen("a", s) for s in range(ws, ws + WINDOW)) and len(d.senders["a"].above) == 0
+    # a sender that keeps more than 4,096 un-acked (here 10 .. 4106) loses the oldest, even while
+    # window_start names it: only the newest 4,096 seqs are remembered
+    d.add("b", 10 + WINDOW, 10)
+    assert d.seen("b", 10) and not d.seen("b", 11)
+    # without window_start, only the 4,096 bound applies
+    d.add("c", 5 + WINDOW)
+    assert d.seen("c", 5) and not d.seen("c", 6)

@@ -8,12 +8,22 @@ InsertClient (one shard): a window of un-acked inserts bounded by count and
 bytes. ``insert()`` blocks while the window is full, which is how the replay
 rate limiter's held acks push back on an actor. An insert not acked after
 ``resend_after_s`` is resent with the same (sender, seq); replay stores it
-once. Seqs start at the wall clock in microseconds, so an actor that restarts
-under the same id never reuses a seq; each insert also carries
+once. Each further resend of the same insert waits twice as long as the
+previous one, up to ``max_resend_after_s`` (30 s): an insert held by the rate
+limiter (the normal state when the actors are ahead) is not acked for a long
+time, and the whole window must not cross the wire every ``resend_after_s``.
+When the connection to replay is re-established (replay restarted and lost
+what it held), every un-acked insert is resent at once and its back-off
+starts over. Seqs start at the wall clock in microseconds, so an actor that
+restarts under the same id never reuses a seq; each insert also carries
 ``window_start`` (its lowest un-acked seq) so replay can forget older seqs.
 
 SampleClient (all shards): keeps ``in_flight`` sample requests outstanding
-per shard so a batch is usually waiting when the learner asks. ``sample()``
+per shard so a batch is usually waiting when the learner asks. Requests go
+ahead of time with the beta of their day; ``sample(beta)`` uses the server's
+importance weights unless beta changed since, then recomputes them.
+A shard that answers ``busy`` (too many samples held) is not asked again for
+``busy_backoff_s``. ``sample()``
 draws a shard with probability proportional to the size of its table (so
 items are drawn roughly uniformly over the union of shards) and takes its
 batch; a shard silent for ``stall_s`` is passed over for one that has a
@@ -41,13 +51,20 @@ from services.replay.tables import importance_weights
 
 log = logging.getLogger(__name__)
 
+MAX_RESEND_AFTER_S = 30.0
+
 
 @dataclass
 class _Unacked:
     frames: list[Any]
     nbytes: int
     items: int
+    interval: float  # wait before the next resend; doubles on each resend
     sent_at: float = 0.0
+
+    @property
+    def due(self) -> float:
+        return self.sent_at + self.interval
 
 
 class InsertClient:
@@ -59,6 +76,7 @@ class InsertClient:
         max_unacked: int = 8,
         max_unacked_bytes: int = 64 << 20,
         resend_after_s: float = 2.0,
+        max_resend_after_s: float = MAX_RESEND_AFTER_S,
         seq_start: int | None = None,
         curve: CurveConfig | None = None,
         hwm: int = DEFAULT_HWM,
@@ -70,8 +88,16 @@ class InsertClient:
         self.max_unacked = max_unacked
         self.max_unacked_bytes = max_unacked_bytes
         self.resend_after_s = resend_after_s
+        self.max_resend_after_s = max(resend_after_s, max_resend_after_s)
         self.limits = limits
         self.sock = make_socket(zmq.DEALER, connect=address, hwm=hwm, curve=curve, ctx=ctx)
+        # connection events: a new handshake after the first means replay restarted (or the
+        # network came back): what it held is gone, so the window is resent at once
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._poller = zmq.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self.connects = 0
         self._next_seq = seq_start if seq_start is not None else time.time_ns() // 1000
         self._window: OrderedDict[int, _Unacked] = OrderedDict()
         self._bytes = 0
@@ -100,15 +126,22 @@ class InsertClient:
             bool(self._window) and self._bytes + nbytes > self.max_unacked_bytes)
 
     def insert(self, table: str, columns: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
-               timeout_s: float = 30.0) -> int:
+               timeout_s: float = 30.0, *, copy: bool = True) -> int:
         """Send a batch (N items per column) once the window has room; returns its seq.
 
-        The arrays are copied, so the caller may reuse its buffers. Raises
+        With ``copy`` (the default) the arrays are copied, so the caller may
+        reuse its buffers. ``copy=False`` skips that copy: the frames then
+        share memory with ``columns`` until the insert is acked (resends
+        included), so the caller must not change them before (an actor that
+        builds a fresh batch for every insert can pass it). Raises
         CommTimeout when the window stays full for ``timeout_s`` and
         RemoteError when replay refused an earlier insert (bad schema, ...).
         """
         self._raise()
-        arrays = {k: np.array(v, copy=True) for k, v in columns.items()}
+        if copy:
+            arrays = {k: np.array(v, copy=True) for k, v in columns.items()}
+        else:
+            arrays = {k: np.asarray(v) for k, v in columns.items()}
         if priorities is not None:
             arrays["priority"] = np.asarray(priorities, np.float64)
         nbytes = sum(a.nbytes for a in arrays.values())
@@ -125,7 +158,7 @@ class InsertClient:
         self._next_seq += 1
         window_start = next(iter(self._window)) if self._window else seq
         msg = Message("insert", {"table": table, "window_start": window_start}, arrays, self.sender, seq)
-        entry = _Unacked(encode(msg), nbytes, items)
+        entry = _Unacked(encode(msg), nbytes, items, self.resend_after_s)
         self._window[seq] = entry
         self._bytes += nbytes
         self._send(entry)
@@ -154,8 +187,7 @@ class InsertClient:
     def _next_resend_in(self) -> float:
         if not self._window:
             return self.resend_after_s
-        oldest = min(e.sent_at for e in self._window.values())
-        return max(0.0, oldest + self.resend_after_s - time.monotonic())
+        return max(0.0, min(e.due for e in self._window.values()) - time.monotonic())
 
     def poll(self, timeout_s: float = 0.0) -> int:
         """Process acks that arrived (waiting up to ``timeout_s`` for one); returns how many."""
@@ -165,7 +197,10 @@ class InsertClient:
 
     def _poll(self, timeout_s: float) -> int:
         handled = 0
-        if self.sock.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN):
+        events = dict(self._poller.poll(max(0, int(timeout_s * 1000))))
+        if self._monitor in events:
+            self._connection_events()
+        if self.sock in events:
             while True:
                 try:
                     frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -174,10 +209,29 @@ class InsertClient:
                 handled += self._handle(frames)
         now = time.monotonic()
         for entry in self._window.values():
-            if now - entry.sent_at >= self.resend_after_s:
+            if now >= entry.due:
                 self._send(entry)
+                entry.interval = min(entry.interval * 2, self.max_resend_after_s)
                 self.resends += 1
         return handled
+
+    def _connection_events(self) -> None:
+        while True:
+            try:
+                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) < 1 or len(frames[0]) < 2:
+                continue
+            if int.from_bytes(frames[0][:2], "little") != zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                continue
+            self.connects += 1
+            if self.connects > 1:  # a reconnection: replay may have lost every held insert
+                log.info("insert client %s: reconnected to %s; resending %d un-acked inserts",
+                         self.sender, self.address, len(self._window))
+                for entry in self._window.values():
+                    entry.interval = self.resend_after_s
+                    entry.sent_at = 0.0  # due now
 
     def _handle(self, frames: list[Any]) -> int:
         try:
@@ -216,6 +270,11 @@ class InsertClient:
         self._raise()
 
     def close(self) -> None:
+        try:
+            self.sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._monitor.close(linger=0)
         self.sock.close(linger=0)
 
     def __enter__(self) -> InsertClient:
@@ -234,6 +293,7 @@ class SampleBatch:
     weights: np.ndarray
     data: dict[str, np.ndarray]
     table_size: int
+    beta: float | None = None  # the beta ``weights`` are for
 
 
 @dataclass
@@ -241,10 +301,11 @@ class _Shard:
     index: int
     address: str
     sock: zmq.Socket[Any]
-    in_flight: dict[int, float] = field(default_factory=dict)  # seq -> sent at
+    in_flight: dict[int, tuple[float, float | None]] = field(default_factory=dict)  # seq -> (sent at, beta)
     ready: deque[SampleBatch] = field(default_factory=deque)
     size: int = 0
     last_reply: float = field(default_factory=time.monotonic)
+    busy_until: float = 0.0  # answered 'busy': not asked again before this
 
 
 class SampleClient:
@@ -258,6 +319,7 @@ class SampleClient:
         in_flight: int = 4,
         request_timeout_s: float = 30.0,
         stall_s: float = 1.0,
+        busy_backoff_s: float = 1.0,
         beta: float | None = None,
         seed: int | None = None,
         curve: CurveConfig | None = None,
@@ -273,6 +335,7 @@ class SampleClient:
         self.in_flight = in_flight
         self.request_timeout_s = request_timeout_s
         self.stall_s = stall_s
+        self.busy_backoff_s = busy_backoff_s
         self.beta = beta
         self.limits = limits
         self.rng = np.random.default_rng(seed)
@@ -291,6 +354,8 @@ class SampleClient:
         self.priority_errors = 0
         self.keys_updated = 0
         self.reissued = 0
+        self.weights_recomputed = 0
+        self.busy = 0
 
     @classmethod
     def from_config(cls, cfg: Experiment, sender: str, batch_size: int | None = None,
@@ -314,22 +379,29 @@ class SampleClient:
     def _top_up(self) -> None:
         now = time.monotonic()
         for s in self.shards:
-            for seq, sent in list(s.in_flight.items()):
+            for seq, (sent, _) in list(s.in_flight.items()):
                 if now - sent > self.request_timeout_s + 5.0:  # the server lost it (restart): ask again
                     del s.in_flight[seq]
                     self.reissued += 1
+            if now < s.busy_until:
+                continue
             while len(s.in_flight) + len(s.ready) < self.in_flight:
                 body: dict[str, Any] = {"table": self.table, "batch_size": self.batch_size,
                                         "timeout_ms": int(self.request_timeout_s * 1000)}
-                if self.beta is not None:
-                    body["beta"] = float(self.beta)
+                beta = None if self.beta is None else float(self.beta)
+                if beta is not None:
+                    body["beta"] = beta
                 msg = Message("sample", body)
                 if not self._send(s, msg):
                     break
-                s.in_flight[msg.seq] = now
+                s.in_flight[msg.seq] = (now, beta)
 
     def sample(self, beta: float | None = None, timeout_s: float = 30.0) -> SampleBatch:
-        """One batch from one shard; importance weights recomputed for ``beta`` when given.
+        """One batch from one shard, with importance weights for ``beta`` (when given).
+
+        The request was sent ahead of time with the beta of then: the
+        server's weights are used as they are when that is ``beta``, and
+        recomputed only when ``beta`` changed since.
 
         The shard is drawn with probability proportional to its table size
         (as last reported), and its batch awaited; a shard that has not
@@ -361,8 +433,10 @@ class SampleClient:
             self._top_up()
         batch = shard.ready.popleft()
         self._top_up()
-        if beta is not None:
+        if beta is not None and beta != batch.beta:
             batch.weights = importance_weights(batch.probabilities, batch.table_size, beta)
+            batch.beta = beta
+            self.weights_recomputed += 1
         return batch
 
     def _choose(self, shards: list[_Shard]) -> _Shard | None:
@@ -424,13 +498,14 @@ class SampleClient:
         ref = msg.get("ref_seq")
         shard.last_reply = time.monotonic()
         if msg.type == "batch":
-            if shard.in_flight.pop(ref, None) is None:
+            request = shard.in_flight.pop(ref, None)
+            if request is None:
                 return  # a reply to a request given up on: drop it
             a = msg.arrays
             data = {k: v for k, v in a.items() if k not in ("key", "probability", "weight")}
             shard.size = int(msg["table_size"])
             shard.ready.append(SampleBatch(shard.index, msg["table"], a["key"], a["probability"], a["weight"],
-                                           data, shard.size))
+                                           data, shard.size, request[1]))
         elif msg.type == "priorities_ack":
             self.priorities_acked += 1
             self.keys_updated += int(msg["updated"])
@@ -438,7 +513,11 @@ class SampleClient:
             self._infos[ref] = msg["stats"]
         elif msg.type == "error":
             if shard.in_flight.pop(ref, None) is not None:
-                if msg["reason"] != "timeout":  # a held sample that timed out is simply asked again
+                if msg["reason"] == "busy":  # too many samples held there: ask again later
+                    self.busy += 1
+                    shard.busy_until = time.monotonic() + self.busy_backoff_s
+                    log.warning("replay shard %d is busy: %s", shard.index, msg["detail"])
+                elif msg["reason"] != "timeout":  # a held sample that timed out is simply asked again
                     self._errors.append(RemoteError(msg["reason"], f"replay shard {shard.index}: {msg['detail']}"))
             else:
                 self.priority_errors += 1

@@ -6,9 +6,12 @@ contiguous seqs, and also to ``window_start - 1`` when the sender says so:
 every insert of :class:`~services.replay.client.InsertClient` carries
 ``window_start``, the lowest seq still un-acked on its side, so seqs below it
 will never be resent. The set therefore holds at most the sender's window.
-A sender that does not say (another client) is bounded by ``WINDOW``: the
-floor never trails the highest seq by more than that, which is safe as long as
-such a client keeps fewer than ``WINDOW`` inserts un-acked.
+Whether or not the sender says, the floor also never trails the highest seq
+stored by more than ``WINDOW`` (4,096): only the newest ``WINDOW`` seqs are
+remembered, so a sender cannot grow the set without bound (e.g. with a stale
+``window_start``). This is safe for any sender that keeps at most ``WINDOW``
+inserts un-acked with consecutive seqs, which is why the config caps
+``actor.max_unacked`` at 4,096; older seqs would be taken as already stored.
 
 Senders are kept in LRU order and the least recent are forgotten beyond
 ``max_senders``.

@@ -8,16 +8,26 @@ Rate limiting holds requests instead of refusing them:
   Reverb where the insert call itself blocks. The actor's window of un-acked
   inserts fills up and its ``insert()`` blocks: that is the back-pressure.
   A resend of a held insert is dropped (it is already queued); its one ack
-  comes when it is stored.
+  comes when it is stored. Beyond ``max_held_inserts`` (10,000) held per
+  table, an insert is dropped without a reply (counted in
+  ``rlfleet_replay_inserts_dropped_total``); its sender resends it later.
 - A sample the limiter does not admit (learner ahead, or the table below
   ``min_size``) is held and answered when it may go, or with an ``error``
-  of reason ``timeout`` once its ``timeout_ms`` passes.
+  of reason ``timeout`` (not counted as a protocol error: it is an expected
+  outcome) once its ``timeout_ms`` passes. ``timeout_ms`` is capped at
+  ``MAX_SAMPLE_TIMEOUT_MS`` (10 minutes), which is also the wait of a sample
+  without one. Beyond ``max_held_samples`` (1,000) held per table a sample
+  is refused at once with reason ``busy``. A held sample of a queue table
+  pops its items when it is answered, even if the learner that asked has
+  gone meanwhile: those items are lost.
 
 Exactly-once: an insert whose (sender, seq) is already stored is acked again
 with ``duplicate=true, stored=0``. With ``wal`` durability every stored
 insert is appended to the log, and the acks of a burst of messages are sent
 only after the log is fsync'ed (in :meth:`ReplayServer.tick`, which the loop
-runs after every burst).
+runs after every burst). Batches of queue tables are held back the same way
+until the log holding their pop is fsync'ed, so a batch the learner got is
+never served again after a crash.
 """
 
 from __future__ import annotations
@@ -40,12 +50,14 @@ from common.server import Peer, RequestError, Server
 from common.transport import DEFAULT_HWM, CurveConfig
 from services.replay.dedup import Dedup
 from services.replay.storage import SNAPSHOT, Snapshotter, WriteAheadLog, read_snapshot
-from services.replay.tables import MAX_SAMPLE_BATCH, QueueTable, Table, TableError, make_table
+from services.replay.tables import MAX_SAMPLE_BATCH, QueueTable, Table, TableError, check_priorities, make_table
 
 log = logging.getLogger(__name__)
 
 RESERVED = ("key", "probability", "weight", "priority")
 MAX_HELD_INSERTS = 10_000  # per table; beyond, inserts are dropped unacked and the client resends
+MAX_HELD_SAMPLES = 1_000  # per table; beyond, samples are refused with reason 'busy'
+MAX_SAMPLE_TIMEOUT_MS = 600_000  # a held sample waits at most this long (also without timeout_ms)
 
 
 @dataclass
@@ -63,7 +75,7 @@ class HeldSample:
     peer: Peer
     batch_size: int
     beta: float | None
-    deadline: float | None
+    deadline: float
     since: float
 
 
@@ -81,9 +93,13 @@ class ReplayServer(Server):
         curve: CurveConfig | None = None,
         hwm: int = DEFAULT_HWM,
         ctx: zmq.Context[Any] | None = None,
+        max_held_inserts: int = MAX_HELD_INSERTS,
+        max_held_samples: int = MAX_HELD_SAMPLES,
     ) -> None:
         super().__init__(metrics, bind, limits=limits, curve=curve, hwm=hwm, ctx=ctx)
         self.cfg = cfg
+        self.max_held_inserts = max_held_inserts
+        self.max_held_samples = max_held_samples
         self.shard = shard
         rng = np.random.default_rng(seed)
         self.tables: dict[str, Table] = {t.name: make_table(t, rng) for t in cfg.tables}
@@ -91,7 +107,7 @@ class ReplayServer(Server):
         self.held_inserts: dict[str, deque[HeldInsert]] = {n: deque() for n in self.tables}
         self.held_keys: set[tuple[str, int]] = set()
         self.held_samples: dict[str, deque[HeldSample]] = {n: deque() for n in self.tables}
-        self.deferred_acks: list[tuple[Peer, Message]] = []
+        self.deferred: list[tuple[Peer, Message]] = []  # acks and queue batches, sent after the burst's fsync
         self.duplicates = 0
         self.durability = cfg.durability
         self.dir = Path(directory) if directory is not None else None
@@ -151,10 +167,12 @@ class ReplayServer(Server):
         if priority is not None:
             if priority.shape != (n,):
                 raise RequestError("bad_priority", f"priority has shape {list(priority.shape)}; needs [{n}]")
-            if not np.all(np.isfinite(priority)) or np.any(priority < 0):
-                raise RequestError("bad_priority", "priorities must be finite and >= 0")
+            try:
+                check_priorities(priority)
+            except TableError as exc:
+                raise RequestError(exc.reason, exc.detail) from None
         held = self.held_inserts[table.name]
-        if len(held) >= MAX_HELD_INSERTS:
+        if len(held) >= self.max_held_inserts:
             self.m_dropped.inc()
             return
         ws = msg.get("window_start")
@@ -166,12 +184,13 @@ class ReplayServer(Server):
         self.duplicates += 1
         self.m_dups.labels(table.name).inc()
         if acked:
-            self._ack(peer, Message("ack", {"stored": 0, "duplicate": True}))
+            self._defer(peer, Message("ack", {"stored": 0, "duplicate": True}))
 
-    def _ack(self, peer: Peer, msg: Message) -> None:
-        # Acks go out together after each burst of messages (tick), for wal after the
-        # burst's fsync; replies sent back to back also wake ZeroMQ's I/O thread less often.
-        self.deferred_acks.append((peer, msg))
+    def _defer(self, peer: Peer, msg: Message) -> None:
+        # Acks (and queue batches under wal) go out together after each burst of messages
+        # (tick), for wal after the burst's fsync; replies sent back to back also wake
+        # ZeroMQ's I/O thread less often.
+        self.deferred.append((peer, msg))
 
     def on_sample(self, peer: Peer, msg: Message) -> None:
         table = self._table(msg["table"])
@@ -181,10 +200,14 @@ class ReplayServer(Server):
         beta = msg.get("beta")
         if beta is not None and not 0 <= beta <= 100:
             raise RequestError("bad_request", f"beta={beta}; allowed: 0..100")
+        held = self.held_samples[table.name]
+        if len(held) >= self.max_held_samples:
+            raise RequestError("busy", f"{len(held)} samples already held on table {table.name!r}; "
+                                       f"at most {self.max_held_samples}")
         timeout_ms = msg.get("timeout_ms")
+        timeout_ms = MAX_SAMPLE_TIMEOUT_MS if timeout_ms is None else min(timeout_ms, MAX_SAMPLE_TIMEOUT_MS)
         now = time.monotonic()
-        deadline = now + timeout_ms / 1000 if timeout_ms is not None else None
-        self.held_samples[table.name].append(HeldSample(peer, bs, beta, deadline, now))
+        held.append(HeldSample(peer, bs, beta, now + timeout_ms / 1000, now))
         self._pump(table)
 
     def on_priorities(self, peer: Peer, msg: Message) -> None:
@@ -192,8 +215,10 @@ class ReplayServer(Server):
         keys, prio = msg.arrays["key"], msg.arrays["priority"]
         if keys.shape != prio.shape:
             raise RequestError("bad_request", f"{len(keys)} keys but {len(prio)} priorities")
-        if not np.all(np.isfinite(prio)) or np.any(prio < 0):
-            raise RequestError("bad_priority", "priorities must be finite and >= 0")
+        try:
+            check_priorities(prio)
+        except TableError as exc:
+            raise RequestError(exc.reason, exc.detail) from None
         before = table.ignored_updates
         updated = table.update_priorities(keys, prio.astype(np.float64))
         self.m_ignored.labels(table.name).inc(table.ignored_updates - before)
@@ -240,30 +265,35 @@ class ReplayServer(Server):
         self.dedup.add(key[0], key[1], h.window_start)
         self._m_inserts[table.name].inc(h.n)
         self._m_wait_insert.inc(time.monotonic() - h.since)
-        self._ack(h.peer, Message("ack", {"stored": h.n, "duplicate": False}))
+        self._defer(h.peer, Message("ack", {"stored": h.n, "duplicate": False}))
 
     def _serve(self, table: Table, h: HeldSample) -> None:
         size = table.size
         s = table.sample(h.batch_size, h.beta)
-        if self.wal is not None and isinstance(table, QueueTable):
-            self.wal.append_pop(table.name, table.oldest_key)
         self.m_samples.labels(table.name).inc(len(s.keys))
         self.m_wait.labels("sample").inc(time.monotonic() - h.since)
         arrays = {"key": s.keys, "probability": s.probability, "weight": s.weight, **s.data}
         body = {"table": table.name, "shard": self.shard, "table_size": size}
-        self.reply(h.peer, Message("batch", body, arrays))
+        batch = Message("batch", body, arrays)
+        if self.wal is not None and isinstance(table, QueueTable):
+            # the pop must be on disk before the items leave: sent with the burst's acks, after its fsync
+            self.wal.append_pop(table.name, table.oldest_key)
+            self._defer(h.peer, batch)
+        else:
+            self.reply(h.peer, batch)
 
     # -- timers ---------------------------------------------------------------
     def tick(self) -> None:
         self.flush_acks()
         now = time.monotonic()
         for held in self.held_samples.values():
-            if held and any(h.deadline is not None and h.deadline <= now for h in held):
+            if held and any(h.deadline <= now for h in held):
                 keep: deque[HeldSample] = deque()
                 for h in held:
-                    if h.deadline is not None and h.deadline <= now:
+                    if h.deadline <= now:
                         self.m_wait.labels("sample").inc(now - h.since)
-                        self.reply_error(h.peer, "timeout", "the rate limiter held this sample past its timeout_ms")
+                        self.reply_error(h.peer, "timeout", "the rate limiter held this sample past its timeout_ms",
+                                         count=False)
                     else:
                         keep.append(h)
                 held.clear()
@@ -277,11 +307,11 @@ class ReplayServer(Server):
             self.snapshot()
 
     def flush_acks(self) -> None:
-        """Send the acks of this burst (wal: after fsync'ing what it appended)."""
+        """Send the acks (and queue batches) of this burst (wal: after fsync'ing what it appended)."""
         if self.wal is not None:
             self.wal.sync()
-        acks, self.deferred_acks = self.deferred_acks, []
-        for peer, msg in acks:
+        replies, self.deferred = self.deferred, []
+        for peer, msg in replies:
             self.reply(peer, msg)
 
     # -- durability -----------------------------------------------------------

@@ -14,10 +14,18 @@ the item with key ``k`` lives in slot ``k % capacity`` and is present while
   DQN does).
 - :class:`QueueTable`: FIFO; each item is sampled once and removed; inserts
   wait while it is full.
+
+Priorities must be finite, >= 0 and <= ``MAX_PRIORITY`` (1e12): a huge but
+finite priority (1e308) would make the sum tree's total infinite and every
+probability and importance weight NaN. :func:`check_priorities` is what the
+server applies to inserts and priority updates (reason ``bad_priority``).
+Whatever ``alpha`` is, the tree's leaves are also clamped so their total
+stays finite.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +37,7 @@ from services.replay.ratelimiter import RateLimiter
 from services.replay.sumtree import SumTree
 
 MAX_SAMPLE_BATCH = 1 << 16
+MAX_PRIORITY = 1e12
 
 
 class TableError(Exception):
@@ -50,6 +59,13 @@ class ColumnSpec:
 
 
 Schema = dict[str, ColumnSpec]
+
+
+def check_priorities(priority: np.ndarray) -> None:
+    """Refuse priorities that are not finite, negative or above MAX_PRIORITY (reason ``bad_priority``)."""
+    p = np.asarray(priority)
+    if p.size and not (np.all(np.isfinite(p)) and p.min() >= 0 and p.max() <= MAX_PRIORITY):
+        raise TableError("bad_priority", f"priorities must be finite, >= 0 and <= {MAX_PRIORITY:g}")
 
 
 @dataclass
@@ -167,15 +183,15 @@ class Table:
             col[start:start + head] = a[:head]
             if head < n:
                 col[:n - head] = a[head:]
-        self._stored(self._slots(np.arange(first, first + n, dtype=np.uint64)), n, priority)
+        self._stored(first, n, priority)
         self.next_key += n
         self.size = min(self.size + n, self.capacity)
         self.inserted_items += n
         self.limiter.inserted(n)
         return first
 
-    def _stored(self, slots: np.ndarray, n: int, priority: np.ndarray | None) -> None:
-        """Hook: per-item bookkeeping of the slots just written."""
+    def _stored(self, first: int, n: int, priority: np.ndarray | None) -> None:
+        """Hook: per-item bookkeeping of the items just written (keys first..first+n-1)."""
 
     # -- sample ---------------------------------------------------------------
     def can_sample(self) -> bool:
@@ -273,15 +289,20 @@ class PrioritizedTable(Table):
         self.tree = SumTree(cfg.capacity)
         self.priority = np.zeros(cfg.capacity, np.float64)  # raw, before alpha
         self.max_priority = 1.0
+        # largest leaf such that the sum of every leaf stays finite, whatever alpha is
+        self.max_leaf = sys.float_info.max / (2 * len(self.tree.levels[-1]))
 
     def _set(self, slots: np.ndarray, priority: np.ndarray) -> None:
         p = np.asarray(priority, np.float64)
         self.priority[slots] = p
-        self.tree.set(slots, p ** self.alpha if self.alpha != 1.0 else p)
+        with np.errstate(over="ignore"):  # p ** alpha may overflow to inf: clamped just below
+            leaf = p ** self.alpha if self.alpha != 1.0 else p
+        self.tree.set(slots, np.minimum(leaf, self.max_leaf))
         if p.size:
             self.max_priority = max(self.max_priority, float(p.max()))
 
-    def _stored(self, slots: np.ndarray, n: int, priority: np.ndarray | None) -> None:
+    def _stored(self, first: int, n: int, priority: np.ndarray | None) -> None:
+        slots = self._slots(np.arange(first, first + n, dtype=np.uint64))
         self._set(slots, np.full(n, self.max_priority) if priority is None else priority)
 
     def _select(self, batch_size: int, beta: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -321,11 +342,20 @@ class PrioritizedTable(Table):
 
 
 def importance_weights(prob: np.ndarray, size: int, beta: float | None) -> np.ndarray:
-    """w_i = (N * P(i)) ** -beta, divided by the largest weight in the batch."""
-    if not beta:
+    """w_i = (N * P(i)) ** -beta, divided by the largest weight in the batch.
+
+    Computed as ``(P(i) / min_j P(j)) ** -beta`` (N cancels), which is the same
+    value but never overflows: every weight is in [0, 1], never NaN, even for
+    tiny probabilities and beta up to 100.
+    """
+    if not beta or len(prob) == 0:
         return np.ones(len(prob), np.float32)
-    w = (size * prob) ** (-beta)
-    return (w / w.max()).astype(np.float32)
+    p = np.asarray(prob, np.float64)
+    lowest = p.min()
+    if not lowest > 0:  # a probability that underflowed to 0: treat it as the smallest positive one
+        p = np.maximum(p, np.finfo(np.float64).tiny)
+        lowest = p.min()
+    return ((p / lowest) ** (-beta)).astype(np.float32)
 
 
 class QueueTable(Table):

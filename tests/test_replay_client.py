@@ -1,0 +1,107 @@
+"""The replay clients: resend back-off and reconnection, importance weights, buffer copies."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from common.transport import free_tcp_port
+from services.replay.client import InsertClient, SampleClient
+from services.replay.tables import importance_weights
+from tests.replay_helpers import replay_config, serving, transitions
+
+# spi 1, min size 10, window 20: two batches of 10 are stored, the next ones are held
+HOLDING = {"min_size": 10, "samples_per_insert": 1.0, "error_buffer": 20.0}
+
+
+def fill_and_hold(ic: InsertClient) -> None:
+    for i in range(4):
+        ic.insert("main", transitions(0, 10 * i, 10), timeout_s=10)
+    deadline = time.monotonic() + 10
+    while ic.acked < 2 and time.monotonic() < deadline:
+        ic.poll(0.05)
+    assert ic.acked == 2 and ic.unacked == 2  # two stored, two held by the rate limiter
+
+
+def poll_for(ic: InsertClient, seconds: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        ic.poll(0.02)
+    return time.monotonic() - start
+
+
+def test_held_inserts_are_resent_with_a_growing_interval() -> None:
+    first, cap = 0.05, 1.0
+    with serving(replay_config(**HOLDING)) as server:
+        with InsertClient(server.endpoint, "actor", max_unacked=2, resend_after_s=first,
+                          max_resend_after_s=cap) as ic:
+            fill_and_hold(ic)
+            before = ic.resends
+            elapsed = poll_for(ic, 3.0)
+            resends = ic.resends - before
+            # per insert: at most log2(cap / first) + 1 resends while the interval grows, then one per cap
+            bound = 2 * (math.ceil(math.log2(cap / first)) + 1 + math.ceil(elapsed / cap) + 1)
+            assert 2 <= resends <= bound, (resends, bound)  # without back-off: ~2 x 3.0 / 0.05 = 120
+            assert server.duplicates >= 2  # the resends reach replay (dropped there: already held)
+            assert server.tables["main"].size == 20
+
+
+def test_a_reconnection_resends_the_window_at_once() -> None:
+    bind = f"tcp://127.0.0.1:{free_tcp_port()}"
+    with InsertClient(bind, "actor", max_unacked=2, resend_after_s=0.5, max_resend_after_s=60.0) as ic:
+        with serving(replay_config(**HOLDING), bind=bind):
+            fill_and_hold(ic)
+            poll_for(ic, 3.6)  # resent at ~0.5, 1.5 and 3.5 s: the next resend is ~4 s away
+        # replay restarts and has lost what it held; this one holds nothing back
+        with contextlib.ExitStack() as stack:
+            deadline = time.monotonic() + 10
+            while True:  # the old socket releases the port in ZeroMQ's I/O thread, soon after close
+                try:
+                    server = stack.enter_context(serving(replay_config(), bind=bind))
+                    break
+                except zmq.ZMQError:
+                    assert time.monotonic() < deadline, f"{bind} still in use"
+                    time.sleep(0.05)
+            ic.flush(2.5)  # well before the back-off would resend
+            assert ic.connects >= 2
+            assert server.tables["main"].size == 20
+            np.testing.assert_array_equal(np.sort(server.tables["main"].columns["idx"][:20]), np.arange(20, 40))
+
+
+def test_server_weights_are_used_unless_beta_changed() -> None:
+    cfg = replay_config(kind="prioritized", capacity=200, alpha=1.0)
+    with serving(cfg) as server:
+        with InsertClient(server.endpoint, "actor") as ic:
+            ic.insert("main", transitions(0, 0, 200), np.linspace(0.1, 10.0, 200))
+            ic.flush(10)
+        with SampleClient([server.endpoint], "learner", "main", 32, in_flight=2, beta=0.4) as sc:
+            for _ in range(3):
+                b = sc.sample(beta=0.4, timeout_s=10)
+                assert b.beta == 0.4
+                np.testing.assert_allclose(b.weights, importance_weights(b.probabilities, b.table_size, 0.4),
+                                           rtol=1e-5)
+            assert sc.weights_recomputed == 0  # the server's weights, as sent
+            for _ in range(6):
+                b = sc.sample(beta=0.7, timeout_s=10)
+                assert b.beta == 0.7
+                np.testing.assert_allclose(b.weights, importance_weights(b.probabilities, b.table_size, 0.7),
+                                           rtol=1e-5)
+            # only the requests sent ahead with beta 0.4 were recomputed
+            assert 1 <= sc.weights_recomputed <= 2
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_insert_copy_option(copy: bool) -> None:
+    with serving(replay_config()) as server:
+        with InsertClient(server.endpoint, "actor") as ic:
+            cols = transitions(0, 0, 16)
+            ic.insert("main", cols, copy=copy)
+            if copy:
+                cols["idx"][:] = -1  # the caller reuses its buffer at once: what was sent is unchanged
+            ic.flush(10)
+        np.testing.assert_array_equal(server.tables["main"].columns["idx"][:16], np.arange(16))
