@@ -189,7 +189,9 @@ class ActorService:
         end = None if deadline_s is None else time.monotonic() + deadline_s
         while end is not None or not self._stopping:
             try:
-                self.replay.insert(self.table, batch, priorities, timeout_s=self.cfg.actor.heartbeat_s)
+                # copy=False: the batch was just concatenated and is never touched again
+                self.replay.insert(self.table, batch, priorities, timeout_s=self.cfg.actor.heartbeat_s,
+                                   copy=False)
                 self.m_inserted.inc(len(priorities))
                 return
             except CommTimeout:
