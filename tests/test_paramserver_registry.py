@@ -9,10 +9,14 @@ import time
 import numpy as np
 import pytest
 
+from common.metrics import ServiceMetrics
 from common.protocol import Message
-from common.server import Client, CommTimeout
+from common.server import Client, CommTimeout, RemoteError
+from common.transport import free_tcp_port
 from services.paramserver.client import RegistryClient, WeightsPublisher, WeightsReader
-from services.paramserver.procs import ShardProcesses
+from services.paramserver.procs import ShardProcesses, serving
+from services.paramserver.registry import Registry
+from services.paramserver.shard import MAX_PARKED_BARRIERS, ShardServer
 
 LIVENESS_S = 1.0
 
@@ -112,3 +116,71 @@ def test_barrier_survives_an_actor_killed_mid_round() -> None:
                 p.kill()
                 p.join(5)
             pub.close()
+
+
+def test_fleet_env_steps_adds_up_restarts() -> None:
+    reg = Registry(5.0, clock=lambda: 0.0)
+    assert reg.fleet_env_steps == 0
+    reg.report_steps("a", 100)
+    reg.report_steps("b", 50)
+    reg.report_steps("a", 300)  # a's own total grew
+    assert reg.fleet_env_steps == 350
+    reg.report_steps("a", 20)  # a restarted from 0: its 300 stay counted
+    assert reg.fleet_env_steps == 370
+    reg.report_steps("a", 70)
+    reg.report_steps("a", 5)  # and restarted again
+    assert reg.fleet_env_steps == 300 + 70 + 5 + 50
+    reg.join("b", "actor")
+    reg.leave("b")  # leaving does not take b's steps away
+    assert reg.fleet_env_steps == 425
+
+
+def protocol_errors(server: ShardServer, reason: str) -> float:
+    value = server.metrics.registry.get_sample_value(
+        "rlfleet_protocol_errors_total", {"service": "paramserver", "shard": "0", "reason": reason})
+    return value or 0.0
+
+
+def test_shard0_registry_and_barrier_edges() -> None:
+    server = ShardServer(ServiceMetrics("paramserver", 0), f"tcp://127.0.0.1:{free_tcp_port()}", 0, 1, 30.0,
+                         shm=False)
+    with serving(server):
+        addr = server.endpoint
+        pub = WeightsPublisher([addr])
+        # Heartbeats carry env steps; welcome carries the fleet total, restarts included.
+        a = RegistryClient(addr, "a")
+        assert a.hello().fleet_env_steps == 0
+        assert a.heartbeat(-1, env_steps=400).fleet_env_steps == 400
+        assert a.heartbeat(-1, env_steps=30).fleet_env_steps == 430  # a restarted
+        with Client(addr, "z") as c:
+            for actor_id in ("", "x" * 300):
+                with pytest.raises(RemoteError, match="bad_actor_id"):
+                    c.request(Message("hello", {"actor_id": actor_id, "role": "actor"}), 5.0)
+        with pytest.raises(RemoteError, match="bad_role"):
+            RegistryClient(addr, "y", role="learner").heartbeat(env_steps=5)
+        assert a.heartbeat(-1).fleet_env_steps == 430  # a refused heartbeat reports no steps
+        # A barrier that times out (the learner polls with short timeouts) is not a protocol error.
+        with pytest.raises(CommTimeout, match="0 of 1 live actors"):
+            pub.barrier(0, 0.2)
+        assert protocol_errors(server, "timeout") == 0
+        assert protocol_errors(server, "bad_actor_id") == 2  # refusals still count
+        # The barrier still releases once every live actor waits for the next version.
+        pub.publish(0, {"w": np.zeros(8, np.float32)})
+        reader = WeightsReader([addr], "a", shm=False)
+        result: dict[str, object] = {}
+        t = threading.Thread(target=lambda: result.update(got=reader.wait(1, 30.0)))
+        t.start()
+        assert pub.barrier(0, 20.0) == 1
+        pub.publish(1, {"w": np.ones(8, np.float32)})
+        t.join(20)
+        assert result["got"][0] == 1  # type: ignore[index]
+        # At most MAX_PARKED_BARRIERS barriers wait at once; the next one is refused with busy.
+        with Client(addr, "learner") as c:
+            seqs = [c.send(Message("barrier", {"round": 5, "timeout_ms": 60_000}))
+                    for _ in range(MAX_PARKED_BARRIERS + 1)]
+            reply = c.recv(10.0)
+        assert (reply.type, reply["ref_seq"], reply["reason"]) == ("error", seqs[-1], "busy")
+        assert protocol_errors(server, "busy") == 0
+        reader.close()
+        a.close()
+        pub.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import msgpack
@@ -82,8 +83,9 @@ def test_bad_messages_get_errors_and_the_shard_keeps_serving(shards: ShardProces
     base = reader.get(-1)
     start = 100 if base is None else base[0] + 100
     pub.publish(start, model(start))
+    pub.publish(start, model(start))  # a retry of the newest version is acked again
     with pytest.raises(RemoteError, match="stale_version"):
-        pub.publish(start, model(start))
+        pub.publish(start, model(start + 7))  # same version, other contents: not a retry
     with pytest.raises(RemoteError, match="stale_version"):
         pub.publish(start - 1, model(start - 1))
     wrong = model(start + 1)
@@ -118,5 +120,74 @@ def test_bad_messages_get_errors_and_the_shard_keeps_serving(shards: ShardProces
     assert version == start and all((v == start).all() for v in tensors.values())
     pub.publish(start + 2, model(start + 2))
     assert reader.wait(start + 1, 5.0)[0] == start + 2
+    reader.close()
+    pub.close()
+
+
+def info(address: str) -> dict[str, Any]:
+    with Client(address, "probe") as c:
+        return dict(c.request(Message("info"), 5.0)["stats"])
+
+
+def wait_until(cond, timeout_s: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_publish_retry_is_acked_and_readers_see_the_version_once(shards: ShardProcesses) -> None:
+    addrs = shards.addresses
+    pub = WeightsPublisher(addrs)
+    reader = WeightsReader(addrs, "retry-reader")
+    base = reader.get(-1)
+    v = 0 if base is None else base[0] + 1000
+    pub.publish(v, model(v))
+    # The learner timed out waiting for an ack (the shards had stored it) and publishes v again.
+    pub.publish(v, model(v))
+    # A first attempt of v + 1 reached shard 0 only; the retry stores it on shard 1 and shard 0 acks again.
+    layout = pub.layout_for(model(v + 1))
+    assert raw_publish(addrs[0], layout, 0, v + 1, layout.slice(model(v + 1), 0)).type == "publish_ack"
+    assert reader.get(-1)[0] == v  # shard 1 has only v so far
+    pub.publish(v + 1, model(v + 1))
+    version, tensors = reader.wait(v + 1, 10.0)
+    assert version == v + 1 and all((t == v + 1).all() for t in tensors.values())
+    assert [info(a)["versions"] for a in addrs] == [[v + 1, v], [v + 1, v]]  # stored once
+    # A reader parked for v + 2 is not woken by yet another retry of v + 1: it sees v + 1 once.
+    result: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: result.update(got=reader.wait(v + 2, 3.0)))
+    t.start()
+    wait_until(lambda: all(info(a)["waits_parked"] >= 1 for a in addrs))
+    pub.publish(v + 1, model(v + 1))
+    t.join(20)
+    assert result == {"got": None}
+    # Not retries: an older version, the same version with other contents or another layout.
+    with pytest.raises(RemoteError, match="stale_version"):
+        pub.publish(v, model(v))
+    with pytest.raises(RemoteError, match="stale_version"):
+        pub.publish(v + 1, model(v + 5))
+    other = Layout.from_specs([("z", "float32", (4,))], 2)
+    reply = raw_publish(addrs[0], other, 0, v + 1, other.slice({"z": np.zeros(4, np.float32)}, 0))
+    assert reply["reason"] == "stale_version"
+    assert [info(a)["versions"] for a in addrs] == [[v + 1, v], [v + 1, v]]
+    reader.close()
+    pub.close()
+
+
+def test_a_new_wait_ends_the_earlier_one_even_when_answered_at_once(shards: ShardProcesses) -> None:
+    addrs = shards.addresses
+    pub = WeightsPublisher(addrs)
+    reader = WeightsReader(addrs, "x")
+    base = reader.get(-1)
+    v = 0 if base is None else base[0] + 1000
+    pub.publish(v, model(v))
+    with Client(addrs[0], "same-dealer") as c:
+        first = c.send(Message("wait", {"min_version": v + 1, "timeout_ms": 60_000}))
+        wait_until(lambda: info(addrs[0])["waits_parked"] >= 1)
+        second = c.send(Message("wait", {"min_version": v, "timeout_ms": 60_000}))  # answered at once
+        replies = [c.recv(10.0), c.recv(10.0)]
+    assert [(r.type, r["ref_seq"]) for r in replies] == [("not_modified", first), ("weights", second)]
+    assert replies[1]["version"] == v
+    wait_until(lambda: info(addrs[0])["waits_parked"] == 0)
     reader.close()
     pub.close()

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from common.metrics import ServiceMetrics
 from common.protocol import Message
+from common.server import Client
+from common.transport import free_tcp_port
 from services.paramserver import shm as shmlib
 from services.paramserver.client import WeightsPublisher, WeightsReader
-from services.paramserver.procs import ShardProcesses
+from services.paramserver.procs import ShardProcesses, serving
+from services.paramserver.shard import Held, ShardServer
 
 
 def model(version: int) -> dict[str, np.ndarray]:
@@ -100,3 +108,99 @@ def test_map_arrays_trusts_nothing(desc: object) -> None:
             shmlib.map_arrays(desc)
     finally:
         os.unlink(path)
+
+
+def shard_server(cls: type[ShardServer] = ShardServer, **kw: Any) -> ShardServer:
+    return cls(ServiceMetrics("paramserver", 0), f"tcp://127.0.0.1:{free_tcp_port()}", 0, 1, 5.0, **kw)
+
+
+def parked(address: str) -> int:
+    with Client(address, "probe") as c:
+        return int(c.request(Message("info"), 5.0)["stats"]["waits_parked"])
+
+
+def test_a_failing_shm_write_serves_frames_to_parked_and_later_readers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shm_dir = tmp_path / "shm"
+    shm_dir.mkdir()
+    server = shard_server(shm_dir=str(shm_dir))
+    assert server.shm is not None
+    shutil.rmtree(shm_dir)  # from now on every shared-memory write fails with an OSError, as on a full /dev/shm
+    with serving(server):
+        addr = server.endpoint
+        pub = WeightsPublisher([addr])
+        reader = WeightsReader([addr], "reader")
+        assert reader.use_shm == [True]
+        with Client(addr, "parked-reader") as c:
+            seq = c.send(Message("wait", {"min_version": 1, "timeout_ms": 60_000, "shm": True}))
+            deadline = time.monotonic() + 15
+            while parked(addr) < 1:
+                assert time.monotonic() < deadline, "the wait was never parked"
+            pub.publish(1, model(1))  # wakes the parked wait: its export fails
+            reply = c.recv(10.0)
+        assert (reply.type, reply["ref_seq"], reply.get("shm")) == ("weights", seq, None)
+        assert all(np.array_equal(reply.arrays[n], w) for n, w in model(1).items())
+        for _ in range(2):  # later requests of the same version, and of the next one
+            version, got = reader.wait(reader.version + 1, 10.0)
+            assert all(np.array_equal(got[n], w) for n, w in model(version).items())
+            assert not any(is_mapped(a) for a in got.values())
+            pub.publish(version + 1, model(version + 1))
+        assert reader.get(-1)[0] == 3
+        warnings = [r for r in caplog.records if "readers get frames" in r.getMessage()]
+        assert len(warnings) == 1  # three versions failed (and spare files too): logged once
+        assert not server.metrics.registry.get_sample_value(
+            "rlfleet_protocol_errors_total", {"service": "paramserver", "shard": "0", "reason": "internal"})
+        reader.close()
+        pub.close()
+
+
+class BrokenExportShard(ShardServer):
+    """A shard whose shared-memory path fails with an unexpected error (answered ``internal``)."""
+
+    def _export(self, held: Held) -> dict[str, Any] | None:
+        raise RuntimeError("shared memory is broken on this shard")
+
+
+def test_reader_falls_back_to_frames_when_a_shm_request_fails() -> None:
+    with serving(shard_server(BrokenExportShard)) as server:
+        addr = server.endpoint
+        pub = WeightsPublisher([addr])
+        pub.publish(1, model(1))
+        for ask in ("get", "wait"):
+            reader = WeightsReader([addr], f"{ask}-reader")
+            assert reader.use_shm == [True]
+            version, got = reader.get(-1) if ask == "get" else reader.wait(1, 10.0)
+            assert version == 1 and all(np.array_equal(got[n], w) for n, w in model(1).items())
+            assert reader.use_shm == [False]
+            reader.close()
+        pub.close()
+
+
+def test_map_arrays_refuses_symlinks_and_files_not_ours() -> None:
+    target = "/dev/shm/rlfleet-ps-test-target"
+    link, fifo, directory, foreign = (f"/dev/shm/rlfleet-ps-test-{n}" for n in ("link", "fifo", "dir", "foreign"))
+    arrays = [["a", "float32", [4], 0]]
+    with open(target, "wb") as f:
+        f.write(b"\0" * 64)
+    os.symlink(target, link)
+    os.mkfifo(fifo, 0o600)  # opening a fifo read-only would block without O_NONBLOCK
+    os.mkdir(directory)
+    cases = [link, fifo, directory]
+    if os.getuid() == 0:  # only root can make a file owned by someone else
+        shutil.copy(target, foreign)
+        os.chown(foreign, 54321, 54321)
+        cases.append(foreign)
+    try:
+        assert shmlib.map_arrays({"path": target, "probe": target, "arrays": arrays})["a"].shape == (4,)
+        for path in cases:
+            with pytest.raises(shmlib.ShmUnavailable):
+                shmlib.map_arrays({"path": path, "probe": target, "arrays": arrays})
+        # a missing file whose probe is a symlink to a live probe is not "gone": it is unavailable
+        with pytest.raises(shmlib.ShmUnavailable):
+            shmlib.map_arrays({"path": "/dev/shm/rlfleet-ps-test-none", "probe": link, "arrays": arrays})
+    finally:
+        for path in (target, link, fifo, foreign):
+            if os.path.lexists(path):
+                os.unlink(path)
+        os.rmdir(directory)

@@ -39,6 +39,8 @@ Weights = tuple[int, dict[str, np.ndarray]]
 
 #: extra time a client waits beyond a long poll's own timeout before giving up on the server
 WAIT_MARGIN_S = 1.0
+#: error reasons after which a reader that asked for shared memory asks that shard again with frames
+SHM_FALLBACK_REASONS = frozenset({"internal"})
 
 
 class _Shards:
@@ -192,6 +194,28 @@ class WeightsReader(VariableSource):
     def _request(self, mtype: str, body: dict[str, Any], shards: Sequence[int]) -> dict[int, Message]:
         return {i: Message(mtype, {**body, "shm": True} if self.use_shm[i] else dict(body)) for i in shards}
 
+    def _ask(self, mtype: str, body: dict[str, Any], shards: Sequence[int], deadline: float) -> dict[int, Message]:
+        """Scatter/gather ``mtype``; a shard that fails a shared-memory request is asked again with frames.
+
+        A shard that cannot serve shared memory (e.g. an older shard whose
+        /dev/shm is full answers ``internal``) would otherwise fail every
+        request of this reader: from then on this reader uses frames for it.
+        """
+        asked_shm = {i for i in shards if self.use_shm[i]}
+        replies = self.shards.gather(self._request(mtype, body, shards), deadline)
+        failed = [i for i, r in sorted(replies.items())
+                  if i in asked_shm and r.type == "error" and r["reason"] in SHM_FALLBACK_REASONS]
+        if failed:
+            for i in failed:
+                log.warning("paramserver shard %d failed a shared-memory %s (%s): using frames",
+                            i, mtype, replies[i]["detail"])
+                self.use_shm[i] = False
+            if "timeout_ms" in body:  # a long poll: what is left of it
+                left = deadline - WAIT_MARGIN_S - time.monotonic()
+                body = {**body, "timeout_ms": max(0, int(left * 1000))}
+            replies.update(self.shards.gather(self._request(mtype, body, failed), deadline))
+        return replies
+
     def get_variables(self, have_version: int) -> Weights | None:
         return self.get(have_version)
 
@@ -204,14 +228,14 @@ class WeightsReader(VariableSource):
         """Long poll: a consistent version >= min_version, or None after timeout_s."""
         deadline = time.monotonic() + timeout_s
         body = {"min_version": min_version, "timeout_ms": int(timeout_s * 1000)}
-        replies = self.shards.gather(self._request("wait", body, range(len(self.shards))), deadline + WAIT_MARGIN_S)
+        replies = self._ask("wait", body, range(len(self.shards)), deadline + WAIT_MARGIN_S)
         _raise_errors(replies, "wait")
         if any(r.type == "not_modified" for r in replies.values()):
             return None
         return self._resolve(replies, min_version - 1, deadline + WAIT_MARGIN_S)
 
     def _get_all(self, have: int, deadline: float) -> dict[int, Message]:
-        return self.shards.gather(self._request("get", {"have_version": have}, range(len(self.shards))), deadline)
+        return self._ask("get", {"have_version": have}, range(len(self.shards)), deadline)
 
     def _map_shm(self, parts: dict[int, Message]) -> tuple[dict[int, Message], bool]:
         """Map the pieces that came as shared memory; drop those that could not be mapped.
@@ -226,8 +250,8 @@ class WeightsReader(VariableSource):
             if desc is not None and not r.arrays:
                 try:
                     r.arrays = shmlib.map_arrays(desc)
-                except shmlib.ShmUnavailable:
-                    log.info("paramserver shard %d is not on this host's /dev/shm: using frames", i)
+                except shmlib.ShmUnavailable as exc:
+                    log.info("paramserver shard %d: cannot use its shared memory (%s): using frames", i, exc)
                     self.use_shm[i] = False
                     continue
                 except shmlib.ShmGone:
@@ -258,7 +282,7 @@ class WeightsReader(VariableSource):
             missing = [i for i in replies if i not in parts]
             if missing and not gone:
                 exact = {"have_version": -1, "version": version}
-                more = self.shards.gather(self._request("get", exact, missing), deadline)
+                more = self._ask("get", exact, missing, deadline)
                 gone = any(r.type == "error" and r["reason"] == "version_gone" for r in more.values())
                 if not gone:
                     _raise_errors(more, f"get of version {version}")

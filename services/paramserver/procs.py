@@ -1,4 +1,5 @@
-"""Start paramserver shards as local processes (tests, benchmarks, the local launcher)."""
+"""Start paramserver shards as local processes (tests, benchmarks, the local launcher),
+or one shard's loop in a thread of this process (tests that need the server object)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,33 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from common.protocol import Message
 from common.server import Client, CommTimeout
 from common.transport import free_tcp_port
+from services.paramserver.shard import ShardServer
 
 ROOT = Path(__file__).resolve().parents[2]
+S = TypeVar("S", bound=ShardServer)
+
+
+@contextmanager
+def serving(server: S, timeout_s: float = 10.0) -> Iterator[S]:
+    """Run ``server``'s loop in a thread; on exit stop it, join the thread and close the server."""
+    thread = threading.Thread(target=server.serve, name=server.name, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        thread.join(timeout_s)
+        server.close()
 
 
 class ShardProcesses:

@@ -8,8 +8,10 @@ barrier or for N.
 
 An actor is live from its ``hello`` (or a ``heartbeat`` after it expired)
 until its ``goodbye``, or until it has been silent for the liveness timeout.
-Any message from a live actor's id (``get``, ``wait`` included) counts as a
-sign of life.
+Signs of life: its ``hello`` and ``heartbeat``, and any ``get`` or ``wait``
+on shard 0 whose header ``sender`` is its ``actor_id`` (the shard calls
+:meth:`Registry.touch` for those two). Nothing else (``barrier``, ``info``,
+``publish``, ``goodbye``) refreshes a member.
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 ROLES = ("actor", "evaluator")
+MAX_ACTOR_ID = 256
+
+
+class BadMember(ValueError):
+    """A hello or heartbeat the registry refuses; ``reason`` is the error reason on the wire."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
 
 
 @dataclass
@@ -79,9 +90,14 @@ class Registry:
         return i
 
     def join(self, actor_id: str, role: str, version: int = -1) -> tuple[Member, bool]:
-        """Register or refresh ``actor_id``; returns (member, newly_registered)."""
+        """Register or refresh ``actor_id``; returns (member, newly_registered).
+
+        Raises BadMember (reason ``bad_role`` or ``bad_actor_id``).
+        """
         if role not in ROLES:
-            raise ValueError(f"role {role!r} is not one of {list(ROLES)}")
+            raise BadMember("bad_role", f"role {role!r} is not one of {list(ROLES)}")
+        if not 0 < len(actor_id) <= MAX_ACTOR_ID:
+            raise BadMember("bad_actor_id", f"actor_id must be 1 to {MAX_ACTOR_ID} characters")
         now = self.clock()
         member = self.members.get(actor_id)
         if member is not None and member.role == role:

@@ -12,11 +12,17 @@ one live registered actor (role ``actor``) and every one of them has a
 effective minimum version (max(min_version, have_version + 1)) is >= k + 1.
 With no live actor the barrier keeps waiting (until its timeout), so a
 learner cannot run ahead of actors that have not joined yet. An actor that
-dies stops counting once the registry expires it (liveness timeout).
+dies stops counting once the registry expires it (liveness timeout). Handlers
+only mark the barriers "dirty" when waits, members or barriers change; tick(),
+which the loop runs after each burst of messages, checks them once per burst.
+
+Expected outcomes (a barrier's timeout, ``version_gone`` while publishes race
+a reader, ``busy``) are not counted as protocol errors.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from dataclasses import dataclass
@@ -29,13 +35,14 @@ from common.partition import Layout
 from common.protocol import Message
 from common.server import Peer, RequestError, Server
 from services.paramserver import shm as shmlib
-from services.paramserver.registry import ROLES, Registry
+from services.paramserver.registry import BadMember, Registry
 
 log = logging.getLogger(__name__)
 
 KEEP_VERSIONS = 2
 MAX_PARKED_WAITS = 10_000
 MAX_WAIT_MS = 600_000
+MAX_PARKED_BARRIERS = 64
 
 
 @dataclass
@@ -62,7 +69,12 @@ class ParkedBarrier:
 
 
 class ShardServer(Server):
-    """A ROUTER loop serving one shard of the weights."""
+    """A ROUTER loop serving one shard of the weights.
+
+    ``shm_dir`` is where version files go; readers map only
+    /dev/shm/rlfleet-ps-*, so another directory is only useful to tests (e.g.
+    one that disappears, to make every export fail).
+    """
 
     def __init__(
         self,
@@ -72,21 +84,25 @@ class ShardServer(Server):
         num_shards: int,
         liveness_s: float,
         shm: bool = True,
+        shm_dir: str = shmlib.SHM_DIR,
         **kw: Any,
     ) -> None:
         super().__init__(metrics, bind, **kw)
         self.shm: shmlib.ShmExporter | None = None
-        if shm and shmlib.available():
+        if shm and (shm_dir != shmlib.SHM_DIR or shmlib.available()):
             try:
-                self.shm = shmlib.ShmExporter(shard)
+                self.shm = shmlib.ShmExporter(shard, shm_dir)
             except OSError as exc:
                 log.warning("shared memory for same-host readers is off: %s", exc)
+        self._shm_failed = -1  # a version whose export failed: served with frames, not retried
+        self._shm_failing = False  # warned once; cleared (and said so) when an export works again
         self.shard = shard
         self.num_shards = num_shards
         self.layout: Layout | None = None
         self.held: list[Held] = []  # newest first
         self.waits: dict[bytes, ParkedWait] = {}  # by ROUTER identity: one long poll per DEALER
         self.barriers: list[ParkedBarrier] = []
+        self._barriers_dirty = False  # waits, members or barriers changed since the last check
         self.registry = Registry(liveness_s) if shard == 0 else None
         m = metrics
         self.m_version = m.gauge("paramserver_version", "Newest weights version held by this shard (-1: none).")
@@ -134,11 +150,24 @@ class ShardServer(Server):
                                f"publish.tensors ({layout.fingerprint})")
         return layout
 
+    def _is_retry(self, msg: Message) -> bool:
+        """``msg`` publishes again exactly what this shard holds as its newest version."""
+        newest = self.held[0]
+        if (msg["version"] != newest.version or msg["layout"] != newest.layout
+                or msg["num_shards"] != self.num_shards or msg.arrays.keys() != newest.arrays.keys()):
+            return False
+        return all(_same_bytes(a, newest.arrays[name]) for name, a in msg.arrays.items())
+
     def on_publish(self, peer: Peer, msg: Message) -> None:
         version = msg["version"]
+        if self.held and version == self.held[0].version and self._is_retry(msg):
+            # The publisher retries after a timeout although this shard stored it: ack again.
+            self.reply(peer, Message("publish_ack", {"version": version}))
+            return
         if self.held and version <= self.held[0].version:
+            same = " with other contents or layout" if version == self.held[0].version else ""
             raise RequestError("stale_version", f"version {version} is not newer than version "
-                               f"{self.held[0].version} held by shard {self.shard}")
+                               f"{self.held[0].version} held by shard {self.shard}{same}")
         if version < 0:
             raise RequestError("stale_version", f"version {version} is negative")
         layout = self._layout_of(msg)
@@ -158,17 +187,42 @@ class ShardServer(Server):
         self.m_version.set(version)
         self.m_publishes.inc()
         self.reply(peer, Message("publish_ack", {"version": version}))
-        for identity, w in list(self.waits.items()):
-            if w.min_version <= version:
-                del self.waits[identity]
-                self._send_weights(w.peer, held, w.shm)
-        self.m_parked.set(len(self.waits))
+        woken = [k for k, w in self.waits.items() if w.min_version <= version]
+        for identity in woken:
+            self._send_weights(self.waits[identity].peer, held, self.waits[identity].shm)
+            del self.waits[identity]
+        if woken:
+            self._waits_changed()
+
+    def _export(self, held: Held) -> dict[str, Any] | None:
+        """The ``weights.shm`` field for ``held``, or None (use frames) when shared memory fails."""
+        if self.shm is None or held.version == self._shm_failed:
+            return None
+        try:
+            desc = self.shm.export(held.version, held.arrays)
+        except OSError as exc:  # ENOSPC: /dev/shm is full; readers get frames until it is not
+            self._shm_failed = held.version
+            self._shm_trouble(f"could not write version {held.version} to shared memory", exc)
+            return None
+        if self._shm_failing:
+            log.info("%s: shared memory works again (version %d)", self.name, held.version)
+            self._shm_failing = False
+        return desc
+
+    def _shm_trouble(self, what: str, exc: OSError) -> None:
+        """Warn once per spell of shared-memory failures (a full /dev/shm would otherwise flood the log)."""
+        if not self._shm_failing:
+            full = " (/dev/shm is full)" if exc.errno == errno.ENOSPC else ""
+            log.warning("%s: %s: %s%s; same-host readers get frames until it works again",
+                        self.name, what, exc, full)
+        self._shm_failing = True
 
     def _send_weights(self, peer: Peer, held: Held, shm: bool = False) -> None:
         body: dict[str, Any] = {"version": held.version, "versions": self.versions, "layout": held.layout}
         self.m_weights.inc()
-        if shm and self.shm is not None:
-            body["shm"] = self.shm.export(held.version, held.arrays)
+        desc = self._export(held) if shm else None
+        if desc is not None:
+            body["shm"] = desc
             self.reply(peer, Message("weights", body))
         else:
             self.reply(peer, Message("weights", body, held.arrays))
@@ -188,9 +242,10 @@ class ShardServer(Server):
         exact = msg.get("version")
         if exact is not None:
             held = next((h for h in self.held if h.version == exact), None)
-            if held is None:
-                raise RequestError("version_gone", f"shard {self.shard} holds versions {self.versions}; "
-                                   f"{exact} is not one of them")
+            if held is None:  # expected while publishes overtake a reader: not a protocol error
+                self.reply_error(peer, "version_gone", f"shard {self.shard} holds versions {self.versions}; "
+                                 f"{exact} is not one of them", count=False)
+                return
         else:
             held = self.held[0] if self.held else None
         if held is None or held.version <= have:
@@ -203,18 +258,24 @@ class ShardServer(Server):
         self.m_waits.inc()
         have = msg.get("have_version")
         want = max(msg["min_version"], -1 if have is None else have + 1)
-        if self.held and self.held[0].version >= want:
-            self._send_weights(peer, self.held[0], bool(msg.get("shm")))
-            return
-        timeout_ms = min(max(msg["timeout_ms"], 0), MAX_WAIT_MS)
         old = self.waits.pop(peer.identity, None)
         if old is not None:  # the same DEALER asks again: its earlier poll is over
             self._send_not_modified(old.peer)
+            self._waits_changed()
+        if self.held and self.held[0].version >= want:
+            self._send_weights(peer, self.held[0], bool(msg.get("shm")))
+            return
         if len(self.waits) >= MAX_PARKED_WAITS:
-            raise RequestError("busy", f"{MAX_PARKED_WAITS} long polls are already waiting on this shard")
+            self.reply_error(peer, "busy", f"{MAX_PARKED_WAITS} long polls are already waiting on this shard",
+                             count=False)
+            return
+        timeout_ms = min(max(msg["timeout_ms"], 0), MAX_WAIT_MS)
         self.waits[peer.identity] = ParkedWait(peer, want, time.monotonic() + timeout_ms / 1000, bool(msg.get("shm")))
+        self._waits_changed()
+
+    def _waits_changed(self) -> None:
         self.m_parked.set(len(self.waits))
-        self._check_barriers()
+        self._barriers_dirty = True
 
     def on_info(self, peer: Peer, msg: Message) -> None:
         stats: dict[str, Any] = {
@@ -239,29 +300,31 @@ class ShardServer(Server):
                 "fleet_env_steps": self.registry.fleet_env_steps}
         self.reply(peer, Message("welcome", body))
 
-    def _join(self, peer: Peer, msg: Message, version: int) -> None:
+    def _join(self, msg: Message, version: int) -> int:
+        """Register or refresh the member ``msg`` names; returns its index."""
         assert self.registry is not None
         actor_id, role = msg["actor_id"], msg["role"]
-        if role not in ROLES:
-            raise RequestError("bad_role", f"role {role!r} is not one of {list(ROLES)}")
-        if not 0 < len(actor_id) <= 256:
-            raise RequestError("bad_actor_id", "actor_id must be 1 to 256 characters")
-        member, new = self.registry.join(actor_id, role, version)
+        try:
+            member, new = self.registry.join(actor_id, role, version)
+        except BadMember as exc:
+            raise RequestError(exc.reason, str(exc)) from None
         if new:
+            self._barriers_dirty = True
             how = "joined" if msg.type == "hello" else "re-registered by heartbeat"
             log.info("%s: %s %r %s with index %d (%d live actors)", self.name, role, actor_id, how,
                      member.index, self.registry.num_actors)
-        self._welcome(peer, member.index)
+        return member.index
 
     def on_hello(self, peer: Peer, msg: Message) -> None:
-        self._join(peer, msg, -1)
+        self._welcome(peer, self._join(msg, -1))
 
     def on_heartbeat(self, peer: Peer, msg: Message) -> None:
+        index = self._join(msg, msg["version"])
         steps = msg.get("env_steps")
         if steps is not None and msg["role"] == "actor":
             assert self.registry is not None
             self.registry.report_steps(msg["actor_id"], max(0, steps))
-        self._join(peer, msg, msg["version"])
+        self._welcome(peer, index)
 
     def on_goodbye(self, peer: Peer, msg: Message) -> None:
         assert self.registry is not None
@@ -269,29 +332,45 @@ class ShardServer(Server):
         if member is not None:
             log.info("%s: %s %r (index %d) said goodbye (%d live actors)", self.name, member.role,
                      member.actor_id, member.index, self.registry.num_actors)
+            self._barriers_dirty = True
         self._welcome(peer, -1)
-        self._check_barriers()
 
     # -- barrier (shard 0) --------------------------------------------------
     def on_barrier(self, peer: Peer, msg: Message) -> None:
+        if len(self.barriers) >= MAX_PARKED_BARRIERS:
+            self.reply_error(peer, "busy", f"{MAX_PARKED_BARRIERS} barrier requests are already waiting",
+                             count=False)
+            return
         timeout_ms = min(max(msg["timeout_ms"], 0), MAX_WAIT_MS)
         now = time.monotonic()
         self.barriers.append(ParkedBarrier(peer, msg["round"], now + timeout_ms / 1000, now))
-        self._check_barriers()
+        self._barriers_dirty = True
 
-    def _check_barriers(self) -> None:
-        if not self.barriers or self.registry is None:
-            return
-        actors = self.registry.actors
+    def _waiting_for(self) -> dict[str, int]:
+        """Per sender, the highest effective minimum version among its parked waits."""
         waiting: dict[str, int] = {}
         for w in self.waits.values():
-            waiting[w.peer.sender] = max(waiting.get(w.peer.sender, -1), w.min_version)
+            if w.min_version > waiting.get(w.peer.sender, -1):
+                waiting[w.peer.sender] = w.min_version
+        return waiting
+
+    def _check_barriers(self) -> None:
+        """Answer the barriers every live actor has reached (only when something changed)."""
+        if not self._barriers_dirty or self.registry is None:
+            return
+        self._barriers_dirty = False
+        if not self.barriers:
+            return
+        actors = [m.actor_id for m in self.registry.members.values() if m.role == "actor"]
+        if not actors:
+            return
+        waiting = self._waiting_for()
+        reached = min(waiting.get(a, -1) for a in actors) - 1  # every actor waits for reached + 1 or later
         now = time.monotonic()
-        for b in list(self.barriers):
-            if actors and all(waiting.get(m.actor_id, -1) >= b.round + 1 for m in actors):
-                self.barriers.remove(b)
-                self.m_barrier.observe(now - b.started)
-                self.reply(b.peer, Message("barrier_reply", {"round": b.round, "actors": len(actors)}))
+        for b in [b for b in self.barriers if b.round <= reached]:
+            self.barriers.remove(b)
+            self.m_barrier.observe(now - b.started)
+            self.reply(b.peer, Message("barrier_reply", {"round": b.round, "actors": len(actors)}))
 
     # -- timers -------------------------------------------------------------
     def tick(self) -> None:
@@ -300,28 +379,39 @@ class ShardServer(Server):
         for k in expired:
             self._send_not_modified(self.waits.pop(k).peer)
         if expired:
-            self.m_parked.set(len(self.waits))
-        if self.shm is not None and self.shm.spare is None and self.shm.last_size:
+            self._waits_changed()
+        if self.shm is not None and self.shm.spare is None and self.shm.last_size and not self._shm_failing:
             try:
                 self.shm.prepare_spare()
             except OSError as exc:  # /dev/shm full: the next export allocates as it goes
-                log.warning("%s: could not prepare a shared-memory file: %s", self.name, exc)
+                self._shm_trouble("could not prepare a shared-memory file", exc)
         if self.registry is None:
             return
         if self.registry.expire():
             self.m_actors.set(self.registry.num_actors)
-        for b in [b for b in self.barriers if b.deadline <= now]:
+            self._barriers_dirty = True
+        self._check_barriers()
+        timed_out = [b for b in self.barriers if b.deadline <= now]
+        if not timed_out:
+            return
+        waiting = self._waiting_for()
+        actors = [m.actor_id for m in self.registry.members.values() if m.role == "actor"]
+        for b in timed_out:
             self.barriers.remove(b)
             self.m_barrier.observe(now - b.started)
-            n = self.registry.num_actors
-            waiting = {w.peer.sender for w in self.waits.values() if w.min_version >= b.round + 1}
-            ready = sum(1 for m in self.registry.actors if m.actor_id in waiting)
-            self.reply_error(b.peer, "timeout", f"barrier for round {b.round}: {ready} of {n} live actors "
-                             f"were waiting for version {b.round + 1} when it timed out")
-        self._check_barriers()
-
+            ready = sum(1 for a in actors if waiting.get(a, -1) >= b.round + 1)
+            # The learner polls the barrier with short timeouts in normal operation: not a protocol error.
+            self.reply_error(b.peer, "timeout", f"barrier for round {b.round}: {ready} of {len(actors)} live "
+                             f"actors were waiting for version {b.round + 1} when it timed out", count=False)
 
     def close(self) -> None:
         if self.shm is not None:
             self.shm.close()
         super().close()
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same dtype, shape and bytes (NaNs included)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)))

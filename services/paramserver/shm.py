@@ -10,7 +10,11 @@ on the same node.
 
 Safety: file names carry the server's pid and a random 128-bit token, are
 created with O_EXCL and mode 0600, and a reader maps only paths of the form
-``/dev/shm/rlfleet-ps-<name>`` whose size covers every array. A reader whose
+``/dev/shm/rlfleet-ps-<name>`` whose size covers every array, opened with
+O_NOFOLLOW, and only a regular file owned by the reader's own uid (/dev/shm is
+world-writable: anyone could plant a symlink or a file of theirs there). A
+file that fails those checks is treated like one the reader cannot see:
+frames for that shard. A reader whose
 /dev/shm is not the server's (another host or container) cannot open the
 probe file named in the reply and falls back to frames for that shard.
 A shard unlinks a version's file when it drops the version; readers that
@@ -26,6 +30,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,7 +68,7 @@ def clean_stale() -> int:
         path = os.path.join(SHM_DIR, name)
         if m and not _pid_alive(int(m.group(1))):
             with contextlib.suppress(OSError):
-                if os.stat(path).st_uid == os.getuid():
+                if os.lstat(path).st_uid == os.getuid():
                     os.unlink(path)
                     removed += 1
     return removed
@@ -72,9 +77,10 @@ def clean_stale() -> int:
 class ShmExporter:
     """Server side: one file per exported version; the probe file lives as long as the server."""
 
-    def __init__(self, shard: int) -> None:
-        clean_stale()
-        self.base = f"{SHM_DIR}/{PREFIX}{os.getpid()}-{secrets.token_hex(16)}-s{shard}"
+    def __init__(self, shard: int, directory: str = SHM_DIR) -> None:
+        if directory == SHM_DIR:
+            clean_stale()
+        self.base = f"{directory}/{PREFIX}{os.getpid()}-{secrets.token_hex(16)}-s{shard}"
         self.probe = f"{self.base}-probe"
         fd = os.open(self.probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         os.close(fd)
@@ -103,7 +109,7 @@ class ShmExporter:
         if self.spare is not None and self.spare[1] == size:
             os.rename(self.spare[0], path)  # never read by anyone: its name was never sent
             self.spare = None
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         else:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             os.ftruncate(fd, size)
@@ -156,11 +162,20 @@ class ShmExporter:
 
 
 class ShmUnavailable(Exception):
-    """This reader cannot see the server's /dev/shm: use frames."""
+    """This reader cannot see the server's /dev/shm (or must not trust the file there): use frames."""
 
 
 class ShmGone(Exception):
     """The version's file is gone (the shard dropped it): ask again."""
+
+
+def _ours(path: str) -> bool:
+    """``path`` is a regular file (not a symlink) owned by this process's uid."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
 
 
 def map_arrays(desc: Any) -> dict[str, np.ndarray]:
@@ -175,13 +190,18 @@ def map_arrays(desc: Any) -> dict[str, np.ndarray]:
     if not isinstance(items, list):
         raise ValueError("weights.shm.arrays must be a list")
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
-        if os.path.exists(probe):
+        if _ours(probe):
             raise ShmGone(path) from None
-        raise ShmUnavailable(path) from None
+        raise ShmUnavailable(f"{path} does not exist here (another host or container)") from None
+    except OSError as exc:  # ELOOP: a symlink; EACCES: another user's file
+        raise ShmUnavailable(f"{path}: {exc.strerror or exc}") from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            raise ShmUnavailable(f"{path} is not a regular file owned by uid {os.getuid()}")
+        size = st.st_size
         mm = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
     finally:
         os.close(fd)
