@@ -54,6 +54,7 @@ class LearnerCore(Protocol):
     """Training side: lives in the learner service; no sockets."""
 
     num_updates: int
+    device: Any  # torch.device the learner trains on
 
     def beta(self, updates: int | None = None) -> float: ...
 

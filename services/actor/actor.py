@@ -211,7 +211,7 @@ class ActorService:
         self.m_epsilon.set(self.epsilon)
         if not self.wait_for_version(0):
             return
-        obs, _ = self.envs.reset(seed=[self.env_seed + j for j in range(cfg.env.num_envs)])
+        obs, _ = self.envs.reset(seed=[self.env_seed + j for j in range(cfg.env.num_envs)])  # type: ignore[arg-type]
         self.builder.reset(obs)
         steps_in_round = 0
         since_poll = 0

@@ -34,7 +34,7 @@ def evaluate(policy: Any, cfg: Experiment, episodes: int, epsilon: float, seed: 
     envs = make_vector_env(env_cfg, seed)
     rng = np.random.default_rng(seed)
     try:
-        obs, _ = envs.reset(seed=[seed + i for i in range(episodes)])
+        obs, _ = envs.reset(seed=[seed + i for i in range(episodes)])  # type: ignore[arg-type]  # a list is allowed
         returns = np.zeros(episodes)
         running = np.ones(episodes, bool)
         while running.any():
