@@ -95,12 +95,13 @@ def main() -> None:
     ap.add_argument("--runs", default=None, help="where run directories go (default: runs/scaling-<time>)")
     ap.add_argument("--docs", action="store_true", help="copy the speedup chart and summary into docs/")
     ap.add_argument("--from-runs", action="store_true", help="summarize the runs already under --runs")
+    ap.add_argument("--ceiling", type=float, default=None, help="one actor's env steps/s ceiling, if measured")
     args = ap.parse_args()
     counts = sorted({int(n) for n in args.actors.split(",")})
     runs = Path(args.runs or f"runs/scaling-{time.strftime('%Y%m%d-%H%M%S')}")
     runs.mkdir(parents=True, exist_ok=True)
 
-    ceiling = env_ceiling(args.config, args.latency_ms, args.set)
+    ceiling = args.ceiling or env_ceiling(args.config, args.latency_ms, args.set)
     print(f"# one actor's env ceiling (bare vector env loop, {args.latency_ms:g} ms/step): {ceiling:.0f} steps/s")
     rows: dict[int, dict[str, Any]] = {}
     run_dirs = []
