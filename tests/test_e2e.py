@@ -1,7 +1,7 @@
 """The whole fleet over real processes: CartPole is solved in both protocols.
 
 The env-step budgets are ones a correct Ape-X DQN meets with room to spare
-(measured: async ~50k, barrier ~20k env steps) and a broken learner never
+(measured: async 51k-145k, barrier 20k-30k env steps) and a broken learner never
 meets: a DQN whose loss or targets are wrong does not hold a greedy mean of
 475 over 10 episodes. Wall-clock limits are only a safety net.
 """
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.e2e
 def solve(config: str, tmp_path: Path, budget: int, *extra: str) -> Path:
     proc = rlfleet(
         "up", "--config", str(CONFIGS / config), "--actors", "2", "--until-return", "475",
-        "--max-env-steps", str(budget), "--max-seconds", "420", "--runs", str(tmp_path), *extra,
+        "--max-env-steps", str(budget), "--max-seconds", "600", "--runs", str(tmp_path), *extra,
     )
     run_dir = only_run_dir(tmp_path)
     assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}"
@@ -38,7 +38,7 @@ def solve(config: str, tmp_path: Path, budget: int, *extra: str) -> Path:
 
 
 def test_async_solves_cartpole(tmp_path: Path) -> None:
-    run_dir = solve("cartpole-dqn.yaml", tmp_path, 150_000)
+    run_dir = solve("cartpole-dqn.yaml", tmp_path, 300_000)
     assert (run_dir / "learner" / "checkpoint.pt").exists()
     progress = read_csv(run_dir / "progress.csv")
     assert int(progress[-1]["updates"]) > 0 and int(progress[-1]["weights_version"]) > 0
