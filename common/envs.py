@@ -98,3 +98,10 @@ def probe_env(cfg: Experiment) -> tuple[gym.Space, gym.Space]:  # type: ignore[t
     except algorithms.EnvMismatch as exc:
         raise EnvError(str(exc)) from None
     return spaces
+
+
+def acting_policy(cfg: Experiment) -> algorithms.Policy:
+    """The CPU acting policy actors, the evaluator and `rlfleet eval` build (weights from the seed)."""
+    obs_space, act_space = probe_env(cfg)
+    return algorithms.get(cfg.algorithm.name).make_policy(cfg.algorithm, obs_space, act_space, device="cpu",
+                                                          seed=cfg.seed)

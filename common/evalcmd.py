@@ -80,11 +80,9 @@ def load_for_eval(path: str | Path) -> Loaded:
 
 def make_policy(cfg: Experiment, weights: Mapping[str, np.ndarray]) -> Any:
     """The acting policy the evaluator builds, with ``weights`` loaded."""
-    from common.envs import probe_env
+    from common.envs import acting_policy
 
-    obs_space, act_space = probe_env(cfg)
-    policy = algorithms.get(cfg.algorithm.name).make_policy(cfg.algorithm, obs_space, act_space, device="cpu",
-                                                            seed=cfg.seed)
+    policy = acting_policy(cfg)
     policy.load_weights(weights)
     return policy
 

@@ -57,9 +57,7 @@ class Member:
 
     @property
     def label(self) -> str:
-        if self.name in ("actor",):
-            return f"actor-{self.shard}"
-        return self.name if self.shard == 0 and self.name in ("learner", "evaluator") else f"{self.name}-{self.shard}"
+        return self.name if self.name in ("learner", "evaluator") else f"{self.name}-{self.shard}"
 
     @property
     def url(self) -> str:

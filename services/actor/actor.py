@@ -20,7 +20,7 @@ import torch
 
 from common import algorithms
 from common.config import Experiment
-from common.envs import make_vector_env, probe_env
+from common.envs import acting_policy, make_vector_env
 from common.metrics import ServiceMetrics
 from common.runtime import FatalError
 from common.server import CommTimeout, RemoteError
@@ -31,23 +31,20 @@ log = logging.getLogger("rlfleet.actor")
 
 
 class EpisodeStats:
-    """Episode returns and lengths per vector slot, aware of NEXT_STEP autoreset."""
+    """Episode returns per vector slot, aware of NEXT_STEP autoreset."""
 
     def __init__(self, num_envs: int) -> None:
         self.returns = np.zeros(num_envs)
-        self.lengths = np.zeros(num_envs, np.int64)
         self.resetting = np.zeros(num_envs, bool)
         self.recent: deque[float] = deque(maxlen=20)
 
     def add(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> list[float]:
         live = ~self.resetting
         self.returns[live] += rewards[live]
-        self.lengths[live] += 1
         done = live & (terminated | truncated)
         finished = [float(r) for r in self.returns[done]]
         self.recent.extend(finished)
         self.returns[done] = 0.0
-        self.lengths[done] = 0
         self.resetting = done
         return finished
 
@@ -80,26 +77,19 @@ class ActorService:
         self.actor_id = actor_id
         self._stopping = False
         torch.set_num_threads(cfg.actor.torch_threads)
-        obs_space, act_space = probe_env(cfg)
+        self.policy = acting_policy(cfg)  # the paramserver's version replaces its weights before any step
         self.algo = algorithms.get(cfg.algorithm.name)
         self.links = FleetLinks(cfg, actor_id, role="actor")
         self.index = self.links.welcome.index
         self.num_actors = max(1, self.links.welcome.num_actors)
         self.metrics = ServiceMetrics("actor", self.index)
         self._define_metrics()
-        # The same seed everywhere gives every actor the same initial net; the
-        # paramserver's version replaces it before the first step anyway.
-        self.policy = self.algo.make_policy(cfg.algorithm, obs_space, act_space, device="cpu", seed=cfg.seed)
         self.env_seed = cfg.seed * 100_003 + self.index * cfg.env.num_envs
         self.rng = np.random.default_rng([cfg.seed, self.index, 1])
         self.envs = make_vector_env(cfg.env, self.env_seed)
         self.builder = self.algo.make_builder(cfg.algorithm, self.envs)
         shard = self.index % cfg.replay.shards  # an actor sticks to one replay shard
-        self.replay = InsertClient(
-            cfg.network.replay[shard], actor_id,
-            max_unacked=cfg.actor.max_unacked, max_unacked_bytes=cfg.actor.max_unacked_bytes,
-            resend_after_s=cfg.actor.resend_after_s,
-        )
+        self.replay = InsertClient.from_config(cfg, shard, actor_id)
         self.table = cfg.learner.table
         self.epsilon = self.algo.exploration(cfg.algorithm, self.index, self.num_actors)
         self.version = -1

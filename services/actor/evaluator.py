@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from common import algorithms
 from common.config import Experiment
-from common.envs import make_vector_env, probe_env
+from common.envs import acting_policy, make_vector_env
 from common.metrics import ServiceMetrics
 from common.server import CommTimeout, RemoteError
 from common.tboard import ScalarWriter
@@ -52,9 +51,7 @@ class EvaluatorService:
         self.actor_id = actor_id
         self._stopping = False
         torch.set_num_threads(cfg.actor.torch_threads)
-        obs_space, act_space = probe_env(cfg)
-        self.algo = algorithms.get(cfg.algorithm.name)
-        self.policy = self.algo.make_policy(cfg.algorithm, obs_space, act_space, device="cpu", seed=cfg.seed)
+        self.policy = acting_policy(cfg)
         self.links = FleetLinks(cfg, actor_id, role="evaluator")
         self.metrics = ServiceMetrics("evaluator", 0)
         m = self.metrics
