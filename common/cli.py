@@ -59,6 +59,37 @@ def show_config(config_path: str | None, sets: tuple[str, ...]) -> None:
     click.echo(config_mod.dump(load_or_exit(config_path, sets)), nl=False)
 
 
+@main.command()
+@click.option("--dir", "directory", default="keys", show_default=True, type=click.Path(file_okay=False),
+              help="where the keys go (the config's security.keys_dir)")
+@click.option("--client", "clients", multiple=True, metavar="NAME",
+              help="a client key pair to make (repeatable; default: learner, actor, evaluator)")
+@click.option("--no-server", is_flag=True, help="only client pairs: add clients to an existing set")
+@click.option("--force", is_flag=True, help="replace keys that exist")
+def keys(directory: str, clients: tuple[str, ...], no_server: bool, force: bool) -> None:
+    """Make CurveZMQ key pairs for security.mode=curve (ZeroMQ certificate files)."""
+    from pathlib import Path
+
+    from common import security
+
+    try:
+        written = security.make_keys(directory, clients or security.DEFAULT_CLIENTS, server=not no_server,
+                                     force=force)
+    except (FileExistsError, ValueError) as exc:
+        click.echo(f"rlfleet keys: {exc}", err=True)
+        sys.exit(2)
+    where = {True: "secret, mode 0600", False: "public"}
+    width = max(len(str(k.path)) for k in written)
+    for k in written:
+        click.echo(f"{str(k.path):<{width}}  {k.name:<12} {where[k.secret]:<17}  fingerprint {k.fingerprint}")
+    root = Path(directory)
+    click.echo(
+        f"\ncopy to replay and paramserver hosts: {root / 'server.key_secret'}, {root / 'clients'}/\n"
+        f"copy to every client host: {root / 'server.key'} and that client's NAME.key_secret\n"
+        f"then run with security.mode=curve and security.keys_dir={directory} (see README, Security)"
+    )
+
+
 main.add_command(up)
 main.add_command(report)
 main.add_command(eval_checkpoint)

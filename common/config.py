@@ -183,17 +183,27 @@ class MetricsConfig(Strict):
 
 
 class SecurityConfig(Strict):
-    mode: Literal["none", "curve"] = "none"
-    keys_dir: str = Field("keys", description="made by 'rlfleet keys'")
+    """CurveZMQ on every ZeroMQ socket (common/security.py; keys from ``rlfleet keys``).
 
-    @model_validator(mode="after")
-    def _implemented(self) -> SecurityConfig:
-        if self.mode == "curve":
-            # The transport supports CurveZMQ, but keys are not yet wired from keys_dir into
-            # every service: refusing beats running in plain text while claiming otherwise.
-            raise ValueError("mode='curve' is not available yet (keys are not wired into the services); "
-                             "allowed: 'none'")
-        return self
+    Servers (replay, paramserver) need ``server_secret_key`` and
+    ``allowed_clients``; clients (learner, actors, evaluator) need
+    ``server_key`` and ``client_key``. A path left null is the file
+    ``rlfleet keys`` writes into ``keys_dir``. Files are checked when a
+    service starts: an error names the field, the file and what is wrong.
+    """
+
+    mode: Literal["none", "curve"] = Field("none", description="none: plain TCP; curve: CurveZMQ + allowlist")
+    keys_dir: str = Field("keys", description="what 'rlfleet keys --dir' wrote; the default for the paths below")
+    server_key: str | None = Field(None, description="servers' public key (default <keys_dir>/server.key)")
+    server_secret_key: str | None = Field(
+        None, description="servers' key pair, replay and paramserver only (default <keys_dir>/server.key_secret)"
+    )
+    allowed_clients: str | None = Field(
+        None, description="directory of allowlisted client public keys, *.key (default <keys_dir>/clients)"
+    )
+    client_key: str | None = Field(
+        None, description="this client's key pair (default <keys_dir>/<learner|actor|evaluator>.key_secret)"
+    )
 
 
 class Experiment(Strict):

@@ -25,6 +25,7 @@ from typing import Any
 import click
 
 from common import config as config_mod
+from common import security
 from common.config import Experiment
 from common.envs import EnvError, probe_env
 from common.fleetview import FleetView, Scrape, scrape
@@ -231,9 +232,17 @@ def run_fleet(
         return EXIT_CONFIG
     run_dir = make_run_dir(cfg, run_root)
     cfg, members = plan(cfg, actors, run_dir, inproc)
+    try:
+        cfg, made = security.local_keys(cfg, run_dir)
+    except config_mod.ConfigError as exc:
+        click.echo(f"rlfleet: {exc}", err=True)
+        return EXIT_CONFIG
     if inproc:
         setup_logging("INFO", run_dir / "logs" / "fleet.log")
     click.echo(f"run directory: {run_dir}")
+    if made:
+        click.echo(f"security.mode=curve without keys: made a throwaway set in {made[0].path.parent} "
+                   "(this run only; 'rlfleet keys' makes keys to keep)")
     fleet = Fleet(cfg, members, run_dir, inproc)
     stop = threading.Event()
     reason: list[str] = []

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from common.config import Experiment
+from common.config import ConfigError, Experiment
 from common.metrics import MetricsServer, ServiceMetrics
 
 log = logging.getLogger("rlfleet")
@@ -82,10 +82,17 @@ def run_service(cfg: Experiment, args: ServiceArgs) -> int:
 
     try:
         service = build(cfg, args)
-    except (StartupError, EnvError) as exc:
+    except (StartupError, EnvError, ConfigError) as exc:  # ConfigError: e.g. a missing CurveZMQ key
         log.error("%s cannot start: %s", args.name, exc)
         return 1
-    http = MetricsServer(service.metrics, service.health, cfg.metrics.host, cfg.metrics.port).start()
+    try:
+        http = MetricsServer(service.metrics, service.health, cfg.metrics.host, cfg.metrics.port).start()
+    except OSError as exc:
+        log.error("%s cannot start: metrics.host=%r metrics.port=%d: cannot bind (%s); allowed: an address "
+                  "of this host ('0.0.0.0' = all, '127.0.0.1' = local only) and a free port", args.name,
+                  cfg.metrics.host, cfg.metrics.port, exc.strerror or exc)
+        service.close()
+        return 1
     log.info("%s shard %d serving metrics on %s:%d", args.name, args.shard, http.host, http.port)
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -78,7 +78,12 @@ class Server:
         self.metrics = metrics
         self.name = f"{metrics.service}-{metrics.shard}"
         self.limits = limits
-        self.sock = make_socket(zmq.ROUTER, bind=bind, hwm=hwm, curve=curve, ctx=ctx)
+        self.auth_rejected = metrics.counter(
+            "auth_rejected", "Connections refused by CurveZMQ: reason unknown_key (not allowlisted) or handshake.",
+            ("reason",),
+        )
+        self.sock = make_socket(zmq.ROUTER, bind=bind, hwm=hwm, curve=curve, ctx=ctx, name=self.name,
+                                on_reject=lambda reason, _fp: self.auth_rejected.labels(reason).inc())
         self.handlers: dict[str, Handler] = {}
         self._stop = threading.Event()
         self.replies_dropped = metrics.counter(

@@ -8,15 +8,17 @@ and raises :class:`CommTimeout` when it passes.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 
 from common.protocol import DEFAULT_LIMITS, Limits, Message, decode, encode
 
@@ -49,51 +51,80 @@ class CurveConfig:
 
 
 def fingerprint(public_key: bytes) -> str:
-    """A short, loggable name for a public key."""
-    return hashlib.sha256(public_key).hexdigest()[:12]
+    """A short, loggable name for a public key (z85 text or 32 raw bytes)."""
+    z85 = zmq.utils.z85.encode(public_key) if len(public_key) == 32 else public_key
+    return hashlib.sha256(z85).hexdigest()[:12]
+
+
+#: ``on_reject(reason, fingerprint)``: reason ``unknown_key`` (a CurveZMQ key that is not
+#: allowlisted; fingerprint names it) or ``handshake`` (no CurveZMQ, the wrong server key
+#: or garbage; fingerprint is "").
+RejectFn = Callable[[str, str], None]
+
+_rejected: dict[str, int] = {}
+_rejected_lock = threading.Lock()
 
 
 class _Allowlist:
-    """ZAP credentials provider: accepts exactly the allowlisted client keys."""
+    """The ZAP credentials provider of one server socket: accepts exactly its allowlisted keys.
 
-    def __init__(self) -> None:
-        self.allowed: set[bytes] = set()
-        self.rejected: dict[str, int] = {}
+    Every rejection is reported to ``on_reject``; the first one of each key (and
+    the first failed handshake) is logged, so a stranger that reconnects every
+    100 ms costs one log line, not thousands.
+    """
+
+    def __init__(self, allowed: Iterable[bytes], name: str, on_reject: RejectFn | None) -> None:
+        self.allowed = {zmq.utils.z85.encode(k) if len(k) == 32 else k for k in allowed}
+        self.name = name or "server"
+        self.on_reject = on_reject
+        self._logged: set[str] = set()
         self._lock = threading.Lock()
 
     def callback(self, domain: str, key: bytes) -> bool:
         z85 = zmq.utils.z85.encode(key) if len(key) == 32 else key
         if z85 in self.allowed:
             return True
-        fp = fingerprint(z85)
-        with self._lock:
-            first = fp not in self.rejected
-            self.rejected[fp] = self.rejected.get(fp, 0) + 1
-        if first:
-            log.warning("rejected a client whose CurveZMQ key is not allowlisted (fingerprint %s)", fp)
+        self.reject("unknown_key", fingerprint(z85))
         return False
+
+    def reject(self, reason: str, fp: str) -> None:
+        with self._lock:
+            first = fp not in self._logged
+            self._logged.add(fp)
+        with _rejected_lock:
+            name = fp or "(handshake)"
+            _rejected[name] = _rejected.get(name, 0) + 1
+        if self.on_reject is not None:
+            self.on_reject(reason, fp)
+        if first and reason == "unknown_key":
+            log.warning("%s: refused a client whose CurveZMQ key is not allowlisted (fingerprint %s); "
+                        "further refusals of this key are only counted", self.name, fp)
+        elif first:
+            log.warning("%s: refused a connection whose handshake failed (a client without CurveZMQ, "
+                        "with the wrong server key, or not ZeroMQ at all); further ones are only counted",
+                        self.name)
 
 
 _auth_lock = threading.Lock()
-_auth: tuple[ThreadAuthenticator, _Allowlist] | None = None
+_authenticators: dict[int, tuple[zmq.Context[Any], ThreadAuthenticator]] = {}
+_domains = itertools.count(1)
 
 
-def _authenticator(ctx: zmq.Context[Any]) -> _Allowlist:
-    """One ZAP authenticator per process (ZAP is per context)."""
-    global _auth
+def _authenticator(ctx: zmq.Context[Any]) -> ThreadAuthenticator:
+    """One ZAP handler per context (ZAP requests never leave their context)."""
     with _auth_lock:
-        if _auth is None:
+        entry = _authenticators.get(id(ctx))
+        if entry is None or entry[0] is not ctx:
             auth = ThreadAuthenticator(ctx, log=logging.getLogger("rlfleet.zap"))
             auth.start()
-            allow = _Allowlist()
-            auth.configure_curve_callback(domain="*", credentials_provider=allow)
-            _auth = (auth, allow)
-        return _auth[1]
+            entry = _authenticators[id(ctx)] = (ctx, auth)
+        return entry[1]
 
 
 def rejected_clients() -> dict[str, int]:
-    """Rejections so far by key fingerprint (empty when curve is off)."""
-    return dict(_auth[1].rejected) if _auth else {}
+    """Refusals so far in this process, by key fingerprint ("(handshake)" for failed handshakes)."""
+    with _rejected_lock:
+        return dict(_rejected)
 
 
 def make_socket(
@@ -106,8 +137,16 @@ def make_socket(
     curve: CurveConfig | None = None,
     ctx: zmq.Context[Any] | None = None,
     send_timeout_ms: int = 2000,
+    name: str = "",
+    on_reject: RejectFn | None = None,
 ) -> zmq.Socket[Any]:
-    """A socket with linger 0, bounded send/receive queues and a send timeout."""
+    """A socket with linger 0, bounded send/receive queues and a send timeout.
+
+    With ``curve`` a socket that binds is a CurveZMQ server that accepts only
+    ``curve.allowed_clients`` (its own ZAP domain) and reports every refused
+    connection to ``on_reject`` (``name`` labels its log lines); one that
+    connects is a CurveZMQ client of ``curve.server_key``.
+    """
     ctx = ctx or context()
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
@@ -122,7 +161,7 @@ def make_socket(
         # A reply to a peer that has gone is an error we can count, not a silent drop.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     if curve is not None:
-        _apply_curve(sock, ctx, curve, server=bind is not None)
+        _apply_curve(sock, ctx, curve, bind is not None, name, on_reject)
     for addr in [bind] if isinstance(bind, str) else (bind or []):
         sock.bind(addr)
     for addr in [connect] if isinstance(connect, str) else (connect or []):
@@ -130,17 +169,44 @@ def make_socket(
     return sock
 
 
-def _apply_curve(sock: zmq.Socket[Any], ctx: zmq.Context[Any], curve: CurveConfig, server: bool) -> None:
+def _apply_curve(
+    sock: zmq.Socket[Any], ctx: zmq.Context[Any], curve: CurveConfig, server: bool, name: str,
+    on_reject: RejectFn | None,
+) -> None:
     sock.curve_secretkey = curve.secret_key
     sock.curve_publickey = curve.public_key
-    if server:
-        allow = _authenticator(ctx)
-        allow.allowed.update(curve.allowed_clients)
-        sock.curve_server = True
-    else:
+    if not server:
         if curve.server_key is None:
             raise ValueError("a CurveZMQ client needs the server's public key (CurveConfig.server_key)")
         sock.curve_serverkey = curve.server_key
+        return
+    # A ZAP domain of its own: each server socket has its own allowlist and its own counter.
+    domain = f"rlfleet-{next(_domains)}"
+    allow = _Allowlist(curve.allowed_clients, name, on_reject)
+    auth = _authenticator(ctx)
+    auth.configure_curve_callback(domain=domain, credentials_provider=allow)
+    sock.zap_domain = domain.encode()
+    sock.curve_server = True
+    # A client without CurveZMQ never reaches ZAP: only the socket's events tell of it.
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                                      | zmq.EVENT_MONITOR_STOPPED)
+    threading.Thread(target=_watch_handshakes, args=(monitor, allow, auth, domain), name=f"zap-{name}",
+                     daemon=True).start()
+
+
+def _watch_handshakes(monitor: zmq.Socket[Any], allow: _Allowlist, auth: ThreadAuthenticator, domain: str) -> None:
+    """Count failed handshakes of one server socket until it closes (libzmq then stops the monitor)."""
+    try:
+        while True:
+            event = recv_monitor_message(monitor)["event"]
+            if event == zmq.EVENT_MONITOR_STOPPED:
+                return
+            allow.reject("handshake", "")
+    except zmq.ZMQError:  # the context was terminated
+        pass
+    finally:
+        monitor.close(linger=0)
+        auth.credentials_providers.pop(domain, None)
 
 
 def send(sock: zmq.Socket[Any], msg: Message, identity: Sequence[bytes] = ()) -> int:

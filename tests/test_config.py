@@ -46,7 +46,7 @@ def test_env_lists_parse_as_yaml() -> None:
         (["sync=barrier"], ["samples_per_insert", "deadlock", "null"]),
         (["replay.tables.0.samples_per_insert=8", "replay.tables.0.error_buffer=3"],
          ["error_buffer=3.0", "2 x max(1, samples_per_insert)", ">= 16.0"]),
-        (["security.mode=curve"], ["security", "not available yet", "'none'"]),
+        (["security.mode=tls"], ["security.mode", "'tls'", "'none' or 'curve'"]),
         (["actor.max_unacked=5000"], ["actor.max_unacked", "5000", "less than or equal to 4096"]),
         (["learner.table=other"], ["learner.table='other'", "'main'"]),
         (["replay.shards=2"], ["network.replay", "one address per shard"]),

@@ -7,6 +7,7 @@ import time
 
 from common.config import Experiment
 from common.runtime import StartupError
+from common.security import client_curve
 from common.server import CommTimeout, RemoteError
 from services.paramserver.client import RegistryClient, WeightsReader, Welcome
 
@@ -19,9 +20,10 @@ class FleetLinks:
     def __init__(self, cfg: Experiment, actor_id: str, role: str) -> None:
         self.cfg = cfg
         self.role = role
-        self.registry = RegistryClient(cfg.network.paramserver[0], actor_id, role)
+        curve = client_curve(cfg, role)  # the role names the key pair (security.client_key)
+        self.registry = RegistryClient(cfg.network.paramserver[0], actor_id, role, curve=curve)
         # The reader's sender is the actor id: that is how the barrier sees this actor waiting.
-        self.reader = WeightsReader(cfg.network.paramserver, actor_id, timeout_s=cfg.network.timeout_s)
+        self.reader = WeightsReader(cfg.network.paramserver, actor_id, timeout_s=cfg.network.timeout_s, curve=curve)
         self.welcome = self._hello(cfg.network.timeout_s)
         self._failing = False
 

@@ -28,6 +28,7 @@ from common.config import Experiment, dump
 from common.envs import probe_env
 from common.metrics import ServiceMetrics
 from common.runtime import FatalError, StartupError
+from common.security import client_curve
 from common.server import CommTimeout, RemoteError
 from common.tboard import ScalarWriter
 from services.paramserver.client import WeightsPublisher, WeightsReader
@@ -68,7 +69,7 @@ class LearnerService:
         self.tb = ScalarWriter(cfg.run_dir, "learner")  # RUN_DIR/tensorboard/learner; a no-op without tensorboard
         self._tb_last = 0.0
         self.published: dict[str, Any] = {}  # arrays of self.version, checkpointed for `rlfleet eval`
-        self.publisher = WeightsPublisher(cfg.network.paramserver, "learner")
+        self.publisher = WeightsPublisher(cfg.network.paramserver, "learner", curve=client_curve(cfg, "learner"))
         self.table = next(t for t in cfg.replay.tables if t.name == cfg.learner.table)
         self.last_ckpt = time.monotonic()
         self.m_updates.inc(self.core.num_updates)
@@ -113,7 +114,8 @@ class LearnerService:
 
     def first_version(self) -> int:
         """Continue after whatever the paramserver holds (a restarted learner never goes back)."""
-        reader = WeightsReader(self.cfg.network.paramserver, "learner-probe", timeout_s=self.cfg.network.timeout_s)
+        reader = WeightsReader(self.cfg.network.paramserver, "learner-probe", timeout_s=self.cfg.network.timeout_s,
+                               curve=client_curve(self.cfg, "learner"))
         try:
             got = reader.get(-1)
         except (CommTimeout, RemoteError) as exc:

@@ -17,6 +17,7 @@ import zmq
 from common.config import ConfigError, Experiment, load
 from common.metrics import ServiceMetrics
 from common.runtime import ServiceArgs, run_service, setup_logging
+from common.security import server_curve
 from common.transport import CurveConfig
 from services.paramserver.shard import ShardServer
 
@@ -35,8 +36,6 @@ class ParamServerService:
         shards = cfg.paramserver.shards
         if not 0 <= args.shard < shards:
             raise ConfigError(f"paramserver shard {args.shard}: allowed: 0..{shards - 1} (paramserver.shards={shards})")
-        if cfg.security.mode == "curve" and curve is None:
-            raise ConfigError("security.mode='curve': the paramserver needs its CurveZMQ keys (pass curve=...)")
         self.shard = args.shard
         self.metrics = ServiceMetrics("paramserver", args.shard)
         self.server = ShardServer(
@@ -46,7 +45,7 @@ class ParamServerService:
             shards,
             cfg.paramserver.liveness_timeout_s,
             ctx=ctx,
-            curve=curve,
+            curve=curve if curve is not None else server_curve(cfg),
         )
 
     @property

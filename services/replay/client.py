@@ -45,6 +45,7 @@ import zmq
 
 from common.config import Experiment
 from common.protocol import DEFAULT_LIMITS, Limits, Message, ProtocolError, decode, encode
+from common.security import client_curve
 from common.server import RemoteError
 from common.transport import DEFAULT_HWM, CommTimeout, CurveConfig, make_socket
 from services.replay.tables import importance_weights
@@ -111,7 +112,8 @@ class InsertClient:
     def from_config(cls, cfg: Experiment, shard: int, sender: str, curve: CurveConfig | None = None) -> InsertClient:
         a = cfg.actor
         return cls(cfg.network.replay[shard], sender, max_unacked=a.max_unacked,
-                   max_unacked_bytes=a.max_unacked_bytes, resend_after_s=a.resend_after_s, curve=curve)
+                   max_unacked_bytes=a.max_unacked_bytes, resend_after_s=a.resend_after_s,
+                   curve=curve if curve is not None else client_curve(cfg, "actor"))
 
     @property
     def unacked(self) -> int:
@@ -362,7 +364,7 @@ class SampleClient:
                     curve: CurveConfig | None = None) -> SampleClient:
         bs = batch_size if batch_size is not None else cfg.algorithm.batch_size
         return cls(cfg.network.replay, sender, cfg.learner.table, bs, in_flight=cfg.learner.samples_in_flight,
-                   seed=cfg.seed, curve=curve)
+                   seed=cfg.seed, curve=curve if curve is not None else client_curve(cfg, "learner"))
 
     def _next_seq(self) -> int:
         self._seq += 1

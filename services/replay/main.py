@@ -14,6 +14,7 @@ from typing import Any
 from common.config import Experiment, load
 from common.metrics import ServiceMetrics
 from common.runtime import ServiceArgs, run_service, setup_logging
+from common.security import server_curve
 from services.replay.server import ReplayServer
 
 log = logging.getLogger("rlfleet.replay")
@@ -36,7 +37,7 @@ class ReplayService:
         self.bind = bind or cfg.bind_address("replay", args.shard)
         self.server = ReplayServer(
             cfg.replay, self.metrics, self.bind, shard=args.shard, directory=shard_dir(cfg, args.shard),
-            seed=cfg.seed * 1000 + args.shard,
+            seed=cfg.seed * 1000 + args.shard, curve=server_curve(cfg),
         )
         t0 = time.monotonic()
         restored = self.server.restore()
