@@ -181,6 +181,20 @@ def client_curve(cfg: Experiment, role: str) -> CurveConfig | None:
     return CurveConfig(public_key=public, secret_key=secret, server_key=server_key)
 
 
+def refused_hint(cfg: Experiment, role: str) -> str:
+    """What to add to "the server did not answer" under curve: a refused key looks the same to a client."""
+    if cfg.security.mode != "curve":
+        return ""
+    path = paths(cfg.security, role)["client_key"]
+    try:
+        fp = fingerprint(load_key(path, "client_key", secret=True)[0])
+    except ConfigError:
+        fp = "unreadable"
+    return (f"; with security.mode=curve a server that refuses this client looks the same: is {path} "
+            f"(fingerprint {fp}) in the servers' allowlist (security.allowed_clients), and "
+            f"security.server_key the servers' public key?")
+
+
 def check(cfg: Experiment, roles: tuple[str, ...] = DEFAULT_CLIENTS, server: bool = True) -> None:
     """Load every key a fleet of these roles needs (ConfigError on the first problem)."""
     if server:

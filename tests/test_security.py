@@ -304,3 +304,23 @@ def test_rlfleet_up_trains_with_curve_on_throwaway_keys(tmp_path: Path) -> None:
     assert max(float(x["env_steps"]) for x in rows) >= 6000
     for log in (run / "logs").glob("*.log"):
         assert "refused" not in log.read_text(), log  # every member's key was allowlisted
+
+
+@pytest.mark.chaos
+def test_a_client_whose_key_is_not_allowlisted_is_told_its_fingerprint(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    security.make_keys(keys)
+    (keys / "clients" / "actor.key").unlink()  # the actor's key is no longer allowlisted
+    actor_fp = fingerprint(zmq.auth.load_certificate(keys / "actor.key_secret")[0])
+    sets = [f"network.paramserver=[tcp://127.0.0.1:{free_tcp_port()}]", "network.timeout_s=3",
+            "security.mode=curve", f"security.keys_dir={keys}"]
+    params = ServiceProcess("paramserver", tmp_path, sets).wait_healthy()
+    try:
+        actor = ServiceProcess("actor", tmp_path, sets)
+        assert actor.proc.wait(90) == 1
+        # both ends name the same key: the operator can match the refusal to the client
+        assert f"(fingerprint {actor_fp}) in the servers' allowlist" in actor.log(), actor.log()
+        assert params.log().count(f"not allowlisted (fingerprint {actor_fp})") == 1, params.log()
+        assert params.metric("rlfleet_auth_rejected_total", reason="unknown_key") >= 1
+    finally:
+        params.stop()

@@ -7,7 +7,7 @@ import time
 
 from common.config import Experiment
 from common.runtime import StartupError
-from common.security import client_curve
+from common.security import client_curve, refused_hint
 from common.server import CommTimeout, RemoteError
 from services.paramserver.client import RegistryClient, WeightsReader, Welcome
 
@@ -37,7 +37,7 @@ class FleetLinks:
                     self.close()
                     raise StartupError(
                         f"paramserver at {self.cfg.network.paramserver[0]} did not answer within "
-                        f"{timeout_s:g} s (network.paramserver, network.timeout_s)"
+                        f"{timeout_s:g} s (network.paramserver, network.timeout_s){refused_hint(self.cfg, self.role)}"
                     ) from None
 
     def heartbeat(self, version: int, env_steps: int | None = None) -> Welcome | None:

@@ -28,7 +28,7 @@ from common.config import Experiment, dump
 from common.envs import probe_env
 from common.metrics import ServiceMetrics
 from common.runtime import FatalError, StartupError
-from common.security import client_curve
+from common.security import client_curve, refused_hint
 from common.server import CommTimeout, RemoteError
 from common.tboard import ScalarWriter
 from services.paramserver.client import WeightsPublisher, WeightsReader
@@ -121,7 +121,7 @@ class LearnerService:
         except (CommTimeout, RemoteError) as exc:
             raise StartupError(
                 f"paramserver at {self.cfg.network.paramserver} did not answer within "
-                f"{self.cfg.network.timeout_s:g} s (network.paramserver): {exc}"
+                f"{self.cfg.network.timeout_s:g} s (network.paramserver): {exc}{refused_hint(self.cfg, 'learner')}"
             ) from None
         finally:
             reader.close()
