@@ -188,14 +188,24 @@ def _apply_curve(
     sock.zap_domain = domain.encode()
     sock.curve_server = True
     # A client without CurveZMQ never reaches ZAP: only the socket's events tell of it.
-    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                                      | zmq.EVENT_MONITOR_STOPPED)
-    threading.Thread(target=_watch_handshakes, args=(monitor, allow, auth, domain), name=f"zap-{name}",
+    # An address of our own: get_monitor_socket() names it by file descriptor, which a socket
+    # opened right after a close reuses while the old monitor endpoint is still bound.
+    addr = f"inproc://{domain}-monitor"
+    sock.monitor(addr, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                 | zmq.EVENT_MONITOR_STOPPED)
+    monitor = ctx.socket(zmq.PAIR)
+    monitor.connect(addr)
+    threading.Thread(target=_watch_handshakes, args=(sock, monitor, allow, auth, domain), name=f"zap-{name}",
                      daemon=True).start()
 
 
-def _watch_handshakes(monitor: zmq.Socket[Any], allow: _Allowlist, auth: ThreadAuthenticator, domain: str) -> None:
-    """Count failed handshakes of one server socket until it closes (libzmq then stops the monitor)."""
+def _watch_handshakes(sock: zmq.Socket[Any], monitor: zmq.Socket[Any], allow: _Allowlist,
+                      auth: ThreadAuthenticator, domain: str) -> None:
+    """Count failed handshakes of one server socket until it closes (libzmq then stops the monitor).
+
+    Another monitor set on the socket stops this one too: then only the
+    counting ends; the allowlist stays until the socket is closed.
+    """
     try:
         while True:
             event = recv_monitor_message(monitor)["event"]
@@ -206,7 +216,8 @@ def _watch_handshakes(monitor: zmq.Socket[Any], allow: _Allowlist, auth: ThreadA
         pass
     finally:
         monitor.close(linger=0)
-        auth.credentials_providers.pop(domain, None)
+        if sock.closed:
+            auth.credentials_providers.pop(domain, None)
 
 
 def send(sock: zmq.Socket[Any], msg: Message, identity: Sequence[bytes] = ()) -> int:

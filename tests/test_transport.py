@@ -141,6 +141,19 @@ def test_curve_accepts_allowlisted_clients_and_rejects_strangers(serve) -> None:
         client.request(Message("info"), timeout_s=0.5)
 
 
+def test_curve_servers_open_and_close_in_a_row_in_one_process(serve) -> None:
+    # each server socket has its own ZAP domain and handshake monitor; a socket opened right
+    # after a close reuses the file descriptor, which must not collide with the old monitor
+    keys, friend = curve_pair(), curve_pair()
+    keys.allowed_clients = [friend.public_key]
+    friend.server_key = keys.public_key
+    for _ in range(500):  # collided within a few hundred before the monitor had an address of its own
+        EchoServer("tcp://127.0.0.1:0", curve=keys).close()
+    server = serve(EchoServer("tcp://127.0.0.1:0", curve=keys))
+    with Client(server.endpoint, "friend", curve=friend) as client:
+        assert client.request(Message("info"), 5).type == "info_reply"
+
+
 def test_encode_sends_array_memory_without_copy() -> None:
     big = np.arange(1 << 16, dtype=np.float64)
     frames = encode(Message("insert", {"table": "t"}, {"x": big}))
