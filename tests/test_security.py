@@ -112,6 +112,32 @@ def test_missing_and_bad_keys_are_named_with_the_field(tmp_path: Path) -> None:
         config.load(environ={"RLFLEET_SECURITY__MODE": "tls"})
 
 
+def test_rlfleet_up_uses_configured_keys_or_makes_a_throwaway_set(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    plain = config.load(CONFIGS / "cartpole-dqn.yaml", environ={})
+    assert security.local_keys(plain, run) == (plain, [])  # mode none: nothing to do
+
+    # no key anywhere: a throwaway set for this run, and the run's config points at it
+    cfg, made = security.local_keys(_curve_cfg(tmp_path / "nowhere"), run)
+    assert cfg.security.keys_dir == str(run / "keys") and len(made) == 8
+    assert all(stat.S_IMODE(k.path.stat().st_mode) == 0o600 for k in made if k.secret)
+    security.check(cfg)
+    assert not (tmp_path / "nowhere").exists()
+
+    # configured keys that exist are used as they are
+    keys = tmp_path / "keys"
+    security.make_keys(keys)
+    mine = _curve_cfg(keys)
+    assert security.local_keys(mine, tmp_path / "run2") == (mine, [])
+    assert not (tmp_path / "run2" / "keys").exists()
+
+    # some but not all: a mistake, not a reason to invent keys
+    (keys / "evaluator.key_secret").unlink()
+    with pytest.raises(config.ConfigError, match=r"security.client_key = '.*evaluator.key_secret': no such file"):
+        security.local_keys(mine, tmp_path / "run3")
+
+
 def test_a_service_without_its_keys_says_which_and_exits(tmp_path: Path) -> None:
     port = free_tcp_port()
     svc = ServiceProcess("replay", tmp_path, [f"network.replay=[tcp://127.0.0.1:{port}]", "security.mode=curve",
