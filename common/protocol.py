@@ -23,6 +23,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+import zmq
 
 from common.messages import MESSAGES, FieldSpec, MessageSpec
 
@@ -137,27 +138,42 @@ def encode(msg: Message) -> list[Any]:
             arr = arr.copy(order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
         descriptors.append([name, dname, list(arr.shape)])
         payloads.append(arr.reshape(-1).view(np.uint8))
+    return [encode_header(msg.type, msg.body, msg.sender, msg.seq, descriptors, msg.version), *payloads]
+
+
+def encode_header(
+    mtype: str, body: dict[str, Any], sender: str, seq: int, descriptors: list[Any] | None = None,
+    version: int = PROTOCOL_VERSION,
+) -> bytes:
+    """The header frame alone: all of a message without arrays (an ack), with no Message to build."""
     header = {
-        "v": msg.version,
-        "type": msg.type,
-        "sender": msg.sender,
-        "seq": msg.seq,
-        "arrays": descriptors,
-        "body": msg.body,
+        "v": version,
+        "type": mtype,
+        "sender": sender,
+        "seq": seq,
+        "arrays": [] if descriptors is None else descriptors,
+        "body": body,
     }
-    return [msgpack.packb(header, use_bin_type=True), *payloads]
+    return msgpack.packb(header, use_bin_type=True)
 
 
-def _buffer(frame: Any) -> memoryview:
-    if type(frame) is bytes:
-        return memoryview(frame)
-    buf = getattr(frame, "buffer", None)  # zmq.Frame received with copy=False
+def _buffer(frame: Any) -> Any:
+    """A bytes-like view of one frame whose ``len()`` is its size in bytes.
+
+    bytes and zmq.Frame (received with copy=False) are used as they are:
+    both give their size in bytes to len() and their memory to msgpack and
+    np.frombuffer without a copy. Anything else becomes a flat memoryview.
+    """
+    kind = type(frame)
+    if kind is bytes or kind is zmq.Frame:
+        return frame
+    buf = getattr(frame, "buffer", None)  # a zmq.Frame subclass
     if buf is None:
         buf = memoryview(frame)
     return buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
 
 
-def _unpack_header(raw: memoryview, limits: Limits) -> dict[str, Any]:
+def _unpack_header(raw: Any, limits: Limits) -> dict[str, Any]:
     if len(raw) > limits.max_header_bytes:
         raise ProtocolError(
             "header_too_large", f"header is {len(raw)} bytes; at most {limits.max_header_bytes}"
@@ -203,26 +219,31 @@ def _check_depth(where: str, name: str, value: Any, depth: int) -> None:
 
 def _envelope(header: dict[str, Any]) -> tuple[int, str, str, int, list[Any], dict[str, Any]]:
     version = header.get("v")
-    if not isinstance(version, int) or isinstance(version, bool):
+    if type(version) is not int:  # msgpack gives exact types: bool is refused here too
         raise ProtocolError("missing_field", "header.v (protocol version, int) is missing")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
             "version_mismatch",
             f"message speaks protocol version {version}; this side speaks {PROTOCOL_VERSION}",
         )
-    for key, kind in (("type", str), ("sender", str), ("seq", int), ("arrays", list), ("body", dict)):
-        if key not in header:
-            raise ProtocolError("missing_field", f"header.{key} is missing")
-        value = header[key]
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise ProtocolError(
-                "bad_field", f"header.{key} must be {kind.__name__}, got {type(value).__name__}"
-            )
-    if not 0 <= header["seq"] < 1 << 64:
+    get = header.get
+    mtype, sender, seq, arrays, body = get("type"), get("sender"), get("seq"), get("arrays"), get("body")
+    # one test for the well-formed case; anything else is named by the field-by-field checks below
+    if not (type(mtype) is str and type(sender) is str and type(seq) is int and type(arrays) is list
+            and type(body) is dict):
+        for key, kind in (("type", str), ("sender", str), ("seq", int), ("arrays", list), ("body", dict)):
+            if key not in header:
+                raise ProtocolError("missing_field", f"header.{key} is missing")
+            value = header[key]
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ProtocolError(
+                    "bad_field", f"header.{key} must be {kind.__name__}, got {type(value).__name__}"
+                )
+    if not 0 <= seq < 1 << 64:
         raise ProtocolError("bad_field", "header.seq must be in [0, 2**64)")
-    if len(header["sender"]) > 256:
+    if len(sender) > 256:
         raise ProtocolError("bad_field", "header.sender is longer than 256 characters")
-    return version, header["type"], header["sender"], header["seq"], header["arrays"], header["body"]
+    return version, mtype, sender, seq, arrays, body
 
 
 def _descriptor(item: Any, limits: Limits) -> tuple[str, np.dtype[Any], list[int], int]:
@@ -255,7 +276,7 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
     """Decode the frames of one message (identity frames already removed).
 
     Raises ProtocolError, and nothing else, for any input it rejects.
-    Arrays are views on the received frames (read-only) where possible.
+    Arrays are read-only views on the received frames.
     """
     if not frames:
         raise ProtocolError("empty_message", "a message needs at least a header frame")
@@ -265,7 +286,7 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
         buffers = [_buffer(f) for f in frames]
     except TypeError:
         raise ProtocolError("bad_header", "frames must be bytes-like") from None
-    total = sum(len(b) for b in buffers)
+    total = sum(map(len, buffers))
     if total > limits.max_message_bytes:
         raise ProtocolError("message_too_large", f"{total} bytes; at most {limits.max_message_bytes}")
     header = _unpack_header(buffers[0], limits)
@@ -280,20 +301,27 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
             f"header describes {len(descriptors)} arrays but {len(buffers) - 1} payload frames came",
         )
     arrays: dict[str, np.ndarray] = {}
-    for item, buf in zip(descriptors, buffers[1:], strict=True):
+    for i, item in enumerate(descriptors, 1):
         name, dtype, shape, nbytes = _descriptor(item, limits)
         if name in arrays:
             raise ProtocolError("bad_array_descriptor", f"array {name!r} appears twice")
+        buf = buffers[i]
         if len(buf) != nbytes:
             raise ProtocolError(
                 "frame_length_mismatch",
                 f"array {name!r}: frame has {len(buf)} bytes, shape {list(shape)} x {dtype.itemsize} needs {nbytes}",
             )
-        arr = np.ndarray(shape, dtype, buffer=buf)
+        arr = np.frombuffer(buf, dtype)  # the length is checked: no error, no copy
+        if len(shape) != 1:
+            arr = arr.reshape(shape)
         arr.flags.writeable = False  # a view of the received frame: copy before changing it
         arrays[name] = arr
     _check_arrays(spec, arrays)
     return Message(type=mtype, body=body, arrays=arrays, sender=sender, seq=seq, version=version)
+
+
+#: body values of these exact types pass a field of that kind without further checks
+_PLAIN: dict[str, tuple[type, ...]] = {"int": (int,), "float": (float, int), "str": (str,), "bool": (bool,)}
 
 
 def _check_body(spec: MessageSpec, body: Mapping[str, Any]) -> None:
@@ -302,7 +330,9 @@ def _check_body(spec: MessageSpec, body: Mapping[str, Any]) -> None:
             if fspec.required:
                 raise ProtocolError("missing_field", f"{spec.name}.{name} is required")
             continue
-        _check_field(spec.name, name, body[name], fspec)
+        value = body[name]
+        if type(value) not in _PLAIN.get(fspec.kind, ()):  # a scalar of the right type needs no more
+            _check_field(spec.name, name, value, fspec)
     # Unknown fields are ignored (forward compatibility), but must stay shallow.
     for name, value in body.items():
         if name not in spec.fields:

@@ -16,7 +16,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,53 @@ class Peer:
 
 Handler = Callable[[Peer, Message], None]
 
+_NOBLOCK = int(zmq.NOBLOCK)  # plain ints: pyzmq's enum flags cost a Python call per use
+_SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+
+
+_SNDMORE = int(zmq.SNDMORE)
+_COPY_THRESHOLD = zmq.COPY_THRESHOLD  # pyzmq copies frames below this even when asked not to
+
+
+def send_parts(sock: zmq.Socket[Any], frames: Sequence[Any], flags: int = 0) -> None:
+    """``send_multipart(frames, flags, copy=False)`` at half the cost: plain int flags, and
+    frames below pyzmq's copy threshold copied straight away (which send_multipart would do
+    after building a view of each); larger frames still go without a copy."""
+    last = len(frames) - 1
+    more = flags | _SNDMORE
+    for i, frame in enumerate(frames):
+        sock.send(frame, more if i < last else flags, copy=len(frame) >= _COPY_THRESHOLD)
+
+
+def recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
+    """One whole multipart message without waiting (zmq.Again if none is queued).
+
+    The same as ``recv_multipart(NOBLOCK, copy=False)`` at half the cost:
+    each Frame says whether more follow, so no RCVMORE query per frame.
+    """
+    frame = sock.recv(_NOBLOCK, copy=False)
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(_NOBLOCK, copy=False)
+        frames.append(frame)
+    return frames
+
+
+class _Traffic:
+    """Messages and bytes of one (type, direction) not yet added to the Prometheus counters."""
+
+    __slots__ = ("messages", "bytes", "_messages", "_bytes")
+
+    def __init__(self, metrics: ServiceMetrics, mtype: str, direction: str) -> None:
+        self.messages = self.bytes = 0
+        self._messages = metrics.messages.labels(mtype, direction)
+        self._bytes = metrics.bytes.labels(mtype, direction)
+
+    def flush(self) -> None:
+        self._messages.inc(self.messages)
+        self._bytes.inc(self.bytes)
+        self.messages = self.bytes = 0
+
 
 class Server:
     """A ROUTER request loop. Subclasses register handlers and override tick()."""
@@ -90,6 +137,9 @@ class Server:
             "replies_dropped", "Replies not delivered: the peer was gone or its queue full."
         )
         self.seq = itertools.count(1)
+        # messages and bytes by (type, direction), added to the Prometheus counters after each
+        # burst: a counter increment per message and direction costs more than decoding a header
+        self._traffic: dict[tuple[str, str], _Traffic] = {}
 
     @property
     def endpoint(self) -> str:
@@ -101,18 +151,41 @@ class Server:
     # -- replies ------------------------------------------------------------
     def reply(self, peer: Peer, msg: Message) -> bool:
         """Send ``msg`` to ``peer`` (ref_seq filled in). False if undeliverable."""
+        return self.send_frames(peer, self.reply_frames(peer, msg), msg.type)
+
+    def reply_frames(self, peer: Peer, msg: Message) -> list[Any]:
+        """The encoded frames of a reply to ``peer`` (ref_seq, sender and seq filled in)."""
         msg.body.setdefault("ref_seq", peer.seq)
         msg.sender = msg.sender or self.name
         msg.seq = next(self.seq)
-        frames = encode(msg)
+        return encode(msg)
+
+    def send_frames(self, peer: Peer, frames: list[Any], mtype: str) -> bool:
+        """Send encoded reply frames to ``peer``; False (and counted) if undeliverable."""
         try:
-            self.sock.send_multipart([peer.identity, *frames], copy=False, flags=zmq.NOBLOCK)
+            # ROUTER refuses a message at its identity frame (peer gone, or its queue full
+            # with ROUTER_MANDATORY), so nothing is half sent when this raises
+            self.sock.send(peer.identity, _SNDMORE_NOBLOCK)
+            send_parts(self.sock, frames, _NOBLOCK)
         except (zmq.Again, zmq.ZMQError) as exc:  # peer gone (EHOSTUNREACH) or queue full
             self.replies_dropped.inc()
-            log.debug("%s: reply %s to %r dropped: %s", self.name, msg.type, peer.sender, exc)
+            log.debug("%s: reply %s to %r dropped: %s", self.name, mtype, peer.sender, exc)
             return False
-        self.metrics.count_message(msg.type, "out", sum(len(f) for f in frames))
+        self.count(mtype, "out", sum(map(len, frames)))
         return True
+
+    def count(self, mtype: str, direction: str, nbytes: int) -> None:
+        """Count one message in rlfleet_messages_total / rlfleet_bytes_total (added after the burst)."""
+        t = self._traffic.get((mtype, direction))
+        if t is None:
+            t = self._traffic[(mtype, direction)] = _Traffic(self.metrics, mtype, direction)
+        t.messages += 1
+        t.bytes += nbytes
+
+    def flush_counts(self) -> None:
+        for t in self._traffic.values():
+            if t.messages:
+                t.flush()
 
     def reply_error(self, peer: Peer, reason: str, detail: str, *, count: bool = True) -> None:
         """Send an ``error`` whose ref_seq is the request's (-1 if it did not decode).
@@ -130,14 +203,15 @@ class Server:
 
     def handle_frames(self, frames: list[zmq.Frame]) -> None:
         identity = frames[0].bytes
-        nbytes = sum(len(f.buffer) for f in frames[1:])
+        body = frames[1:]
+        nbytes = sum(map(len, body))
         try:
-            msg = decode(frames[1:], self.limits)
+            msg = decode(body, self.limits)
         except ProtocolError as exc:
-            self.metrics.count_message("undecodable", "in", nbytes)
+            self.count("undecodable", "in", nbytes)
             self.reply_error(Peer(identity, -1), exc.reason, exc.detail)
             return
-        self.metrics.count_message(msg.type, "in", nbytes)
+        self.count(msg.type, "in", nbytes)
         peer = Peer(identity, msg.seq, msg.sender)
         handler = self.handlers.get(msg.type)
         if handler is None:
@@ -162,12 +236,14 @@ class Server:
                 if self.sock.poll(int(self.tick_interval_s * 1000), zmq.POLLIN):
                     for _ in range(1000):
                         try:
-                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                            frames = recv_frames(self.sock)
                         except zmq.Again:
                             break
                         self.handle_frames(frames)
                 self.tick()
+                self.flush_counts()
         finally:
+            self.flush_counts()
             self.metrics.up.set(0)
 
     def stop(self) -> None:

@@ -46,13 +46,14 @@ import zmq
 from common.config import Experiment
 from common.protocol import DEFAULT_LIMITS, Limits, Message, ProtocolError, decode, encode
 from common.security import client_curve
-from common.server import RemoteError
+from common.server import RemoteError, send_parts
 from common.transport import DEFAULT_HWM, CommTimeout, CurveConfig, make_socket
 from services.replay.tables import importance_weights
 
 log = logging.getLogger(__name__)
 
 MAX_RESEND_AFTER_S = 30.0
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 @dataclass
@@ -170,7 +171,7 @@ class InsertClient:
     def _send(self, entry: _Unacked) -> None:
         entry.sent_at = time.monotonic()
         try:
-            self.sock.send_multipart(entry.frames, copy=False, flags=zmq.NOBLOCK)
+            send_parts(self.sock, entry.frames, _NOBLOCK)
         except zmq.Again:
             entry.sent_at = 0.0  # queue full: due for a resend at the next poll
 

@@ -45,7 +45,7 @@ import zmq
 
 from common.config import ReplayConfig
 from common.metrics import ServiceMetrics
-from common.protocol import DEFAULT_LIMITS, Limits, Message
+from common.protocol import DEFAULT_LIMITS, Limits, Message, encode_header
 from common.server import Peer, RequestError, Server
 from common.transport import DEFAULT_HWM, CurveConfig
 from services.replay.dedup import Dedup
@@ -107,7 +107,7 @@ class ReplayServer(Server):
         self.held_inserts: dict[str, deque[HeldInsert]] = {n: deque() for n in self.tables}
         self.held_keys: set[tuple[str, int]] = set()
         self.held_samples: dict[str, deque[HeldSample]] = {n: deque() for n in self.tables}
-        self.deferred: list[tuple[Peer, Message]] = []  # acks and queue batches, sent after the burst's fsync
+        self.deferred: list[tuple[Peer, list[Any], str]] = []  # acks and queue batches, sent after the burst's fsync
         self.duplicates = 0
         self.durability = cfg.durability
         self.dir = Path(directory) if directory is not None else None
@@ -131,6 +131,8 @@ class ReplayServer(Server):
         for name in self.tables:
             self.m_size.labels(name).set(0)
         self._m_inserts = {name: self.m_inserts.labels(name) for name in self.tables}
+        self._m_size = {name: self.m_size.labels(name) for name in self.tables}  # tick sets them after every burst
+        self._m_held_inserts, self._m_held_samples = self.m_held.labels("insert"), self.m_held.labels("sample")
         self._m_wait_insert = self.m_wait.labels("insert")
         for side in ("insert", "sample"):
             self.m_wait.labels(side).inc(0)
@@ -147,23 +149,21 @@ class ReplayServer(Server):
         return table
 
     def on_insert(self, peer: Peer, msg: Message) -> None:
-        table = self._table(msg["table"])
-        key = (msg.sender, msg.seq)
-        if self.dedup.seen(*key):
+        table = self._table(msg.body["table"])
+        sender, seq = msg.sender, msg.seq
+        if self.dedup.seen(sender, seq):
             self._duplicate(table, peer, acked=True)
             return
-        if key in self.held_keys:
+        if self.held_keys and (sender, seq) in self.held_keys:
             self._duplicate(table, peer, acked=False)
             return
-        arrays = {k: v for k, v in msg.arrays.items() if k != "priority"}
-        for name in arrays:
-            if name in RESERVED:
-                raise RequestError("reserved_column", f"column name {name!r} is reserved ({', '.join(RESERVED)})")
-        try:
-            n = table.check(arrays)
-        except TableError as exc:
-            raise RequestError(exc.reason, exc.detail) from None
-        priority = msg.arrays.get("priority")
+        arrays = msg.arrays
+        priority = arrays.get("priority")
+        if priority is not None:
+            arrays = {k: v for k, v in arrays.items() if k != "priority"}
+        n = table.known_batch(arrays)  # the columns of the table's last good batch: nothing more to check
+        if n is None:
+            n = self._check_batch(table, arrays)
         if priority is not None:
             if priority.shape != (n,):
                 raise RequestError("bad_priority", f"priority has shape {list(priority.shape)}; needs [{n}]")
@@ -171,26 +171,45 @@ class ReplayServer(Server):
                 check_priorities(priority)
             except TableError as exc:
                 raise RequestError(exc.reason, exc.detail) from None
+        ws = msg.body.get("window_start")
+        ws = ws if isinstance(ws, int) else None
         held = self.held_inserts[table.name]
+        if not held and table.can_insert(n):  # nothing queued ahead and the limiter admits it: store now
+            self._commit(table, peer, arrays, priority, ws, n)
+            if self.held_samples[table.name]:
+                self._pump(table)
+            return
         if len(held) >= self.max_held_inserts:
             self.m_dropped.inc()
             return
-        ws = msg.get("window_start")
-        held.append(HeldInsert(peer, arrays, priority, ws if isinstance(ws, int) else None, n, time.monotonic()))
-        self.held_keys.add(key)
+        held.append(HeldInsert(peer, arrays, priority, ws, n, time.monotonic()))
+        self.held_keys.add((sender, seq))
         self._pump(table)
+
+    def _check_batch(self, table: Table, arrays: dict[str, np.ndarray]) -> int:
+        for name in arrays:
+            if name in RESERVED:
+                raise RequestError("reserved_column", f"column name {name!r} is reserved ({', '.join(RESERVED)})")
+        try:
+            return table.check(arrays)
+        except TableError as exc:
+            raise RequestError(exc.reason, exc.detail) from None
 
     def _duplicate(self, table: Table, peer: Peer, acked: bool) -> None:
         self.duplicates += 1
         self.m_dups.labels(table.name).inc()
         if acked:
-            self._defer(peer, Message("ack", {"stored": 0, "duplicate": True}))
+            self._defer_ack(peer, 0, True)
 
     def _defer(self, peer: Peer, msg: Message) -> None:
         # Acks (and queue batches under wal) go out together after each burst of messages
         # (tick), for wal after the burst's fsync; replies sent back to back also wake
-        # ZeroMQ's I/O thread less often.
-        self.deferred.append((peer, msg))
+        # ZeroMQ's I/O thread less often. They are encoded now so that the sends are back to back.
+        self.deferred.append((peer, self.reply_frames(peer, msg), msg.type))
+
+    def _defer_ack(self, peer: Peer, stored: int, duplicate: bool) -> None:
+        body = {"stored": stored, "duplicate": duplicate, "ref_seq": peer.seq}
+        self.deferred.append((peer, [encode_header("ack", body, self.name, next(self.seq))], "ack"))
 
     def on_sample(self, peer: Peer, msg: Message) -> None:
         table = self._table(msg["table"])
@@ -256,16 +275,20 @@ class ReplayServer(Server):
                 progress = True
 
     def _store(self, table: Table, h: HeldInsert) -> None:
-        key = (h.peer.sender, h.peer.seq)
-        self.held_keys.discard(key)
-        first = table.insert(h.arrays, h.priority, h.n)
-        if self.wal is not None:
-            logged = h.arrays if h.priority is None else {**h.arrays, "__priority__": h.priority}
-            self.wal.append_insert(table.name, first, logged, key[0], key[1], h.window_start)
-        self.dedup.add(key[0], key[1], h.window_start)
-        self._m_inserts[table.name].inc(h.n)
+        self.held_keys.discard((h.peer.sender, h.peer.seq))
+        self._commit(table, h.peer, h.arrays, h.priority, h.window_start, h.n)
         self._m_wait_insert.inc(time.monotonic() - h.since)
-        self._defer(h.peer, Message("ack", {"stored": h.n, "duplicate": False}))
+
+    def _commit(self, table: Table, peer: Peer, arrays: dict[str, np.ndarray], priority: np.ndarray | None,
+                window_start: int | None, n: int) -> None:
+        """Store a checked insert, log it (wal), remember its (sender, seq) and queue its ack."""
+        first = table.insert(arrays, priority, n)
+        if self.wal is not None:
+            logged = arrays if priority is None else {**arrays, "__priority__": priority}
+            self.wal.append_insert(table.name, first, logged, peer.sender, peer.seq, window_start)
+        self.dedup.add(peer.sender, peer.seq, window_start)
+        self._m_inserts[table.name].inc(n)
+        self._defer_ack(peer, n, False)
 
     def _serve(self, table: Table, h: HeldSample) -> None:
         size = table.size
@@ -299,9 +322,9 @@ class ReplayServer(Server):
                 held.clear()
                 held.extend(keep)
         for name, t in self.tables.items():
-            self.m_size.labels(name).set(t.size)
-        self.m_held.labels("insert").set(sum(len(q) for q in self.held_inserts.values()))
-        self.m_held.labels("sample").set(sum(len(q) for q in self.held_samples.values()))
+            self._m_size[name].set(t.size)
+        self._m_held_inserts.set(sum(map(len, self.held_inserts.values())))
+        self._m_held_samples.set(sum(map(len, self.held_samples.values())))
         if (self.durability != "memory" and now - self.last_snapshot >= self.cfg.checkpoint_every_s
                 and self.snapshotter is not None and not self.snapshotter.busy):
             self.snapshot()
@@ -311,8 +334,8 @@ class ReplayServer(Server):
         if self.wal is not None:
             self.wal.sync()
         replies, self.deferred = self.deferred, []
-        for peer, msg in replies:
-            self.reply(peer, msg)
+        for peer, frames, mtype in replies:
+            self.send_frames(peer, frames, mtype)
 
     # -- durability -----------------------------------------------------------
     def snapshot(self, wait: bool = False) -> None:

@@ -116,17 +116,29 @@ class Table:
     # -- schema ---------------------------------------------------------------
     def check(self, arrays: Mapping[str, np.ndarray]) -> int:
         """Validate a batch against the schema (fixing it on first use); returns N."""
-        if self._signature is not None:  # fast path: the same columns as the last good batch
-            try:
-                sig = tuple((k, a.dtype, a.shape[1:]) for k, a in arrays.items())
-                n = next(iter(arrays.values())).shape[0]
-                if sig == self._signature and all(a.shape[0] == n for a in arrays.values()) and 0 < n <= self.capacity:
-                    return n
-            except IndexError:
-                pass  # a 0-d column: the slow path says why it is refused
+        n = self.known_batch(arrays)
+        if n is not None:
+            return n
         n = self._check(arrays)
         self._signature = tuple((k, a.dtype, a.shape[1:]) for k, a in arrays.items())
         return n
+
+    def known_batch(self, arrays: Mapping[str, np.ndarray]) -> int | None:
+        """N if ``arrays`` has the very columns (names, order, dtypes, item shapes) of the last
+        batch that passed :meth:`check`, and 1 <= N <= capacity; None if it needs the full check."""
+        sig = self._signature
+        if sig is None or len(arrays) != len(sig):
+            return None
+        n = -1
+        for (name, dtype, item), (k, a) in zip(sig, arrays.items()):
+            shape = a.shape
+            if k != name or a.dtype != dtype or not shape or shape[1:] != item:
+                return None
+            if n != shape[0]:
+                if n != -1:
+                    return None
+                n = shape[0]
+        return n if 0 < n <= self.capacity else None
 
     def _check(self, arrays: Mapping[str, np.ndarray]) -> int:
         n, schema = batch_schema(arrays)
@@ -178,10 +190,13 @@ class Table:
         first = self.next_key
         start = first % self.capacity
         head = min(n, self.capacity - start)  # contiguous slices, not fancy indexing: 5x faster
-        for name, col in self.columns.items():
-            a = arrays[name]
-            col[start:start + head] = a[:head]
-            if head < n:
+        if head == n:
+            for name, col in self.columns.items():
+                col[start:start + n] = arrays[name]
+        else:  # the batch wraps around the end of the ring
+            for name, col in self.columns.items():
+                a = arrays[name]
+                col[start:] = a[:head]
                 col[:n - head] = a[head:]
         self._stored(first, n, priority)
         self.next_key += n
