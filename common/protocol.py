@@ -226,8 +226,11 @@ def _envelope(header: dict[str, Any]) -> tuple[int, str, str, int, list[Any], di
             "version_mismatch",
             f"message speaks protocol version {version}; this side speaks {PROTOCOL_VERSION}",
         )
-    get = header.get
-    mtype, sender, seq, arrays, body = get("type"), get("sender"), get("seq"), get("arrays"), get("body")
+    mtype: Any = header.get("type")
+    sender: Any = header.get("sender")
+    seq: Any = header.get("seq")
+    arrays: Any = header.get("arrays")
+    body: Any = header.get("body")
     # one test for the well-formed case; anything else is named by the field-by-field checks below
     if not (type(mtype) is str and type(sender) is str and type(seq) is int and type(arrays) is list
             and type(body) is dict):

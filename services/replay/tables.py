@@ -130,7 +130,7 @@ class Table:
         if sig is None or len(arrays) != len(sig):
             return None
         n = -1
-        for (name, dtype, item), (k, a) in zip(sig, arrays.items()):
+        for (name, dtype, item), (k, a) in zip(sig, arrays.items(), strict=True):
             shape = a.shape
             if k != name or a.dtype != dtype or not shape or shape[1:] != item:
                 return None
