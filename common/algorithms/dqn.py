@@ -173,7 +173,10 @@ class DQNLearner:
         self.device = resolve_device(device)
         self.online = _build(cfg, observation_space, action_space, seed).to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        # fused: one kernel for every parameter instead of a dozen small ops each (CPU and CUDA)
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
+        self._online_params = list(self.online.parameters())
+        self._target_params = list(self.target.parameters())
         self.num_updates = 0
 
     def beta(self, updates: int | None = None) -> float:
@@ -208,7 +211,7 @@ class DQNLearner:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.online.parameters(), cfg.grad_clip if cfg.grad_clip is not None else float("inf")
+            self._online_params, cfg.grad_clip if cfg.grad_clip is not None else float("inf"), foreach=True
         )
         self.optimizer.step()
         self.num_updates += 1
@@ -224,8 +227,7 @@ class DQNLearner:
     def _follow_target(self) -> None:
         with torch.no_grad():
             if self.cfg.target_update == "polyak":
-                for target, online in zip(self.target.parameters(), self.online.parameters(), strict=True):
-                    target.lerp_(online, self.cfg.tau)
+                torch._foreach_lerp_(self._target_params, self._online_params, self.cfg.tau)
             elif self.num_updates % self.cfg.target_period == 0:
                 self.target.load_state_dict(self.online.state_dict())
 
