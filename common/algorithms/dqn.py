@@ -175,8 +175,8 @@ class DQNLearner:
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         # fused: one kernel for every parameter instead of a dozen small ops each (CPU and CUDA)
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
-        self._online_params = list(self.online.parameters())
-        self._target_params = list(self.target.parameters())
+        self._online_params: list[torch.Tensor] = list(self.online.parameters())
+        self._target_params: list[torch.Tensor] = list(self.target.parameters())
         self.num_updates = 0
 
     def beta(self, updates: int | None = None) -> float:
