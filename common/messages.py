@@ -79,6 +79,8 @@ _SPECS = [
     MessageSpec("insert", "Store a batch of N transitions; (sender, seq) makes it exactly-once.", {
         "table": _f("str", "table name"),
         "window_start": _f("int", "lowest seq the sender has not seen acked; older seqs are never resent", False),
+        "merge_acks": _f("bool", "true: this insert may be acked together with others of the sender (ack.more)",
+                         False),
     }, {
         "priority": ArraySpec(("float32", "float64"), 1, False, "initial priorities, shape [N]"),
     }, open_arrays=True),
@@ -86,6 +88,8 @@ _SPECS = [
         "ref_seq": _f("int", "seq of the insert"),
         "stored": _f("int", "transitions stored by this insert (0 for a duplicate)"),
         "duplicate": _f("bool", "true when (sender, seq) was already stored"),
+        "more": _f("list", "further inserts of the same sender this ack answers: [seq, stored, duplicate] each",
+                   False),
     }),
     MessageSpec("sample", "Ask for a batch; held while the rate limiter says wait.", {
         "table": _f("str", "table name"),

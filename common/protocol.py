@@ -304,23 +304,53 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
             f"header describes {len(descriptors)} arrays but {len(buffers) - 1} payload frames came",
         )
     arrays: dict[str, np.ndarray] = {}
-    for i, item in enumerate(descriptors, 1):
-        name, dtype, shape, nbytes = _descriptor(item, limits)
-        if name in arrays:
-            raise ProtocolError("bad_array_descriptor", f"array {name!r} appears twice")
-        buf = buffers[i]
-        if len(buf) != nbytes:
-            raise ProtocolError(
-                "frame_length_mismatch",
-                f"array {name!r}: frame has {len(buf)} bytes, shape {list(shape)} x {dtype.itemsize} needs {nbytes}",
-            )
-        arr = np.frombuffer(buf, dtype)  # the length is checked: no error, no copy
-        if len(shape) != 1:
-            arr = arr.reshape(shape)
-        arr.flags.writeable = False  # a view of the received frame: copy before changing it
-        arrays[name] = arr
+    if descriptors:
+        known = _layouts.get(len(descriptors))
+        if known is not None and known[0] is limits and known[1] == descriptors:
+            layout = known[2]  # the same [name, dtype, shape] items as a message that passed: valid
+        else:
+            layout = _layout(descriptors, buffers, limits)
+            _layouts[len(descriptors)] = (limits, descriptors, layout)
+        for (name, dtype, shape, nbytes), buf in zip(layout, buffers[1:], strict=True):
+            if len(buf) != nbytes:
+                _frame_length_mismatch(name, dtype, shape, nbytes, buf)
+            arr = np.frombuffer(buf, dtype)  # the length is checked: no error, no copy
+            if len(shape) != 1:
+                arr = arr.reshape(shape)
+            arr.setflags(write=False)  # a view of the received frame: copy before changing it
+            arrays[name] = arr
     _check_arrays(spec, arrays)
     return Message(type=mtype, body=body, arrays=arrays, sender=sender, seq=seq, version=version)
+
+
+Layout = tuple[tuple[str, np.dtype[Any], list[int], int], ...]
+
+#: The last valid ``header.arrays`` seen for each array count, with its parsed layout. A sender
+#: repeats the same names, dtypes and shapes in every message, and comparing two lists is much
+#: cheaper than checking every item again. Entries are replaced whole (safe across threads).
+_layouts: dict[int, tuple[Limits, list[Any], Layout]] = {}
+
+
+def _layout(descriptors: list[Any], buffers: list[Any], limits: Limits) -> Layout:
+    """Check every ``[name, dtype, shape]`` item, and each frame's length as soon as its item is."""
+    layout = []
+    names = set()
+    for item, buf in zip(descriptors, buffers[1:], strict=True):
+        name, dtype, shape, nbytes = _descriptor(item, limits)
+        if name in names:
+            raise ProtocolError("bad_array_descriptor", f"array {name!r} appears twice")
+        if len(buf) != nbytes:
+            _frame_length_mismatch(name, dtype, shape, nbytes, buf)
+        names.add(name)
+        layout.append((name, dtype, shape, nbytes))
+    return tuple(layout)
+
+
+def _frame_length_mismatch(name: str, dtype: np.dtype[Any], shape: list[int], nbytes: int, buf: Any) -> None:
+    raise ProtocolError(
+        "frame_length_mismatch",
+        f"array {name!r}: frame has {len(buf)} bytes, shape {list(shape)} x {dtype.itemsize} needs {nbytes}",
+    )
 
 
 #: body values of these exact types pass a field of that kind without further checks

@@ -16,7 +16,8 @@ When the connection to replay is re-established (replay restarted and lost
 what it held), every un-acked insert is resent at once and its back-off
 starts over. Seqs start at the wall clock in microseconds, so an actor that
 restarts under the same id never reuses a seq; each insert also carries
-``window_start`` (its lowest un-acked seq) so replay can forget older seqs.
+``window_start`` (its lowest un-acked seq) so replay can forget older seqs,
+and ``merge_acks``: replay answers all of a burst's inserts with one ack.
 
 SampleClient (all shards): keeps ``in_flight`` sample requests outstanding
 per shard so a batch is usually waiting when the learner asks. Requests go
@@ -160,7 +161,8 @@ class InsertClient:
         seq = self._next_seq
         self._next_seq += 1
         window_start = next(iter(self._window)) if self._window else seq
-        msg = Message("insert", {"table": table, "window_start": window_start}, arrays, self.sender, seq)
+        msg = Message("insert", {"table": table, "window_start": window_start, "merge_acks": True}, arrays,
+                      self.sender, seq)
         entry = _Unacked(encode(msg), nbytes, items, self.resend_after_s)
         self._window[seq] = entry
         self._bytes += nbytes
@@ -243,18 +245,27 @@ class InsertClient:
             log.warning("insert client %s: undecodable reply from %s: %s", self.sender, self.address, exc)
             return 0
         ref = msg.get("ref_seq")
+        if msg.type == "ack":
+            self._acked(ref, msg.get("duplicate"))
+            for item in msg.get("more") or ():  # further inserts the same ack answers
+                if type(item) is list and len(item) == 3:
+                    self._acked(item[0], item[2])
+            return 1
         entry = self._window.pop(ref, None) if isinstance(ref, int) else None
         if msg.type == "error":
             if entry is not None or ref == -1:
                 self._errors.append(RemoteError(msg["reason"], msg["detail"]))
-        elif msg.type == "ack":
-            self.duplicates += bool(msg.get("duplicate"))  # counted even when a first ack came before
-            if entry is not None:
-                self.acked += 1
-                self.items_acked += entry.items
         if entry is not None:
             self._bytes -= entry.nbytes
         return 1
+
+    def _acked(self, seq: Any, duplicate: Any) -> None:
+        self.duplicates += duplicate is True  # counted even when a first ack came before
+        entry = self._window.pop(seq, None) if type(seq) is int else None
+        if entry is not None:
+            self.acked += 1
+            self.items_acked += entry.items
+            self._bytes -= entry.nbytes
 
     def _raise(self) -> None:
         if self._errors:
