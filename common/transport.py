@@ -26,6 +26,17 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HWM = 1000
 
+# A silent partition (packets lost, no TCP reset) must not leave a connection that looks alive:
+# each side PINGs every HEARTBEAT_IVL_MS and drops a connection that sent nothing for
+# HEARTBEAT_TIMEOUT_MS (libzmq answers PINGs in its I/O thread, so a busy service is not taken for
+# a dead one); a dropped connection is retried every 100 ms, and CONNECT_TIMEOUT_MS abandons a
+# connect whose SYNs are lost instead of waiting out the kernel's SYN back-off (minutes), so the
+# connection is back within about CONNECT_TIMEOUT_MS of the network, and clients that watch their
+# handshakes (InsertClient) resend at once.
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 10_000
+CONNECT_TIMEOUT_MS = 2000
+
 
 class CommTimeout(TimeoutError):
     """A blocking socket operation did not complete within its timeout."""
@@ -155,6 +166,10 @@ def make_socket(
     # A send to a peer whose queue is full (or that never came) fails after this
     # long with CommTimeout instead of blocking forever and ignoring SIGTERM.
     sock.setsockopt(zmq.SNDTIMEO, send_timeout_ms)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
     if kind == zmq.ROUTER:
