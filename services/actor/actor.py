@@ -25,6 +25,7 @@ from common.metrics import ServiceMetrics
 from common.runtime import FatalError
 from common.server import CommTimeout, RemoteError
 from services.actor.links import FleetLinks
+from services.paramserver.client import Welcome
 from services.replay.client import InsertClient
 
 log = logging.getLogger("rlfleet.actor")
@@ -69,6 +70,15 @@ class EpisodeLog:
         self._file.close()
 
 
+def fleet_size(welcome: Welcome) -> int:
+    """The N of this actor's Ape-X epsilon: live actors, but never at or below its own index.
+
+    Indices are stable, so when a lower-indexed actor leaves the registry (it died, or a
+    partition cut it off) the live count can fall to this actor's index.
+    """
+    return max(1, welcome.num_actors, welcome.index + 1)
+
+
 class ActorService:
     """One actor: env, policy, n-step builder, replay inserts, weight sync, heartbeats."""
 
@@ -81,7 +91,7 @@ class ActorService:
         self.algo = algorithms.get(cfg.algorithm.name)
         self.links = FleetLinks(cfg, actor_id, role="actor")
         self.index = self.links.welcome.index
-        self.num_actors = max(1, self.links.welcome.num_actors)
+        self.num_actors = fleet_size(self.links.welcome)
         self.metrics = ServiceMetrics("actor", self.index)
         self._define_metrics()
         self.env_seed = cfg.seed * 100_003 + self.index * cfg.env.num_envs
@@ -111,6 +121,15 @@ class ActorService:
         self.m_epsilon = m.gauge("actor_epsilon", "Exploration epsilon of this actor (Ape-X).")
         self.m_inserted = m.counter("actor_transitions_sent", "Transitions handed to the replay client.")
         self.m_wait = m.counter("actor_weights_wait_seconds", "Seconds spent waiting for weights.")
+        # the insert window: what a partition from replay leaves buffered (bounded by actor.max_unacked_bytes)
+        self.m_unacked = m.gauge("actor_unacked_inserts", "Insert messages sent to replay and not yet acked.")
+        self.m_unacked_bytes = m.gauge("actor_unacked_bytes", "Bytes of un-acked inserts kept for resending.")
+        self.m_unacked_peak = m.gauge("actor_unacked_bytes_peak", "Most un-acked bytes held at once so far.")
+        self.m_acked = m.counter("actor_transitions_acked", "Transitions replay acked.")
+        self.m_resends = m.counter("actor_insert_resends", "Inserts sent again (no ack in time, or reconnect).")
+        self._counted = {"acked": 0, "resends": 0}
+        self._peak_bytes = 0
+        self._replay_state: dict[str, int] = {}
 
     # -- weights ----------------------------------------------------------------
     def _take(self, got: tuple[int, dict[str, np.ndarray]] | None) -> bool:
@@ -141,6 +160,10 @@ class ActorService:
         return False
 
     def poll(self) -> None:
+        if self.links.failing:
+            # The paramserver did not answer the last heartbeat (gone, or cut off): a poll would only
+            # block for network.timeout_s and stall acting; the heartbeat tells when it answers again.
+            return
         try:
             self._take(self.links.reader.get(self.version, timeout_s=self.cfg.network.timeout_s))
         except (CommTimeout, RemoteError) as exc:  # act on the weights we hold
@@ -148,9 +171,9 @@ class ActorService:
 
     def _heartbeat(self) -> None:
         welcome = self.links.heartbeat(self.version, self.env_steps)
-        if welcome is not None and (welcome.index, welcome.num_actors) != (self.index, self.num_actors):
+        if welcome is not None and (welcome.index, fleet_size(welcome)) != (self.index, self.num_actors):
             if welcome.index >= 0 and welcome.num_actors > 0:
-                self.num_actors = welcome.num_actors
+                self.num_actors = fleet_size(welcome)
                 if welcome.index != self.index:
                     log.info("actor %s: registry index %d -> %d", self.actor_id, self.index, welcome.index)
                 self.index = welcome.index
@@ -183,11 +206,29 @@ class ActorService:
                 self.replay.insert(self.table, batch, priorities, timeout_s=self.cfg.actor.heartbeat_s,
                                    copy=False)
                 self.m_inserted.inc(len(priorities))
+                self._replay_metrics()  # right after the window grew: the peak is exact
                 return
             except CommTimeout:
+                self._replay_metrics()
                 if end is not None and time.monotonic() >= end:
                     raise
                 self._heartbeat()
+
+    def _replay_metrics(self) -> None:
+        r = self.replay
+        # for /healthz (another thread): seqs as exact integers, which a gauge (a float) is not;
+        # every seq in [first_seq, acked_below) is acked
+        self._replay_state = {"first_seq": r.first_seq, "acked_below": r.acked_below, "next_seq": r.next_seq,
+                              "unacked": r.unacked, "unacked_bytes": r.unacked_bytes}
+        self.m_unacked.set(r.unacked)
+        self.m_unacked_bytes.set(r.unacked_bytes)
+        if r.unacked_bytes > self._peak_bytes:
+            self._peak_bytes = r.unacked_bytes
+            self.m_unacked_peak.set(r.unacked_bytes)
+        for key, metric, now in (("acked", self.m_acked, r.items_acked), ("resends", self.m_resends, r.resends)):
+            if now > self._counted[key]:
+                metric.inc(now - self._counted[key])
+                self._counted[key] = now
 
     # -- loop -------------------------------------------------------------------
     def run(self) -> None:
@@ -218,6 +259,7 @@ class ActorService:
                 self.m_return.set(float(np.mean(self.episodes.recent)))
             self.m_steps.inc(cfg.env.num_envs)
             self.replay.poll()
+            self._replay_metrics()
             if time.monotonic() - last_beat >= cfg.actor.heartbeat_s:
                 self._heartbeat()
                 last_beat = time.monotonic()
@@ -241,6 +283,7 @@ class ActorService:
                 self.replay.flush(timeout_s=self.cfg.actor.heartbeat_s)
                 break
             except CommTimeout:
+                self._replay_metrics()
                 self._heartbeat()
         self.wait_for_version(self.version + 1)
 
@@ -249,7 +292,8 @@ class ActorService:
 
     def health(self) -> dict[str, Any]:
         return {"ok": not self._stopping, "actor_id": self.actor_id, "index": self.index,
-                "version": self.version, "epsilon": self.epsilon}
+                "version": self.version, "epsilon": self.epsilon, "env_steps": self.env_steps,
+                "replay": self._replay_state}
 
     def close(self) -> None:
         try:

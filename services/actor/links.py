@@ -13,6 +13,8 @@ from services.paramserver.client import RegistryClient, WeightsReader, Welcome
 
 log = logging.getLogger("rlfleet.actor")
 
+PROBE_S = 0.2  # heartbeat timeout while the paramserver does not answer
+
 
 class FleetLinks:
     """Registers with paramserver shard 0 and reads weights from every shard."""
@@ -40,10 +42,17 @@ class FleetLinks:
                         f"{timeout_s:g} s (network.paramserver, network.timeout_s){refused_hint(self.cfg, self.role)}"
                     ) from None
 
+    @property
+    def failing(self) -> bool:
+        """The last heartbeat got no answer: the paramserver is away (or cut off)."""
+        return self._failing
+
     def heartbeat(self, version: int, env_steps: int | None = None) -> Welcome | None:
         """Heartbeat shard 0; None (logged once per outage) while it does not answer."""
+        # While shard 0 is away the heartbeat is only a probe, and it blocks the actor: keep it short.
+        timeout_s = min(PROBE_S, self.cfg.actor.heartbeat_s) if self._failing else self.cfg.actor.heartbeat_s
         try:
-            welcome = self.registry.heartbeat(version, timeout_s=self.cfg.actor.heartbeat_s, env_steps=env_steps)
+            welcome = self.registry.heartbeat(version, timeout_s=timeout_s, env_steps=env_steps)
         except (CommTimeout, RemoteError) as exc:
             if not self._failing:
                 log.warning("%s: registry heartbeat failed (%s); acting on", self.registry.actor_id, exc)

@@ -102,6 +102,7 @@ class InsertClient:
         self._poller.register(self._monitor, zmq.POLLIN)
         self.connects = 0
         self._next_seq = seq_start if seq_start is not None else time.time_ns() // 1000
+        self.first_seq = self._next_seq
         self._window: OrderedDict[int, _Unacked] = OrderedDict()
         self._bytes = 0
         self._errors: list[RemoteError] = []
@@ -124,6 +125,15 @@ class InsertClient:
     @property
     def unacked_bytes(self) -> int:
         return self._bytes
+
+    @property
+    def acked_below(self) -> int:
+        """Every seq from ``first_seq`` up to (not including) this one is acked."""
+        return next(iter(self._window)) if self._window else self._next_seq
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
 
     def _full(self, nbytes: int) -> bool:
         return len(self._window) >= self.max_unacked or (
