@@ -155,7 +155,10 @@ class LearnerConfig(Strict):
     torch_threads: PosInt = Field(
         1, description="torch intra-op threads on CPU; small nets train fastest on one, beside other services"
     )
-    samples_in_flight: PosInt = Field(4, description="sample requests kept in flight per shard")
+    samples_in_flight: PosInt = Field(
+        4, description="sample requests kept in flight per shard; the next one goes out before each update, so 1 "
+        "already overlaps replay with the update, and more draw from older priorities"
+    )
     publish_every: PosInt = Field(20, description="async: updates between published versions")
     updates_per_round: PosInt = Field(125, description="barrier: updates per round")
     checkpoint_every_s: PosFloat = Field(30.0, description="seconds between learner checkpoints")
