@@ -84,12 +84,18 @@ class ActorConfig(Strict):
     max_unacked: Annotated[int, Field(ge=1, le=4096)] = Field(
         8, description="insert messages in flight before the actor waits (replay remembers 4,096 per actor)"
     )
-    max_unacked_bytes: PosInt = Field(64 << 20, description="bytes buffered while replay is away")
+    max_unacked_bytes: PosInt = Field(
+        64 << 20, description="bound on the bytes of un-acked inserts kept for resending while replay is away;"
+        " when reached the actor blocks (no env steps) until replay acks again"
+    )
     resend_after_s: PosFloat = Field(2.0, description="resend an un-acked insert after this long")
     poll_every: PosInt = Field(200, description="async: env steps (per env) between weight polls")
     steps_per_round: PosInt = Field(250, description="barrier: env steps (per env) per round")
     heartbeat_s: PosFloat = Field(1.0, description="seconds between registry heartbeats")
     torch_threads: PosInt = Field(1, description="torch intra-op threads for policy inference")
+    acked_log: bool = Field(
+        False, description="append every insert replay acked (seq, items) to RUN_DIR/acked/<actor id>.csv"
+    )
 
 
 class EvaluatorConfig(Strict):

@@ -73,10 +73,17 @@ class EvaluatorService:
         """Evaluate each new version (paced by every_s), or at every multiple of every_steps env steps."""
         cfg = self.cfg.evaluator
         next_at = cfg.every_steps or 0
+        seen = 0
         while not self._stopping:
             if cfg.every_steps:
                 welcome = self.links.heartbeat(self.version)
-                steps = welcome.fleet_env_steps if welcome else 0
+                if welcome is None:
+                    self._sleep(0.1)
+                    continue
+                steps = welcome.fleet_env_steps
+                if steps < seen:  # a restarted paramserver counts again from what the live actors report
+                    next_at = (steps // cfg.every_steps + 1) * cfg.every_steps
+                seen = steps
                 if steps < next_at:
                     self._sleep(0.1)
                     continue
