@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,9 +85,13 @@ class InsertClient:
         hwm: int = DEFAULT_HWM,
         ctx: zmq.Context[Any] | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        on_ack: Callable[[int, int], None] | None = None,
     ) -> None:
         self.address = address
         self.sender = sender
+        # called with (seq, items) once per insert, at its first ack: how an actor can keep a
+        # record of what replay has confirmed (the chaos test checks replay against it)
+        self.on_ack = on_ack
         self.max_unacked = max_unacked
         self.max_unacked_bytes = max_unacked_bytes
         self.resend_after_s = resend_after_s
@@ -112,11 +116,17 @@ class InsertClient:
         self.resends = 0
 
     @classmethod
-    def from_config(cls, cfg: Experiment, shard: int, sender: str, curve: CurveConfig | None = None) -> InsertClient:
+    def from_config(cls, cfg: Experiment, shard: int, sender: str, curve: CurveConfig | None = None,
+                    on_ack: Callable[[int, int], None] | None = None) -> InsertClient:
         a = cfg.actor
         return cls(cfg.network.replay[shard], sender, max_unacked=a.max_unacked,
                    max_unacked_bytes=a.max_unacked_bytes, resend_after_s=a.resend_after_s,
-                   curve=curve if curve is not None else client_curve(cfg, "actor"))
+                   curve=curve if curve is not None else client_curve(cfg, "actor"), on_ack=on_ack)
+
+    @property
+    def reconnects(self) -> int:
+        """Connections to replay after the first (a restarted replay, a network that came back)."""
+        return max(0, self.connects - 1)
 
     @property
     def unacked(self) -> int:
@@ -276,6 +286,8 @@ class InsertClient:
             self.acked += 1
             self.items_acked += entry.items
             self._bytes -= entry.nbytes
+            if self.on_ack is not None:
+                self.on_ack(seq, entry.items)
 
     def _raise(self) -> None:
         if self._errors:
@@ -330,6 +342,8 @@ class _Shard:
     size: int = 0
     last_reply: float = field(default_factory=time.monotonic)
     busy_until: float = 0.0  # answered 'busy': not asked again before this
+    monitor: zmq.Socket[Any] | None = None  # handshakes: a new one means the shard restarted or came back
+    connects: int = 0
 
 
 class SampleClient:
@@ -368,7 +382,10 @@ class SampleClient:
         self.poller = zmq.Poller()
         for s in self.shards:
             self.poller.register(s.sock, zmq.POLLIN)
+            s.monitor = s.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            self.poller.register(s.monitor, zmq.POLLIN)
         self._by_sock = {s.sock: s for s in self.shards}
+        self._by_monitor = {s.monitor: s for s in self.shards}
         self._seq = 1
         self._errors: list[RemoteError] = []
         self._infos: dict[int, dict[str, Any]] = {}
@@ -380,6 +397,7 @@ class SampleClient:
         self.reissued = 0
         self.weights_recomputed = 0
         self.busy = 0
+        self.reconnects = 0
 
     @classmethod
     def from_config(cls, cfg: Experiment, sender: str, batch_size: int | None = None,
@@ -503,8 +521,31 @@ class SampleClient:
         self._poll(timeout_s)
         self._raise()
 
+    def _reconnected(self, shard: _Shard) -> None:
+        """A new handshake with a shard: after the first, the requests it held died with its connection."""
+        assert shard.monitor is not None
+        while True:
+            try:
+                frames = shard.monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if not frames or len(frames[0]) < 2 or \
+                    int.from_bytes(frames[0][:2], "little") != zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                continue
+            shard.connects += 1
+            if shard.connects > 1:
+                log.info("sample client: reconnected to replay shard %d; asking again for %d lost samples",
+                         shard.index, len(shard.in_flight))
+                self.reconnects += 1
+                self.reissued += len(shard.in_flight)
+                shard.in_flight.clear()  # _top_up asks again at once (late replies to them are dropped)
+                shard.busy_until = 0.0
+
     def _poll(self, timeout_s: float) -> None:
         for sock, _ in self.poller.poll(max(0, int(timeout_s * 1000))):
+            if sock in self._by_monitor:
+                self._reconnected(self._by_monitor[sock])
+                continue
             shard = self._by_sock[sock]
             while True:
                 try:
@@ -553,6 +594,12 @@ class SampleClient:
 
     def close(self) -> None:
         for s in self.shards:
+            if s.monitor is not None:
+                try:
+                    s.sock.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+                s.monitor.close(linger=0)
             s.sock.close(linger=0)
 
     def __enter__(self) -> SampleClient:

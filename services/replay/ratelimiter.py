@@ -89,6 +89,14 @@ class RateLimiter:
     def sampled(self, n: int) -> None:
         self.samples += n
 
+    def resume(self) -> None:
+        """After a restart that lost the samples counted since the last snapshot (they are not logged):
+        start from the window's centre rather than hold every insert until the learner has
+        sampled all of that again (with a large table, for hours)."""
+        if self.samples_per_insert is not None:
+            centre = self.samples_per_insert * self.min_size
+            self.samples = max(self.samples, int(self.inserts * self.samples_per_insert - centre))
+
     def state(self) -> dict[str, Any]:
         return {"inserts": self.inserts, "samples": self.samples}
 

@@ -402,6 +402,8 @@ class ReplayServer(Server):
             for header, arrays in self.wal.replay(covered, self.wal.segment):
                 self._apply(header, arrays)
         for name, t in self.tables.items():
+            if not isinstance(t, QueueTable):  # a queue's pops are logged; other samples are not
+                t.limiter.resume()
             self.m_size.labels(name).set(t.size)
         return sum(t.size for t in self.tables.values())
 
