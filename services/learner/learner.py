@@ -11,6 +11,14 @@ Sample requests are kept in flight by the SampleClient, so a batch is usually
 waiting when an update ends; priorities go back without waiting. Checkpoints
 (model, target, optimizer, counters, version, config) are written atomically
 every ``learner.checkpoint_every_s`` and on stop, and resumed on start.
+
+Faults: a restarted learner resumes from its checkpoint and publishes a
+version newer than any the paramserver holds. Every ``REPUBLISH_CHECK_S`` the
+learner asks each paramserver shard which versions it holds; a shard that
+lost them (it restarted) gets the current version again at once, so actors
+that (re)start meanwhile need not wait for the next update or round. While
+replay is away the learner waits (no batch, no update) and resumes when it
+answers again.
 """
 
 from __future__ import annotations
@@ -31,12 +39,14 @@ from common.runtime import FatalError, StartupError
 from common.security import client_curve, refused_hint
 from common.server import CommTimeout, RemoteError
 from common.tboard import ScalarWriter
+from services.learner.probe import VersionProbe
 from services.paramserver.client import WeightsPublisher, WeightsReader
 from services.replay.client import SampleClient
 
 log = logging.getLogger("rlfleet.learner")
 
 CHECKPOINT = "checkpoint.pt"
+REPUBLISH_CHECK_S = 1.0  # how often the learner checks that every paramserver shard holds its version
 
 
 def checkpoint_path(cfg: Experiment) -> Path:
@@ -72,6 +82,10 @@ class LearnerService:
         self.publisher = WeightsPublisher(cfg.network.paramserver, "learner", curve=client_curve(cfg, "learner"))
         self.table = next(t for t in cfg.replay.tables if t.name == cfg.learner.table)
         self.last_ckpt = time.monotonic()
+        self.probe = VersionProbe(cfg.network.paramserver, "learner-probe", every_s=REPUBLISH_CHECK_S,
+                                  timeout_s=min(5.0, cfg.network.timeout_s))
+        self._ps_failing = False
+        self._replay_reconnects = 0
         self.m_updates.inc(self.core.num_updates)
         log.info("learner: %s on %s, %s protocol", cfg.algorithm.name, self.core.device, cfg.sync)
 
@@ -86,19 +100,32 @@ class LearnerService:
         self.m_barrier = m.counter("learner_barrier_wait_seconds", "Seconds the learner waited at barriers.")
         self.m_ups = m.gauge("learner_updates_per_second", "Updates per second over the last 10 s.")
         self.m_ckpt = m.counter("learner_checkpoints", "Checkpoints written.")
+        self.m_republish = m.counter("learner_republishes",
+                                     "Current weights sent again to a paramserver shard that had lost them.")
+        self.m_reconnects = m.counter("reconnects", "Connections re-established to a peer that had gone.", ("peer",))
+        for peer in ("replay", "paramserver"):
+            self.m_reconnects.labels(peer).inc(0)
         self._rate = (time.monotonic(), self.core.num_updates)
 
     # -- publish / checkpoint ---------------------------------------------------
-    def publish(self, version: int) -> None:
-        """Publish ``version``, retrying while the paramserver is away."""
+    def publish(self, version: int, retry: bool = True) -> bool:
+        """Publish ``version``; True once every shard acked it.
+
+        With ``retry`` it tries until the paramserver acks (barrier: nobody can
+        act before the next version anyway). Without, one try: async training
+        goes on while the paramserver is away (the actors act on the weights
+        they hold), and :meth:`ensure_published` publishes once it is back.
+        """
         weights = self.core.weights()
         while True:
             try:
                 self.publisher.publish(version, weights, timeout_s=self.cfg.network.timeout_s)
                 break
             except CommTimeout:
-                if self._stopping:
-                    return
+                self._ps_failing = True
+                if self._stopping or not retry:
+                    log.warning("learner: paramserver did not ack version %d; training on", version)
+                    return False
                 log.warning("learner: paramserver did not ack version %d; retrying", version)
             except RemoteError as exc:
                 if exc.reason != "stale_version":
@@ -107,10 +134,49 @@ class LearnerService:
                 # that published further than our checkpoint): continue after it.
                 version = self.first_version()
                 log.warning("learner: paramserver holds newer weights; publishing as version %d", version)
+        self._paramserver_answered()
         self.version = version
         self.m_version.set(version)
         self.m_publishes.inc()
         self.published = weights
+        return True
+
+    def _paramserver_answered(self) -> None:
+        if self._ps_failing:
+            self._ps_failing = False
+            self.m_reconnects.labels("paramserver").inc()
+            log.info("learner: paramserver answers again")
+
+    def ensure_published(self) -> None:
+        """Is every paramserver shard there and holding our version? If not, publish (never blocks).
+
+        A shard that lost our version (it restarted) gets it again at once, so
+        actors that (re)start meanwhile need not wait for the next update or
+        round. Async publishes a new version with the current weights; barrier
+        sends the same version again (a new one would skip a round).
+        """
+        outcome, held = self.probe.step()
+        if outcome == "silent":
+            self._ps_failing = True
+        if outcome != "answered" or not self.published:
+            return
+        was_away = self._ps_failing
+        self._paramserver_answered()
+        if min(held) >= self.version and not was_away:
+            return
+        log.warning("learner: paramserver shards hold versions %s, ours is %d: publishing", held, self.version)
+        if self.cfg.sync == "async":
+            self.publish(self.version + 1, retry=False)
+            return
+        try:
+            self.publisher.publish(self.version, self.published, timeout_s=self.cfg.network.timeout_s)
+        except CommTimeout:
+            self._ps_failing = True
+            return
+        except RemoteError as exc:  # e.g. stale_version: a newer learner got there first; nothing to restore
+            log.warning("learner: republishing version %d refused: %s", self.version, exc)
+            return
+        self.m_republish.inc()
 
     def first_version(self) -> int:
         """Continue after whatever the paramserver holds (a restarted learner never goes back)."""
@@ -150,6 +216,9 @@ class LearnerService:
             self.m_wait.inc(time.monotonic() - start)
             return False
         self.m_wait.inc(time.monotonic() - start)
+        if self.sampler.reconnects > self._replay_reconnects:
+            self.m_reconnects.labels("replay").inc(self.sampler.reconnects - self._replay_reconnects)
+            self._replay_reconnects = self.sampler.reconnects
         figures, priorities = self.core.update(batch.data, batch.weights)
         self.sampler.update_priorities(batch, priorities)
         self.m_updates.inc()
@@ -176,9 +245,10 @@ class LearnerService:
     def _run_async(self) -> None:
         every = self.cfg.learner.publish_every
         while not self._stopping:
-            if self.update_once(timeout_s=0.5) and self.core.num_updates % every == 0:
-                self.publish(self.version + 1)
+            if self.update_once(timeout_s=0.5) and self.core.num_updates % every == 0 and not self._ps_failing:
+                self.publish(self.version + 1, retry=False)
             self._maybe_checkpoint()
+            self.ensure_published()
 
     def _replay_ready(self) -> bool:
         """Some shard at or above the table's min size: it serves while the others hold samples.
@@ -203,6 +273,7 @@ class LearnerService:
             except CommTimeout:
                 self.m_barrier.inc(time.monotonic() - start)
                 self._maybe_checkpoint()
+                self.ensure_published()
                 continue
             self.m_barrier.inc(time.monotonic() - start)
             done = 0
@@ -238,4 +309,5 @@ class LearnerService:
         finally:
             self.sampler.close()
             self.publisher.close()
+            self.probe.close()
             self.tb.close()
