@@ -146,6 +146,14 @@ class Fleet:
             # which then stops the fleet in order.
             m.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
+    def restart(self, m: Member) -> None:
+        """Start a member again whose process exited (or was killed): the same command, the same log."""
+        if self.inproc:
+            raise FleetError("restart needs a fleet of processes, not --inproc")
+        if m.proc is not None and m.proc.poll() is None:
+            raise FleetError(f"{m.label} is still running (pid {m.proc.pid})")
+        self._start_process(m)
+
     def _start_thread(self, m: Member) -> None:
         args = ServiceArgs(name=m.name, shard=m.shard, actor_id=m.actor_id)
         m.service = build(self.cfg, args)
