@@ -1,0 +1,135 @@
+"""Faults: how long the fleet takes to recover from a kill -9 of each service, and what it loses.
+
+    .venv/bin/python -m bench.faults [--sync async|barrier] [--down S]
+
+A local fleet of processes (CartPole, Ape-X DQN, two actors, replay with
+durability ``wal``, no evaluator) trains; once its env steps/s have settled,
+each service in turn (an actor, the replay, the paramserver, the learner) is
+killed with SIGKILL, left dead for ``--down`` seconds and restarted with the
+launcher's own command. For each:
+
+- ``recovery_s``: seconds from the kill until the fleet's env steps/s (over a
+  sliding 3 s window, summed over the actors) is back to 80% of what it was
+  over the 10 s before the kill (the reference: the same fleet unharmed);
+- ``restart_s``: of which seconds until the restarted process answered /healthz;
+- ``acked_lost``: transitions an actor was told were stored (its acked log)
+  that replay's write-ahead log does not hold. Must be 0.
+
+The cost of ``wal`` durability, measured in the same run: acked insert
+throughput of 2 writers (batches of 64 CartPole transitions) into a replay
+with ``wal`` and into one with ``memory`` (bench.replay_ingest's case);
+``ratio`` = wal / memory.
+
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from bench.replay_ingest import run_case
+from common.fleetview import scrape
+from common.launcher import Fleet
+from tests.chaos_helpers import acked, kill9, lost, member, start_fleet, stored, wait_for
+from tests.fleet_helpers import CONFIGS
+
+CONFIG = {"async": "cartpole-dqn.yaml", "barrier": "cartpole-dqn-barrier.yaml"}
+SETS = ["replay.durability=wal", "replay.checkpoint_every_s=3600", "actor.acked_log=true",
+        "evaluator.enabled=false", "learner.checkpoint_every_s=5", "paramserver.liveness_timeout_s=5"]
+KILLED = ("actor-0", "replay-0", "paramserver-0", "learner")
+
+
+class Rate:
+    """Fleet env steps/s from the actors' counters, scraped every 0.5 s."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.last: dict[str, float] = {}  # per actor: its counter (a restarted actor starts again at 0)
+        self.total = 0.0
+        self.points: deque[tuple[float, float]] = deque(maxlen=400)
+
+    def sample(self) -> None:
+        for m in self.fleet.members:
+            if m.name != "actor":
+                continue
+            now = scrape(m.url, timeout_s=0.5).samples.get("rlfleet_env_steps_total")
+            if now is None:
+                continue
+            before = self.last.get(m.label, 0.0)
+            self.total += now - before if now >= before else now
+            self.last[m.label] = now
+        self.points.append((time.monotonic(), self.total))
+
+    def over(self, seconds: float) -> float:
+        now = self.points[-1][0]
+        old = [p for p in self.points if p[0] >= now - seconds]
+        if len(old) < 2 or old[-1][0] - old[0][0] <= 0:
+            return 0.0
+        return (old[-1][1] - old[0][1]) / (old[-1][0] - old[0][0])
+
+    def run_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.sample()
+            time.sleep(0.5)
+
+
+def kill_and_measure(fleet: Fleet, rate: Rate, label: str, down_s: float, limit_s: float) -> dict[str, Any]:
+    rate.run_for(10)
+    prior = rate.over(10)
+    m = member(fleet, label)
+    kill9(m)
+    killed = time.monotonic()
+    rate.run_for(down_s)
+    fleet.restart(m)
+    wait_for(lambda: scrape(m.url, health_only=True).healthy, 120, f"{label} to answer again", every_s=0.1)
+    restart_s = time.monotonic() - killed - down_s
+    rate.run_for(3)
+    while rate.over(3) < 0.8 * prior and time.monotonic() - killed < limit_s:
+        rate.run_for(0.5)
+    back = rate.over(3) >= 0.8 * prior
+    recovery = time.monotonic() - killed if back else None
+    out = {"prior_steps_per_s": round(prior), "recovery_s": None if recovery is None else round(recovery, 1),
+           "restart_s": round(restart_s, 1), "down_s": down_s}
+    print(f"{label}: prior {prior:.0f} env steps/s, back to 80% after "
+          f"{'never' if recovery is None else f'{recovery:.1f} s'} (restart {restart_s:.1f} s)", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sync", choices=sorted(CONFIG), default="async")
+    ap.add_argument("--down", type=float, default=3.0, help="seconds a killed service stays dead")
+    ap.add_argument("--limit", type=float, default=90.0, help="give up waiting for recovery after this long")
+    a = ap.parse_args()
+    out: dict[str, Any] = {"sync": a.sync, "down_s": a.down, "killed": {}}
+    with tempfile.TemporaryDirectory(prefix="rlfleet-faults-") as tmp:
+        fleet, cfg = start_fleet(CONFIGS / CONFIG[a.sync], Path(tmp), 2, SETS)
+        try:
+            rate = Rate(fleet)
+            rate.run_for(20)  # past replay's min size and the first updates
+            for label in KILLED:
+                result = kill_and_measure(fleet, rate, label, a.down, a.limit)
+                result["acked_lost"] = sum(lost(acked(fleet.run_dir), stored(cfg)).values())
+                out["killed"][label.split("-")[0]] = result
+            all_acked = acked(fleet.run_dir)
+            out["acked_transitions"] = sum(all_acked.values())
+            out["acked_lost"] = sum(lost(all_acked, stored(cfg)).values())
+        finally:
+            fleet.stop()
+    mem = run_case("ours", 2, 64, 3000)
+    wal = run_case("wal", 2, 64, 3000)
+    out["insert_transitions_per_s"] = {"memory": round(mem), "wal": round(wal)}
+    out["ratio"] = round(wal / mem, 3)
+    print(f"inserts, 2 writers, batch 64: memory {mem:,.0f}/s, wal {wal:,.0f}/s", flush=True)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
