@@ -83,7 +83,7 @@ class LearnerService:
         self.table = next(t for t in cfg.replay.tables if t.name == cfg.learner.table)
         self.last_ckpt = time.monotonic()
         self.probe = VersionProbe(cfg.network.paramserver, "learner-probe", every_s=REPUBLISH_CHECK_S,
-                                  timeout_s=min(5.0, cfg.network.timeout_s))
+                                  timeout_s=min(5.0, cfg.network.timeout_s), curve=client_curve(cfg, "learner"))
         self._ps_failing = False
         self._replay_reconnects = 0
         self.m_updates.inc(self.core.num_updates)
