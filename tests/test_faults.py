@@ -100,7 +100,7 @@ def test_version_probe_tells_restarted_live_and_gone_shards_apart() -> None:
 
 def until_done(probe: VersionProbe) -> tuple[str, list[int]]:
     while True:
-        outcome, held = probe.step()
+        outcome, held, _ = probe.step()
         if outcome != "waiting":
             return outcome, held
         time.sleep(0.01)

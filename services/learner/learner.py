@@ -87,6 +87,7 @@ class LearnerService:
         self._ps_failing = False
         self._replay_reconnects = 0
         self.m_updates.inc(self.core.num_updates)
+        self.m_version.set(self.version)  # a restarted learner shows its checkpoint's version, not 0
         log.info("learner: %s on %s, %s protocol", cfg.algorithm.name, self.core.device, cfg.sync)
 
     def _define_metrics(self) -> None:
@@ -155,14 +156,14 @@ class LearnerService:
         round. Async publishes a new version with the current weights; barrier
         sends the same version again (a new one would skip a round).
         """
-        outcome, held = self.probe.step()
+        outcome, held, asked_at = self.probe.step(self.version)
         if outcome == "silent":
             self._ps_failing = True
         if outcome != "answered" or not self.published:
             return
         was_away = self._ps_failing
         self._paramserver_answered()
-        if min(held) >= self.version and not was_away:
+        if min(held) >= asked_at and not was_away:  # (a version published since may not be in the answer)
             return
         log.warning("learner: paramserver shards hold versions %s, ours is %d: publishing", held, self.version)
         if self.cfg.sync == "async":

@@ -3,9 +3,9 @@
 The learner calls :meth:`VersionProbe.step` once per loop iteration. Every
 ``every_s`` it sends ``info`` to each shard; later steps collect the replies
 (``info_reply.stats.versions``). Once every shard answered, ``step`` returns
-("answered", newest version per shard, -1 for none); when one has not
-answered within ``timeout_s`` it returns ("silent", []); otherwise
-("waiting", []). A restarted shard answers with no versions: that is how the
+("answered", newest version per shard (-1 for none), the caller's version when
+it asked); when one has not answered within ``timeout_s``, ("silent", [], ...);
+otherwise ("waiting", [], ...). A restarted shard answers with no versions: that is how the
 learner knows to publish its weights there again.
 """
 
@@ -34,15 +34,18 @@ class VersionProbe:
         self.answers: dict[int, int] = {}  # shard -> newest version it holds
         self.sent_at = 0.0
         self.asking = False
+        self.mine = -1
 
-    def step(self) -> tuple[Outcome, list[int]]:
+    def step(self, mine: int = -1) -> tuple[Outcome, list[int], int]:
+        """One non-blocking step; ``mine`` (the caller's version now) comes back with the answers it
+        was asked with, so the caller compares them with what it had published when it asked."""
         now = time.monotonic()
         if not self.asking:
             if now - self.sent_at < self.every_s:
-                return "waiting", []
+                return "waiting", [], self.mine
             self.answers.clear()
             self.in_flight.clear()
-            self.sent_at, self.asking = now, True
+            self.sent_at, self.asking, self.mine = now, True, mine
             for i, c in enumerate(self.clients):
                 try:
                     self.in_flight[i] = c.send(Message("info", {}))
@@ -55,11 +58,11 @@ class VersionProbe:
                 del self.in_flight[i]
         if len(self.answers) == len(self.clients):
             self.asking = False
-            return "answered", [self.answers[i] for i in range(len(self.clients))]
+            return "answered", [self.answers[i] for i in range(len(self.clients))], self.mine
         if now - self.sent_at >= self.timeout_s:
             self.asking = False  # late replies are told apart by their ref_seq
-            return "silent", []
-        return "waiting", []
+            return "silent", [], self.mine
+        return "waiting", [], self.mine
 
     def _drain(self, i: int, seq: int) -> int | None:
         sock = self.clients[i].sock
