@@ -79,6 +79,26 @@ def fleet_size(welcome: Welcome) -> int:
     return max(1, welcome.num_actors, welcome.index + 1)
 
 
+class AckedLog:
+    """Every insert replay acked, as ``seq,items`` rows (``actor.acked_log``).
+
+    Written at the ack, line by line: a row survives a kill -9 of the actor,
+    so the chaos test can check that replay holds everything it ever acked.
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 (closed in close())
+        if self._file.tell() == 0:
+            self._file.write("seq,items\n")
+
+    def write(self, seq: int, items: int) -> None:
+        self._file.write(f"{seq},{items}\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class ActorService:
     """One actor: env, policy, n-step builder, replay inserts, weight sync, heartbeats."""
 
@@ -99,7 +119,11 @@ class ActorService:
         self.envs = make_vector_env(cfg.env, self.env_seed)
         self.builder = self.algo.make_builder(cfg.algorithm, self.envs)
         shard = self.index % cfg.replay.shards  # an actor sticks to one replay shard
-        self.replay = InsertClient.from_config(cfg, shard, actor_id)
+        self.acked_log = AckedLog(Path(cfg.run_dir) / "acked" / f"{actor_id}.csv") if cfg.actor.acked_log else None
+        self.replay = InsertClient.from_config(cfg, shard, actor_id,
+                                               on_ack=self.acked_log.write if self.acked_log else None)
+        self._replay_reconnects = 0
+        self._weights_at = time.monotonic()
         self.table = cfg.learner.table
         self.epsilon = self.algo.exploration(cfg.algorithm, self.index, self.num_actors)
         self.version = -1
@@ -121,6 +145,11 @@ class ActorService:
         self.m_epsilon = m.gauge("actor_epsilon", "Exploration epsilon of this actor (Ape-X).")
         self.m_inserted = m.counter("actor_transitions_sent", "Transitions handed to the replay client.")
         self.m_wait = m.counter("actor_weights_wait_seconds", "Seconds spent waiting for weights.")
+        self.m_age = m.gauge("actor_weights_age_seconds",
+                             "Seconds since this actor last got newer weights (grows while the paramserver is away).")
+        self.m_reconnects = m.counter("reconnects", "Connections re-established to a peer that had gone.", ("peer",))
+        for peer in ("replay", "paramserver"):
+            self.m_reconnects.labels(peer).inc(0)
         # the insert window: what a partition from replay leaves buffered (bounded by actor.max_unacked_bytes)
         self.m_unacked = m.gauge("actor_unacked_inserts", "Insert messages sent to replay and not yet acked.")
         self.m_unacked_bytes = m.gauge("actor_unacked_bytes", "Bytes of un-acked inserts kept for resending.")
@@ -141,6 +170,8 @@ class ActorService:
         self.m_stale.set(behind)
         self.version = version
         self.m_version.set(version)
+        self._weights_at = time.monotonic()
+        self.m_age.set(0.0)
         return True
 
     def wait_for_version(self, min_version: int) -> bool:
@@ -170,7 +201,14 @@ class ActorService:
             log.warning("actor %s: weights poll failed (%s); acting on v%d", self.actor_id, exc, self.version)
 
     def _heartbeat(self) -> None:
+        before = self.links.reconnects
         welcome = self.links.heartbeat(self.version, self.env_steps)
+        if self.links.reconnects > before:
+            self.m_reconnects.labels("paramserver").inc(self.links.reconnects - before)
+        if self.replay.reconnects > self._replay_reconnects:
+            self.m_reconnects.labels("replay").inc(self.replay.reconnects - self._replay_reconnects)
+            self._replay_reconnects = self.replay.reconnects
+        self.m_age.set(time.monotonic() - self._weights_at)
         if welcome is not None and (welcome.index, fleet_size(welcome)) != (self.index, self.num_actors):
             if welcome.index >= 0 and welcome.num_actors > 0:
                 self.num_actors = fleet_size(welcome)
@@ -305,3 +343,5 @@ class ActorService:
         self.replay.close()
         self.envs.close()
         self.episode_log.close()
+        if self.acked_log is not None:
+            self.acked_log.close()

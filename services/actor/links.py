@@ -28,6 +28,7 @@ class FleetLinks:
         self.reader = WeightsReader(cfg.network.paramserver, actor_id, timeout_s=cfg.network.timeout_s, curve=curve)
         self.welcome = self._hello(cfg.network.timeout_s)
         self._failing = False
+        self.reconnects = 0  # outages of shard 0 that ended (it restarted, or the network came back)
 
     def _hello(self, timeout_s: float) -> Welcome:
         deadline = time.monotonic() + timeout_s
@@ -60,6 +61,7 @@ class FleetLinks:
             return None
         if self._failing:
             log.info("%s: registry answers again", self.registry.actor_id)
+            self.reconnects += 1
         self._failing = False
         return welcome
 
