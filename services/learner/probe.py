@@ -17,7 +17,7 @@ from typing import Literal
 
 import zmq
 
-from common.protocol import Message, ProtocolError
+from common.protocol import Message, ProtocolError, encode
 from common.server import Client, CommTimeout
 from common.transport import CurveConfig
 
@@ -47,9 +47,11 @@ class VersionProbe:
             self.in_flight.clear()
             self.sent_at, self.asking, self.mine = now, True, mine
             for i, c in enumerate(self.clients):
-                try:
-                    self.in_flight[i] = c.send(Message("info", {}))
-                except CommTimeout:  # its send queue is full: it has been away a while
+                msg = Message("info", {}, sender=c.sender, seq=c.next_seq())
+                try:  # never wait here: a shard away long enough has a full send queue
+                    c.sock.send_multipart(encode(msg), copy=False, flags=zmq.NOBLOCK)
+                    self.in_flight[i] = msg.seq
+                except zmq.Again:
                     pass
         for i, seq in list(self.in_flight.items()):
             newest = self._drain(i, seq)
