@@ -167,7 +167,8 @@ class LearnerService:
             return
         log.warning("learner: paramserver shards hold versions %s, ours is %d: publishing", held, self.version)
         if self.cfg.sync == "async":
-            self.publish(self.version + 1, retry=False)
+            if self.publish(self.version + 1, retry=False):
+                self.m_republish.inc()
             return
         try:
             self.publisher.publish(self.version, self.published, timeout_s=self.cfg.network.timeout_s)
