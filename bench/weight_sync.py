@@ -5,9 +5,11 @@
 Models of 70k, 1.2M and 25M float32 parameters (a few realistic tensors
 each), published through 1, 2 and 4 paramserver shards (each shard its own
 process) to 4 reader processes that long-poll with ``WeightsReader.wait``.
-Readers on the shards' host map each version from /dev/shm (the default);
-the ``shards_1_frames`` row is the same with shm off, i.e. every reader gets
-the bytes over tcp, as readers on other hosts do. A reader's time is taken
+The publisher and readers on the shards' host share /dev/shm (the default):
+the publisher writes each shard's slice once into a file the shard takes
+over, and readers map it. The ``shards_1_frames`` row is the same with shm
+off in publisher and readers, i.e. every byte goes over tcp, as it does
+when the learner and the actors run on other hosts than the paramserver. A reader's time is taken
 when ``wait`` returns the assembled version; the figure for one publish is
 the latest of the 4 readers minus the moment just before ``publish`` was
 called (CLOCK_MONOTONIC is shared by all processes).
@@ -144,7 +146,7 @@ def run_ours(tensors: dict[str, np.ndarray], shards: int, reps: int, shm: bool =
                  for i in range(READERS)]
         for p in procs:
             p.start()
-        pub = WeightsPublisher(ps.addresses, "bench")
+        pub = WeightsPublisher(ps.addresses, "bench", shm=shm)
         try:
             reports.collect(-1, READERS)
             pub.publish(0, tensors)  # warm-up: connections, layout checks
@@ -208,7 +210,7 @@ def main() -> None:
         row["raw"] = percentiles(run_raw(tensors, reps[label]))
         for shards in (1, 2, 4):
             row[f"shards_{shards}"] = percentiles(run_ours(tensors, shards, reps[label]))
-        # The same through tcp frames only (readers on another host, or shm off).
+        # The same through tcp frames only (learner and readers on other hosts, or shm off).
         row["shards_1_frames"] = percentiles(run_ours(tensors, 1, reps[label], shm=False))
         results[label] = row
         print(label, json.dumps(row), flush=True)

@@ -124,6 +124,8 @@ _SPECS = [
         "layout": _f("str", "fingerprint of the partition (names, shapes, dtypes)"),
         "tensors": _f("list", "whole model as [name, dtype, shape] sorted by name; needed on a shard's"
                       " first publish, lets it check its slice", False),
+        "shm": _f("map", "instead of payload frames, a file the publisher wrote on the shard's host:"
+                  " {path, arrays: [[name, dtype, shape, offset]]}", False),
     }, open_arrays=True),
     MessageSpec("publish_ack", "A version is stored on this shard.", {
         "ref_seq": _f("int", "seq of the publish"),

@@ -66,6 +66,10 @@ class _Shards:
     def gather(self, requests: Mapping[int, Message], deadline: float) -> dict[int, Message]:
         """Send every request, then collect one reply per shard (``error`` replies included)."""
         seqs = {i: self.clients[i].send(msg) for i, msg in requests.items()}
+        return self.collect(seqs, requests, deadline)
+
+    def collect(self, seqs: Mapping[int, int], requests: Mapping[int, Message], deadline: float) -> dict[int, Message]:
+        """One reply per shard to the requests already sent with these seqs."""
         out: dict[int, Message] = {}
         poller = zmq.Poller()
         by_sock = {}
@@ -122,7 +126,13 @@ def _as_array(value: Any) -> np.ndarray:
 
 
 class WeightsPublisher:
-    """The learner's side: publish versions, run the round barrier."""
+    """The learner's side: publish versions, run the round barrier.
+
+    A shard on this host gets its slice as a file in /dev/shm that it takes
+    over (see services/paramserver/shm.py) instead of payload frames; a shard
+    that cannot map it (another host or container, shared memory off)
+    answers ``shm_unavailable`` and gets frames from then on.
+    """
 
     def __init__(
         self,
@@ -131,9 +141,12 @@ class WeightsPublisher:
         *,
         curve: CurveConfig | None = None,
         ctx: zmq.Context[Any] | None = None,
+        shm: bool = True,
     ) -> None:
         self.shards = _Shards(addresses, sender, curve, ctx)
         self.layout: Layout | None = None
+        self.use_shm = [shm and shmlib.available()] * len(self.shards)
+        self.writer = shmlib.ShmWriter() if any(self.use_shm) else None
 
     def layout_for(self, tensors: Mapping[str, np.ndarray]) -> Layout:
         specs = tuple(tensor_specs(tensors))
@@ -148,13 +161,62 @@ class WeightsPublisher:
         or CommTimeout. A version refused by one shard is never assembled by
         a reader, since no reader assembles a version that not every shard holds.
         """
+        deadline = time.monotonic() + timeout_s
         arrays = {str(k): _as_array(v) for k, v in tensors.items()}
         layout = self.layout_for(arrays)
         body = {"version": version, "num_shards": layout.num_shards, "layout": layout.fingerprint,
                 "tensors": layout.to_wire()}
-        requests = {i: Message("publish", dict(body), layout.slice(arrays, i)) for i in range(len(self.shards))}
-        replies = self.shards.gather(requests, time.monotonic() + timeout_s)
+        requests: dict[int, Message] = {}
+        seqs: dict[int, int] = {}
+        files: dict[int, str] = {}
+        try:
+            # Each shard's request goes out as soon as its slice is written: shard i
+            # stores its slice while this thread writes the next one.
+            for i in range(len(self.shards)):
+                requests[i] = self._request(i, body, layout.slice(arrays, i), files)
+                seqs[i] = self.shards.clients[i].send(requests[i])
+            replies = self.shards.collect(seqs, requests, deadline)
+        except BaseException:
+            for path in files.values():  # never answered: the shard did not take them over
+                shmlib.ShmWriter.discard(path)
+            raise
+        for path in files.values():
+            # A shard renames a file it keeps before it acks, so the name is left only where
+            # it was not kept (a retry, a refusal, another host): remove it either way.
+            shmlib.ShmWriter.discard(path)
+        again = [i for i in files if replies[i].type == "error" and replies[i]["reason"] == "shm_unavailable"]
+        if again:
+            for i in again:
+                log.info("paramserver shard %d cannot map this host's shared memory (%s): publishing "
+                         "with frames", i, replies[i]["detail"])
+                self.use_shm[i] = False
+            frames = {i: Message("publish", dict(body), layout.slice(arrays, i)) for i in again}
+            replies.update(self.shards.gather(frames, deadline))
         _raise_errors(replies, f"publish of version {version}")
+        if self.writer is not None:
+            self._prepare_next(files)
+
+    def _request(self, i: int, body: dict[str, Any], piece: dict[str, np.ndarray], files: dict[int, str]) -> Message:
+        if self.writer is not None and self.use_shm[i] and piece:
+            try:
+                desc = self.writer.write(i, piece)
+            except OSError as exc:  # /dev/shm full: frames this time
+                log.warning("could not write the slice of paramserver shard %d to shared memory (%s): "
+                            "sending frames", i, exc)
+            else:
+                files[i] = desc["path"]
+                return Message("publish", {**body, "shm": desc})
+        return Message("publish", dict(body), piece)
+
+    def _prepare_next(self, files: Mapping[int, str]) -> None:
+        """Allocate the next version's files now, so the next publish is one copy per slice."""
+        assert self.writer is not None
+        for i in files:
+            if self.use_shm[i]:
+                try:
+                    self.writer.prepare(i)
+                except OSError:  # /dev/shm full: the next write allocates as it goes (or falls back)
+                    pass
 
     def barrier(self, round: int, timeout_s: float) -> int:
         """Block until every live actor waits for version round + 1; returns how many.
@@ -169,6 +231,8 @@ class WeightsPublisher:
         return int(reply["actors"])
 
     def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
         self.shards.close()
 
 

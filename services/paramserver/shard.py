@@ -2,8 +2,9 @@
 also the actor registry and the round barrier.
 
 The shard keeps the last two versions of its slice. Stored tensors are the
-read-only views of the frames the publish arrived in, and replies send those
-same buffers (zero-copy both ways).
+read-only views of the frames the publish arrived in (or of the publisher's
+shared-memory file, which the shard then serves as that version's file), and
+replies send those same buffers (zero-copy both ways).
 
 Barrier rule (synchronous protocol), decided here and documented in
 docs/protocol.md: shard 0 answers ``barrier(round=k)`` when there is at least
@@ -159,11 +160,39 @@ class ShardServer(Server):
         return all(_same_bytes(a, newest.arrays[name]) for name, a in msg.arrays.items())
 
     def on_publish(self, peer: Peer, msg: Message) -> None:
+        desc = msg.get("shm")
+        if desc is None:
+            self._store(peer, msg, None)
+            return
+        # The publisher shares this host's /dev/shm: the slice is in a file it wrote.
+        if msg.arrays:
+            raise RequestError("bad_shm", "a publish with shm names a file: it must carry no payload frames")
+        if self.shm is None:
+            self.reply_error(peer, "shm_unavailable", f"shard {self.shard} does not use shared memory; "
+                             "publish with payload frames", count=False)
+            return
+        try:
+            path, descriptors, msg.arrays = shmlib.map_published(desc)
+        except shmlib.ShmUnavailable as exc:  # another host or container: an expected outcome
+            self.reply_error(peer, "shm_unavailable", f"shard {self.shard}: {exc}; publish with payload frames",
+                             count=False)
+            return
+        except ValueError as exc:
+            raise RequestError("bad_shm", str(exc)) from None
+        adopted = False
+        try:
+            adopted = self._store(peer, msg, (path, descriptors))
+        finally:
+            if not adopted:  # refused, or a retry of what this shard holds: the file is not needed
+                shmlib.ShmWriter.discard(path)
+
+    def _store(self, peer: Peer, msg: Message, shm_file: tuple[str, list[list[Any]]] | None) -> bool:
+        """Store a publish and wake the waits it satisfies; True if ``shm_file`` became the version's file."""
         version = msg["version"]
         if self.held and version == self.held[0].version and self._is_retry(msg):
             # The publisher retries after a timeout although this shard stored it: ack again.
             self.reply(peer, Message("publish_ack", {"version": version}))
-            return
+            return False
         if self.held and version <= self.held[0].version:
             same = " with other contents or layout" if version == self.held[0].version else ""
             raise RequestError("stale_version", f"version {version} is not newer than version "
@@ -179,6 +208,7 @@ class ShardServer(Server):
                      len(layout.shards[self.shard]), layout.shard_nbytes(self.shard))
         self.layout = layout
         held = Held(version, dict(msg.arrays), layout.fingerprint)
+        adopted = shm_file is not None and self.shm is not None and self.shm.adopt(version, *shm_file)
         self.held = [held, *self.held]
         for old in self.held[KEEP_VERSIONS:]:
             if self.shm is not None:
@@ -193,6 +223,7 @@ class ShardServer(Server):
             del self.waits[identity]
         if woken:
             self._waits_changed()
+        return adopted
 
     def _export(self, held: Held) -> dict[str, Any] | None:
         """The ``weights.shm`` field for ``held``, or None (use frames) when shared memory fails."""
