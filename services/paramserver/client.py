@@ -18,8 +18,10 @@ A reader that takes part in the barrier must use its ``actor_id`` as
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +149,7 @@ class WeightsPublisher:
         self.layout: Layout | None = None
         self.use_shm = [shm and shmlib.available()] * len(self.shards)
         self.writer = shmlib.ShmWriter() if any(self.use_shm) else None
+        self._pool: ThreadPoolExecutor | None = None  # writes the slices of several shards at once
 
     def layout_for(self, tensors: Mapping[str, np.ndarray]) -> Layout:
         specs = tuple(tensor_specs(tensors))
@@ -170,11 +173,7 @@ class WeightsPublisher:
         seqs: dict[int, int] = {}
         files: dict[int, str] = {}
         try:
-            # Each shard's request goes out as soon as its slice is written: shard i
-            # stores its slice while this thread writes the next one.
-            for i in range(len(self.shards)):
-                requests[i] = self._request(i, body, layout.slice(arrays, i), files)
-                seqs[i] = self.shards.clients[i].send(requests[i])
+            self._send_all(body, {i: layout.slice(arrays, i) for i in range(len(self.shards))}, requests, seqs, files)
             replies = self.shards.collect(seqs, requests, deadline)
         except BaseException:
             for path in files.values():  # never answered: the shard did not take them over
@@ -196,17 +195,46 @@ class WeightsPublisher:
         if self.writer is not None:
             self._prepare_next(files)
 
-    def _request(self, i: int, body: dict[str, Any], piece: dict[str, np.ndarray], files: dict[int, str]) -> Message:
-        if self.writer is not None and self.use_shm[i] and piece:
-            try:
-                desc = self.writer.write(i, piece)
-            except OSError as exc:  # /dev/shm full: frames this time
-                log.warning("could not write the slice of paramserver shard %d to shared memory (%s): "
-                            "sending frames", i, exc)
-            else:
+    def _send_all(self, body: dict[str, Any], pieces: dict[int, dict[str, np.ndarray]],
+                  requests: dict[int, Message], seqs: dict[int, int], files: dict[int, str]) -> None:
+        """Send each shard its slice: frames at once, shared-memory files as soon as each is written.
+
+        Slices for several shards are written by a thread each (pwrite drops
+        the GIL), so sharding spreads the copy over the cores as frames spread
+        the transfer; the sockets stay on this thread.
+        """
+        def send(i: int, msg: Message) -> None:
+            requests[i] = msg
+            seqs[i] = self.shards.clients[i].send(msg)
+
+        to_write = [i for i, piece in pieces.items() if self.writer is not None and self.use_shm[i] and piece]
+        for i, piece in pieces.items():
+            if i not in to_write:
+                send(i, Message("publish", dict(body), piece))
+        written: Iterable[tuple[int, dict[str, Any] | None]]
+        if len(to_write) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(min(len(self.shards), os.cpu_count() or 1), "publish-shm")
+            futures = {self._pool.submit(self._write, i, pieces[i]): i for i in to_write}
+            written = ((futures[f], f.result()) for f in as_completed(futures))
+        else:
+            written = ((i, self._write(i, pieces[i])) for i in to_write)
+        for i, desc in written:
+            if desc is not None:
                 files[i] = desc["path"]
-                return Message("publish", {**body, "shm": desc})
-        return Message("publish", dict(body), piece)
+                send(i, Message("publish", {**body, "shm": desc}))
+            else:
+                send(i, Message("publish", dict(body), pieces[i]))
+
+    def _write(self, i: int, piece: dict[str, np.ndarray]) -> dict[str, Any] | None:
+        """Shard ``i``'s ``publish.shm`` field, or None (send frames) when /dev/shm cannot take it."""
+        assert self.writer is not None
+        try:
+            return self.writer.write(i, piece)
+        except OSError as exc:  # /dev/shm full: frames this time
+            log.warning("could not write the slice of paramserver shard %d to shared memory (%s): "
+                        "sending frames", i, exc)
+            return None
 
     def _prepare_next(self, files: Mapping[int, str]) -> None:
         """Allocate the next version's files now, so the next publish is one copy per slice."""
@@ -231,6 +259,8 @@ class WeightsPublisher:
         return int(reply["actors"])
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
         if self.writer is not None:
             self.writer.close()
         self.shards.close()

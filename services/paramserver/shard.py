@@ -216,13 +216,15 @@ class ShardServer(Server):
         del self.held[KEEP_VERSIONS:]
         self.m_version.set(version)
         self.m_publishes.inc()
-        self.reply(peer, Message("publish_ack", {"version": version}))
+        # Parked readers first, the publisher's ack last: on a busy host the woken
+        # publisher (and what it does next) would otherwise compete with the sends.
         woken = [k for k, w in self.waits.items() if w.min_version <= version]
         for identity in woken:
             self._send_weights(self.waits[identity].peer, held, self.waits[identity].shm)
             del self.waits[identity]
         if woken:
             self._waits_changed()
+        self.reply(peer, Message("publish_ack", {"version": version}))
         return adopted
 
     def _export(self, held: Held) -> dict[str, Any] | None:

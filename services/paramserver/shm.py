@@ -32,6 +32,7 @@ into /dev/shm.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import mmap
@@ -224,11 +225,10 @@ class ShmWriter:
         self.base = f"{directory}/{PREFIX}{os.getpid()}-{secrets.token_hex(16)}-pub"
         self.spares: dict[int, tuple[str, int]] = {}  # shard -> (path, size)
         self.sizes: dict[int, int] = {}  # shard -> size of its last slice
-        self._count = 0
+        self._count = itertools.count(1)  # next() is atomic: slices are written by several threads
 
     def _name(self) -> str:
-        self._count += 1
-        return f"{self.base}{self._count}"
+        return f"{self.base}{next(self._count)}"
 
     def write(self, shard: int, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
         """Write ``arrays`` to a new file; returns the ``publish.shm`` field naming it."""
