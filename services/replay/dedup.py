@@ -61,6 +61,11 @@ class Dedup:
                 self.senders.popitem(last=False)
         else:
             self.senders.move_to_end(sender)
+            if seq == s.floor + 1 and not s.above:
+                # the next seq in order (the usual case): nothing above the floor, so nothing
+                # above it was seen (top <= floor) and window_start cannot pass seq
+                s.floor = s.top = seq
+                return
         if seq > s.floor:
             s.above.add(seq)
         s.top = max(s.top, seq)
