@@ -14,20 +14,26 @@ when ``wait`` returns the assembled version; the figure for one publish is
 the latest of the 4 readers minus the moment just before ``publish`` was
 called (CLOCK_MONOTONIC is shared by all processes).
 
-The ceiling, measured in the same run for each model: a raw pyzmq DEALER
-sending the same tensors (one frame each, zero-copy) over tcp to one reader
-process, timed from before the send until that reader holds all frames.
+The ceiling the issue names, measured in the same run for each model:
+``raw`` is a raw pyzmq DEALER sending the same bytes (one frame a tensor,
+zero-copy) to one reader, timed from before the send until it holds every
+frame. For a fan-out peer, ``raw_pubsub`` is a raw PUB sending the same
+tensors to 4 SUB reader processes until all 4 hold them, run over tcp and
+over ipc (``raw_pubsub_tcp``/``_ipc``; the lower p99 counts).
 
 Last line: JSON with p50/p99 (ms) for every case, ``p99_ratio`` (1.2M params,
-1 shard, ours / raw) and ``shard_speedup_25m`` (p50 with 1 shard / p50 with
-4 shards, 25M params).
+1 shard, ours / raw one-reader send: the issue's goal, <= 2),
+``p99_ratio_pubsub`` (the same against the 4-reader PUB/SUB) and
+``shard_speedup_25m`` (p50 with 1 shard / p50 with 4 shards, 25M params).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
+import os
 import time
 from typing import Any
 
@@ -87,19 +93,19 @@ def reader_proc(addresses: list[str], name: str, report: str, shm: bool) -> None
             return
 
 
-def raw_reader_proc(address: str, report: str, nframes: int) -> None:
+def raw_reader_proc(address: str, name: str, report: str, nframes: int) -> None:
     ctx = zmq.Context.instance()
     out = ctx.socket(zmq.PUSH)
     out.connect(report)
-    sock = ctx.socket(zmq.DEALER)
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.connect(address)
-    sock.send(b"ready")
     while True:
         frames = sock.recv_multipart(copy=False)
         version = int.from_bytes(frames[0].bytes, "little")
         held = [np.frombuffer(f.buffer, np.float32) for f in frames[1:]]  # hold the bytes, as ours does
         assert len(held) == nframes
-        out.send(msgpack.packb(["raw", version, time.monotonic_ns()]))
+        out.send(msgpack.packb([name, version, time.monotonic_ns()]))
         if version >= 1 << 40:
             return
 
@@ -166,14 +172,76 @@ def run_ours(tensors: dict[str, np.ndarray], shards: int, reps: int, shm: bool =
     return lat
 
 
-def run_raw(tensors: dict[str, np.ndarray], reps: int) -> list[float]:
+def run_raw(tensors: dict[str, np.ndarray], reps: int, transport: str = "tcp") -> list[float]:
+    """A raw PUB sending the tensors (zero-copy, one frame each) to 4 SUB reader processes."""
+    ctx = mp.get_context("spawn")
+    reports = Reports()
+    sock = zmq.Context.instance().socket(zmq.PUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    if transport == "ipc":
+        address = f"ipc:///tmp/rlfleet-bench-ws-{os.getpid()}-{free_tcp_port()}"
+    else:
+        address = f"tcp://127.0.0.1:{free_tcp_port()}"
+    sock.bind(address)
+    procs = [ctx.Process(target=raw_reader_proc, args=(address, f"raw{i}", reports.address, len(tensors)),
+                         daemon=True) for i in range(READERS)]
+    for p in procs:
+        p.start()
+    frames = list(tensors.values())
+    lat: list[float] = []
+    try:
+        # A SUB gets only what is sent after its subscription arrived: send version 0 until all hold it.
+        deadline = time.monotonic() + 60
+        while True:
+            sock.send_multipart([(0).to_bytes(8, "little"), *frames], copy=False)
+            try:
+                reports.collect(0, READERS, timeout_s=0.2)
+                break
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+        for version in range(1, reps + 1):
+            time.sleep(0.02)
+            t0 = time.monotonic_ns()
+            sock.send_multipart([version.to_bytes(8, "little"), *frames], copy=False)
+            done = max(reports.collect(version, READERS))
+            lat.append((done - t0) / 1e6)
+    finally:
+        for p in procs:
+            p.kill()
+            p.join(5)
+        sock.close()
+        reports.close()
+        if transport == "ipc":
+            with contextlib.suppress(OSError):
+                os.unlink(address[len("ipc://"):])
+    return lat
+
+
+def raw_one_reader_proc(address: str, report: str, nframes: int) -> None:
+    ctx = zmq.Context.instance()
+    out = ctx.socket(zmq.PUSH)
+    out.connect(report)
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(address)
+    sock.send(b"ready")
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        version = int.from_bytes(frames[0].bytes, "little")
+        held = [np.frombuffer(f.buffer, np.float32) for f in frames[1:]]
+        assert len(held) == nframes
+        out.send(msgpack.packb(["raw", version, time.monotonic_ns()]))
+
+
+def run_raw_one(tensors: dict[str, np.ndarray], reps: int) -> list[float]:
+    """A raw DEALER send of the same tensors to a single reader (one copy, not four)."""
     ctx = mp.get_context("spawn")
     reports = Reports()
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     address = f"tcp://127.0.0.1:{free_tcp_port()}"
     sock.bind(address)
-    proc = ctx.Process(target=raw_reader_proc, args=(address, reports.address, len(tensors)), daemon=True)
+    proc = ctx.Process(target=raw_one_reader_proc, args=(address, reports.address, len(tensors)), daemon=True)
     proc.start()
     lat: list[float] = []
     try:
@@ -200,14 +268,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
     ns = parser.parse_args()
-    reps = {"70k": 60, "1.2M": 60, "25M": 10} if not ns.quick else {"70k": 10, "1.2M": 10, "25M": 3}
+    reps = {"70k": 60, "1.2M": 100, "25M": 20} if not ns.quick else {"70k": 10, "1.2M": 10, "25M": 3}
     results: dict[str, dict[str, Any]] = {}
     started = time.monotonic()
     for label, shapes in MODELS.items():
         tensors = make(shapes())
         params = sum(a.size for a in tensors.values())
         row: dict[str, Any] = {"params": int(params), "tensors": len(tensors)}
-        row["raw"] = percentiles(run_raw(tensors, reps[label]))
+        # The ceiling the issue names: one DEALER sending the same bytes to a single reader.
+        row["raw"] = percentiles(run_raw_one(tensors, reps[label]))
+        # A fan-out peer at its best: raw PUB/SUB to 4 readers over tcp and ipc, the better p99.
+        for transport in ("tcp", "ipc"):
+            row[f"raw_pubsub_{transport}"] = percentiles(run_raw(tensors, reps[label], transport))
+        best = min(("tcp", "ipc"), key=lambda tr: (row[f"raw_pubsub_{tr}"]["p99"], row[f"raw_pubsub_{tr}"]["p50"]))
+        row["raw_pubsub"] = {**row[f"raw_pubsub_{best}"], "transport": best}
         for shards in (1, 2, 4):
             row[f"shards_{shards}"] = percentiles(run_ours(tensors, shards, reps[label]))
         # The same through tcp frames only (learner and readers on other hosts, or shm off).
@@ -221,6 +295,7 @@ def main() -> None:
         "results": results,
         "p99_ratio": round(results["1.2M"]["shards_1"]["p99"] / results["1.2M"]["raw"]["p99"], 3),
         "p50_ratio": round(results["1.2M"]["shards_1"]["p50"] / results["1.2M"]["raw"]["p50"], 3),
+        "p99_ratio_pubsub": round(results["1.2M"]["shards_1"]["p99"] / results["1.2M"]["raw_pubsub"]["p99"], 3),
         "shard_speedup_25m": round(results["25M"]["shards_1"]["p50"] / results["25M"]["shards_4"]["p50"], 3),
         "seconds": round(time.monotonic() - started, 1),
     }

@@ -32,6 +32,11 @@ def files_of(pid: int) -> list[str]:
     return glob.glob(f"/dev/shm/{shmlib.PREFIX}{pid}-*")
 
 
+def served_files(pid: int) -> list[str]:
+    """What the shard's files are named after (spare and reclaimed free files left out)."""
+    return sorted(f.rsplit("-", 1)[1] for f in files_of(pid) if "spare" not in f and "free" not in f)
+
+
 def is_mapped(arr: np.ndarray) -> bool:
     base = arr
     while isinstance(base, np.ndarray) and base.base is not None:
@@ -72,8 +77,15 @@ def test_shm_and_frames_agree_and_fallback_works() -> None:
         assert via_shm.wait(3, 10.0)[0] == 3
         pub.publish(4, model(4))
         assert via_shm.wait(4, 10.0)[0] == 4
-        assert sorted(f.rsplit("-", 1)[1] for f in files_of(pids[0]) if "spare" not in f) == ["probe", "v3", "v4"]
-        assert np.array_equal(a["w1"], model(1)["w1"])  # an old mapping stays valid after unlink
+        # Shard 0 serves files for its two newest versions; the files of versions 1 and 2 stay as they
+        # were while this reader maps them (a and c), and are reused once it lets go.
+        assert served_files(pids[0]) == ["probe", "v1", "v2", "v3", "v4"]
+        assert np.array_equal(a["w1"], model(1)["w1"]) and np.array_equal(c["w1" if "w1" in c else "w2"],
+                                                                           model(2)["w1" if "w1" in c else "w2"])
+        del a, c
+        pub.publish(5, model(5))
+        assert via_shm.wait(5, 10.0)[0] == 5
+        assert served_files(pids[0]) == ["probe", "v4", "v5"]
         for r in (via_shm, via_frames, pub):
             r.close()
     assert not files_of(pids[0]) and not files_of(pids[1])  # removed on a clean stop

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 from typing import Any
@@ -130,3 +131,62 @@ def test_bad_shared_memory_publishes_get_errors_and_the_shard_keeps_serving() ->
         for path in glob.glob(writer.base + "*"):
             os.unlink(path)
         writer.close()
+
+
+def test_files_of_dropped_versions_are_reused_only_once_no_reader_maps_them() -> None:
+    with serving(shard_server()) as server:
+        assert server.shm is not None
+        pub = WeightsPublisher([server.endpoint])
+        reader = WeightsReader([server.endpoint], "shm-reader")
+        kept: dict[int, dict[str, np.ndarray]] = {}  # versions this reader goes on mapping
+        inodes: dict[int, int] = {}
+        for version in range(1, 13):
+            pub.publish(version, model(version))
+            got, arrays = reader.wait(version, 10.0)
+            assert got == version and same(arrays, version)
+            inodes[version] = os.stat(server.shm.files[version][0]).st_ino
+            if version in (2, 3):
+                kept[version] = arrays
+            del arrays
+        # Those held files were never written again: the reader still sees its versions, ...
+        assert all(same(arrays, version) for version, arrays in kept.items())
+        # ... while the pages of the versions let go of came back as later versions' files.
+        assert len(set(inodes.values())) < len(inodes)
+        assert inodes[2] not in [inodes[v] for v in range(4, 13)]
+        assert inodes[3] not in [inodes[v] for v in range(4, 13)]
+        # A reclaimed name is gone: a reader that looks for an old version's file is told to ask again.
+        with pytest.raises(shmlib.ShmGone):
+            shmlib.map_arrays({"path": f"{server.shm.base}-v5", "probe": server.shm.probe, "arrays": []})
+        for c in (reader, pub):
+            c.close()
+
+
+def test_a_reader_never_maps_a_file_while_the_shard_reclaims_it() -> None:
+    exporter = shmlib.ShmExporter(0)
+    try:
+        arrays = {"a": np.arange(16, dtype=np.float32)}
+        desc = exporter.export(1, arrays)
+        held = shmlib.map_arrays(desc)
+        exporter.drop(1)
+        exporter.reclaim()
+        assert exporter.retired == [desc["path"]] and not exporter.free  # mapped: not reused
+        assert np.array_equal(held["a"], arrays["a"])
+        del held
+        exporter.reclaim()
+        assert not exporter.retired and len(exporter.free) == 1 and not os.path.exists(desc["path"])
+        with pytest.raises(shmlib.ShmGone):
+            shmlib.map_arrays(desc)
+        # A reader that has locked the file (and is about to map it) keeps it from being reclaimed too.
+        desc2 = exporter.export(2, arrays)
+        fd = os.open(desc2["path"], os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            exporter.drop(2)
+            exporter.reclaim()
+            assert exporter.retired == [desc2["path"]] and os.path.exists(desc2["path"])
+        finally:
+            os.close(fd)
+        exporter.reclaim()
+        assert not exporter.retired and len(exporter.free) == 1 and not os.path.exists(desc2["path"])
+    finally:
+        exporter.close()

@@ -183,6 +183,10 @@ class WeightsPublisher:
             # A shard renames a file it keeps before it acks, so the name is left only where
             # it was not kept (a retry, a refusal, another host): remove it either way.
             shmlib.ShmWriter.discard(path)
+        if self.writer is not None:
+            for i in files:
+                if replies[i].type == "publish_ack" and replies[i].get("free"):
+                    self.writer.take_back(i, replies[i]["free"])
         again = [i for i in files if replies[i].type == "error" and replies[i]["reason"] == "shm_unavailable"]
         if again:
             for i in again:

@@ -210,10 +210,8 @@ class ShardServer(Server):
         held = Held(version, dict(msg.arrays), layout.fingerprint)
         adopted = shm_file is not None and self.shm is not None and self.shm.adopt(version, *shm_file)
         self.held = [held, *self.held]
-        for old in self.held[KEEP_VERSIONS:]:
-            if self.shm is not None:
-                self.shm.drop(old.version)
-        del self.held[KEEP_VERSIONS:]
+        dropped = [h.version for h in self.held[KEEP_VERSIONS:]]
+        del self.held[KEEP_VERSIONS:]  # our own maps of those files go (and their locks with them)
         self.m_version.set(version)
         self.m_publishes.inc()
         # Parked readers first, the publisher's ack last: on a busy host the woken
@@ -224,8 +222,25 @@ class ShardServer(Server):
             del self.waits[identity]
         if woken:
             self._waits_changed()
-        self.reply(peer, Message("publish_ack", {"version": version}))
+        ack: dict[str, Any] = {"version": version}
+        if self.shm is not None:
+            for old in dropped:
+                self.shm.drop(old)
+            self._reclaim()
+            if adopted:  # the publisher writes its next slice into a file no reader maps any more
+                free = self.shm.take_free()
+                if free is not None:
+                    ack["free"] = [free]
+        self.reply(peer, Message("publish_ack", ack))
         return adopted
+
+    def _reclaim(self) -> None:
+        assert self.shm is not None
+        if self.shm.retired:
+            try:
+                self.shm.reclaim()
+            except OSError as exc:
+                self._shm_trouble("could not reclaim a shared-memory file", exc)
 
     def _export(self, held: Held) -> dict[str, Any] | None:
         """The ``weights.shm`` field for ``held``, or None (use frames) when shared memory fails."""
@@ -413,6 +428,8 @@ class ShardServer(Server):
             self._send_not_modified(self.waits.pop(k).peer)
         if expired:
             self._waits_changed()
+        if self.shm is not None and self.shm.retired:
+            self._reclaim()  # files that readers let go of since the last publish
         if self.shm is not None and self.shm.spare is None and self.shm.last_size and not self._shm_failing:
             try:
                 self.shm.prepare_spare()

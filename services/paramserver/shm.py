@@ -17,8 +17,18 @@ file that fails those checks is treated like one the reader cannot see:
 frames for that shard. A reader whose
 /dev/shm is not the server's (another host or container) cannot open the
 probe file named in the reply and falls back to frames for that shard.
-A shard unlinks a version's file when it drops the version; readers that
-mapped it keep their memory until they let go of the arrays.
+A reader holds a shared flock on a file for as long as it maps it (the lock
+belongs to the open file, which the mapping keeps open), taken before it
+maps and followed by a check that the name still leads to that file.
+
+Pages are recycled rather than allocated and freed per version: on this
+kind of host allocating a file's pages and freeing them costs about 1 ms per
+MB each, more than the copy itself. When a shard drops a version it retires
+the file; once it can take an exclusive flock (no reader maps it any more)
+it renames it to a free name and reuses it, or, for a file the publisher
+wrote, hands it back in ``publish_ack.free`` for the publisher's next slice.
+A file that readers keep mapped stays retired (at most ``MAX_RETIRED``, then
+the oldest is unlinked: its pages go when the last reader lets go).
 
 The publisher on the shards' host does the same in the other direction
 (:class:`ShmWriter`): it writes each shard's slice once into a file of its
@@ -32,6 +42,7 @@ into /dev/shm.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import logging
 import math
@@ -50,6 +61,10 @@ from common.protocol import DTYPES, wire_dtype_name
 log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
+#: retired files (dropped versions a reader may still map) kept for reuse before the oldest is unlinked
+MAX_RETIRED = 4
+#: free files (no reader maps them) kept for reuse
+MAX_FREE = 2
 PREFIX = "rlfleet-ps-"
 ALIGN = 64
 _NAME = re.compile(r"^/dev/shm/rlfleet-ps-[A-Za-z0-9_.-]{1,200}$")
@@ -97,6 +112,8 @@ class ShmExporter:
         fd = os.open(self.probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         os.close(fd)
         self.files: dict[int, tuple[str, list[list[Any]]]] = {}  # version -> (path, descriptors)
+        self.retired: list[str] = []  # files of dropped versions, oldest first, maybe still mapped
+        self.free: list[tuple[str, int]] = []  # (path, size): reclaimed files no reader maps
         # A file of the last version's size with its pages already allocated, so that
         # exporting the next version is one copy, not a copy plus page faults.
         self.spare: tuple[str, int] | None = None
@@ -114,8 +131,14 @@ class ShmExporter:
         descriptors, size = layout_of(arrays)
         self.last_size = size
         path = f"{self.base}-v{version}"
+        if self.spare is None or self.spare[1] != size:
+            reused = self.take_free(size)
+            if reused is not None:
+                if self.spare is not None:
+                    _unlink(self.spare[0])
+                self.spare = (reused, size)
         if self.spare is not None and self.spare[1] == size:
-            os.rename(self.spare[0], path)  # never read by anyone: its name was never sent
+            os.rename(self.spare[0], path)  # no reader maps it: its name was never sent, or it was reclaimed
             self.spare = None
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         else:
@@ -143,8 +166,12 @@ class ShmExporter:
         return True
 
     def prepare_spare(self) -> None:
-        """Allocate the next version's file ahead of time (call when idle)."""
+        """Have the next version's file ready ahead of time (call when idle): a reclaimed one or a new one."""
         if self.spare is not None or not self.last_size:
+            return
+        reused = self.take_free(self.last_size)
+        if reused is not None:
+            self.spare = (reused, self.last_size)
             return
         self._count += 1
         path = f"{self.base}-spare{self._count}"
@@ -152,14 +179,42 @@ class ShmExporter:
         self.spare = (path, self.last_size)
 
     def drop(self, version: int) -> None:
+        """Retire ``version``'s file: reused once no reader maps it (see reclaim)."""
         entry = self.files.pop(version, None)
         if entry is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(entry[0])
+            self.retired.append(entry[0])
+            while len(self.retired) > MAX_RETIRED:  # readers keep them: let their pages go with the readers
+                _unlink(self.retired.pop(0))
+
+    def reclaim(self) -> None:
+        """Move the retired files no reader maps any more to the free list (renamed, so none can map them)."""
+        still: list[str] = []
+        for path in self.retired:
+            self._count += 1
+            got = reclaim(path, f"{self.base}-free{self._count}")
+            if got is None:
+                still.append(path)
+            elif got[0]:
+                self.free.append(got)
+        self.retired = still
+        while len(self.free) > MAX_FREE:
+            _unlink(self.free.pop(0)[0])
+
+    def take_free(self, size: int | None = None) -> str | None:
+        """A reclaimed file (of ``size`` bytes, if given) to write again, or None."""
+        for k, (path, n) in enumerate(self.free):
+            if size is None or n == size:
+                del self.free[k]
+                return path
+        return None
 
     def close(self) -> None:
         for version in list(self.files):
             self.drop(version)
+        for path in [*self.retired, *(p for p, _ in self.free)]:
+            _unlink(path)
+        self.retired.clear()
+        self.free.clear()
         if self.spare is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.spare[0])
@@ -176,6 +231,41 @@ def layout_of(arrays: Mapping[str, np.ndarray]) -> tuple[list[list[Any]], int]:
         descriptors.append([name, wire_dtype_name(arr.dtype), list(arr.shape), offset])
         offset += -(-arr.nbytes // ALIGN) * ALIGN
     return descriptors, max(offset, 1)
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def reclaim(path: str, new_path: str) -> tuple[str, int] | None:
+    """Rename ``path`` to ``new_path`` if no process maps it; returns (new_path, size).
+
+    None while some reader holds its shared lock (it maps the file). A file
+    that is gone, or cannot be locked or renamed, is unlinked and reported as
+    ("", 0): nothing to reuse. The exclusive lock is held across the rename, so
+    a reader that opened the old name before cannot map it afterwards: its
+    check that the name still leads to its file fails.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        _unlink(path)
+        return "", 0
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        try:
+            st = os.fstat(fd)
+            os.rename(path, new_path)
+        except OSError:
+            _unlink(path)
+            return "", 0
+        return new_path, st.st_size
+    finally:
+        os.close(fd)  # drops the lock
 
 
 def _allocate(path: str, size: int) -> None:
@@ -256,6 +346,35 @@ class ShmWriter:
         _allocate(path, size)
         self.spares[shard] = (path, size)
 
+    def take_back(self, shard: int, paths: Any) -> None:
+        """Reuse files a shard handed back (``publish_ack.free``) as ``shard``'s next file.
+
+        Each must be a file of ours in /dev/shm (no symlink) whose size is that
+        of the shard's slice; it is renamed to one of this writer's names. Any
+        other is left alone (a shard sends only files it renamed to its own names).
+        """
+        if not isinstance(paths, list):
+            return
+        size = self.sizes.get(shard)
+        for path in paths:
+            if not isinstance(path, str) or not _NAME.match(path) or ".." in path or _PUBLISHED.match(path):
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()):
+                continue
+            if shard in self.spares or st.st_size != size:
+                self.discard(path)  # handed to us: ours to remove
+                continue
+            mine = self._name()
+            try:
+                os.rename(path, mine)
+            except OSError:
+                continue
+            self.spares[shard] = (mine, st.st_size)
+
     @staticmethod
     def discard(path: str) -> None:
         with contextlib.suppress(OSError):
@@ -323,13 +442,21 @@ def map_published(desc: Any) -> tuple[str, list[list[Any]], dict[str, np.ndarray
         mm, size = _open_mapped(path)
     except FileNotFoundError:
         raise ShmUnavailable(f"{path} does not exist here (another host or container)") from None
+    except ShmGone as exc:  # nobody reclaims a publisher's file: not what the publisher meant
+        raise ValueError(f"publish.shm.path: {exc}") from None
     arrays = _arrays("publish.shm", items, mm, size)
     descriptors = [[str(n), str(d), [int(x) for x in s], int(o)] for n, d, s, o in items]
     return path, descriptors, arrays
 
 
 def _open_mapped(path: str) -> tuple[mmap.mmap | None, int]:
-    """A read-only map of ``path`` and its size; raises FileNotFoundError or ShmUnavailable."""
+    """A read-only map of ``path`` and its size; raises FileNotFoundError, ShmGone or ShmUnavailable.
+
+    The map holds a shared flock on the file for as long as it lives (the lock
+    belongs to the open file, which the mapping keeps), so no shard reuses the
+    file under it; the name is checked after locking, since a shard renames a
+    file it reclaims while it holds the exclusive lock.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -340,10 +467,20 @@ def _open_mapped(path: str) -> tuple[mmap.mmap | None, int]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
             raise ShmUnavailable(f"{path} is not a regular file owned by uid {os.getuid()}")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ShmGone(f"{path} is being reclaimed") from None
+        try:
+            now = os.lstat(path)
+        except FileNotFoundError:
+            raise ShmGone(f"{path} was reclaimed") from None
+        if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):
+            raise ShmGone(f"{path} was reclaimed")
         size = st.st_size
         return (mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None), size
     finally:
-        os.close(fd)
+        os.close(fd)  # a map keeps the open file (and its lock) through its own descriptor
 
 
 def _arrays(field: str, items: list[Any], mm: mmap.mmap | None, size: int) -> dict[str, np.ndarray]:
