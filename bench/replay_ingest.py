@@ -9,9 +9,10 @@ the config default): encode, send, and wait for every ack. The time runs from
 the moment all writers are released until the last writer has all its acks.
 
 The ceiling, side by side in the same run: the same writer processes push the
-same encoded insert bytes (encoded once) through a raw pyzmq PUSH socket to a
-PULL process that only receives them; its time ends when the last message is
-received. One extra figure: 4 writers, batch 256, into a server with ``wal``
+same encoded insert bytes (encoded once, by the very function InsertClient
+encodes with: header and one packed payload frame) through a raw pyzmq PUSH
+socket to a PULL process that only receives them; its time ends when the
+last message is received. One extra figure: 4 writers, batch 256, into a server with ``wal``
 durability (fsync per burst).
 
 Last line: JSON with transitions/s for every case, ``ratio_b256`` per writer
@@ -33,7 +34,6 @@ import zmq
 
 from common.config import ReplayConfig, TableConfig
 from common.metrics import ServiceMetrics
-from common.protocol import Message, encode
 from common.transport import make_socket
 
 CTX = mp.get_context("spawn")
@@ -71,7 +71,9 @@ def _writer(mode: str, addr: str, index: int, n_msgs: int, batch: int, start: An
     cols = cartpole(batch)
     if mode == "raw":
         sock = make_socket(zmq.PUSH, connect=addr, hwm=1000)
-        frames = encode(Message("insert", {"table": "main"}, cols, sender=f"w{index}", seq=1))
+        from services.replay.client import encode_insert
+
+        frames = encode_insert("main", cols, f"w{index}-{time.time_ns()}", time.time_ns() // 1000, 1)
         start.wait()
         for _ in range(n_msgs):
             sock.send_multipart(frames, copy=False)

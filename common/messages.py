@@ -130,6 +130,7 @@ _SPECS = [
     MessageSpec("publish_ack", "A version is stored on this shard.", {
         "ref_seq": _f("int", "seq of the publish"),
         "version": _f("int", "version stored"),
+        "free": _f("list", "files of dropped versions no reader maps, for the publisher's next shm slice", False),
     }),
     MessageSpec("get", "Poll for weights.", {
         "have_version": _f("int", "version the reader holds (-1: none)"),

@@ -29,6 +29,9 @@ from common.messages import MESSAGES, FieldSpec, MessageSpec
 
 PROTOCOL_VERSION = 1
 
+#: in a packed message, every array starts at a multiple of this many bytes of the payload frame
+PACK_ALIGN = 8
+
 #: dtype names allowed on the wire (always little-endian on the wire).
 DTYPES: dict[str, np.dtype[Any]] = {
     name: np.dtype(name).newbyteorder("<")
@@ -100,6 +103,10 @@ class Message:
     sender: str = ""
     seq: int = 0
     version: int = PROTOCOL_VERSION
+    #: set by decode for packed messages: one object per layout (array names, dtypes and shapes)
+    #: the decoder has checked, the same for every message of that layout while it is cached; a
+    #: receiver may remember what it checked of a layout by it (``is``, never ``==``)
+    layout: Any = field(default=None, repr=False, compare=False)
 
     def __getitem__(self, key: str) -> Any:
         return self.body[key]
@@ -118,12 +125,17 @@ def wire_dtype_name(dtype: np.dtype[Any]) -> str:
     return name
 
 
-def encode(msg: Message) -> list[Any]:
+def encode(msg: Message, *, packed: bool = False) -> list[Any]:
     """Frames for ``msg``: the header bytes, then one flat uint8 view per array.
 
     Array frames share memory with the arrays, so pyzmq sends them without a
     copy when called with ``copy=False``. ``len(frame)`` is its size in bytes.
     Non-contiguous arrays are copied to C order, big-endian ones converted.
+
+    With ``packed`` every array is copied into one payload frame (bytes), each
+    at an offset that is a multiple of 8 (docs/protocol.md, "Packed
+    messages"): two frames instead of one per array, which costs a sender and
+    a receiver less than a frame per column of a small batch.
     """
     if msg.type not in MESSAGES:
         raise ProtocolError("unknown_type", f"message type {msg.type!r} is not defined")
@@ -137,13 +149,34 @@ def encode(msg: Message) -> list[Any]:
         if not arr.flags.c_contiguous:
             arr = arr.copy(order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
         descriptors.append([name, dname, list(arr.shape)])
-        payloads.append(arr.reshape(-1).view(np.uint8))
+        payloads.append(arr if packed else arr.reshape(-1).view(np.uint8))
+    if packed:
+        return [encode_header(msg.type, msg.body, msg.sender, msg.seq, descriptors, msg.version, packed=True),
+                pack_arrays(payloads)]
     return [encode_header(msg.type, msg.body, msg.sender, msg.seq, descriptors, msg.version), *payloads]
+
+
+_PAD = bytes(PACK_ALIGN - 1)
+
+
+def pack_arrays(arrays: Sequence[np.ndarray]) -> bytes:
+    """The payload frame of a packed message: C-contiguous little-endian ``arrays`` back to back,
+    each starting at a multiple of 8 bytes (zero bytes between), nothing after the last."""
+    parts: list[Any] = []
+    offset = 0
+    for arr in arrays:
+        pad = -offset % PACK_ALIGN
+        if pad:
+            parts.append(_PAD[:pad])
+            offset += pad
+        parts.append(arr)  # bytes.join takes any C-contiguous buffer: one copy in all
+        offset += arr.nbytes
+    return b"".join(parts)
 
 
 def encode_header(
     mtype: str, body: dict[str, Any], sender: str, seq: int, descriptors: list[Any] | None = None,
-    version: int = PROTOCOL_VERSION,
+    version: int = PROTOCOL_VERSION, *, packed: bool = False,
 ) -> bytes:
     """The header frame alone: all of a message without arrays (an ack), with no Message to build."""
     header = {
@@ -154,6 +187,8 @@ def encode_header(
         "arrays": [] if descriptors is None else descriptors,
         "body": body,
     }
+    if packed:
+        header["packed"] = True
     return msgpack.packb(header, use_bin_type=True)
 
 
@@ -298,6 +333,18 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
     if spec is None:
         raise ProtocolError("unknown_type", f"message type {mtype!r} is not defined; known: {sorted(MESSAGES)}")
     _check_body(spec, body)
+    packed = header.get("packed")
+    if packed is not None and type(packed) is not bool:
+        raise ProtocolError("bad_field", f"header.packed must be bool, got {type(packed).__name__}")
+    if packed:
+        if len(buffers) != 2:
+            raise ProtocolError(
+                "frame_count_mismatch", f"a packed message has exactly one payload frame; {len(buffers) - 1} came"
+            )
+        packed_arrays, packed_layout = _unpack_arrays(descriptors, buffers[1], limits)
+        _check_arrays(spec, packed_arrays)
+        return Message(type=mtype, body=body, arrays=packed_arrays, sender=sender, seq=seq, version=version,
+                       layout=packed_layout)
     if len(descriptors) != len(buffers) - 1:
         raise ProtocolError(
             "frame_count_mismatch",
@@ -344,6 +391,49 @@ def _layout(descriptors: list[Any], buffers: list[Any], limits: Limits) -> Layou
         names.add(name)
         layout.append((name, dtype, shape, nbytes))
     return tuple(layout)
+
+
+PackedLayout = tuple[tuple[tuple[str, np.dtype[Any], tuple[int, ...], int], ...], int]
+
+#: as ``_layouts``, for packed messages: items (name, dtype, shape, offset) and the payload size
+_packed_layouts: dict[int, tuple[Limits, list[Any], PackedLayout]] = {}
+
+
+def _unpack_arrays(descriptors: list[Any], buf: Any, limits: Limits) -> tuple[dict[str, np.ndarray], PackedLayout]:
+    """The arrays of a packed payload frame (read-only views, built once its length is checked)
+    and their layout object."""
+    known = _packed_layouts.get(len(descriptors))
+    if known is not None and known[0] is limits and known[1] == descriptors:
+        layout = known[2]
+    else:
+        layout = _packed_layout(descriptors, limits)
+        _packed_layouts[len(descriptors)] = (limits, descriptors, layout)
+    items, total = layout
+    if len(buf) != total:
+        raise ProtocolError(
+            "frame_length_mismatch",
+            f"packed payload frame has {len(buf)} bytes; its {len(items)} arrays (each at a multiple of "
+            f"{PACK_ALIGN} bytes) need {total}",
+        )
+    view = memoryview(buf).toreadonly()  # views of the received frame: copy before changing them
+    arrays = {name: np.ndarray(shape, dtype, view, offset)  # inside the checked length: no error, no copy
+              for name, dtype, shape, offset in items}
+    return arrays, layout
+
+
+def _packed_layout(descriptors: list[Any], limits: Limits) -> PackedLayout:
+    items = []
+    names = set()
+    end = 0
+    for item in descriptors:
+        name, dtype, shape, nbytes = _descriptor(item, limits)
+        if name in names:
+            raise ProtocolError("bad_array_descriptor", f"array {name!r} appears twice")
+        names.add(name)
+        offset = end + (-end % PACK_ALIGN)
+        items.append((name, dtype, tuple(shape), offset))
+        end = offset + nbytes
+    return tuple(items), end
 
 
 def _frame_length_mismatch(name: str, dtype: np.dtype[Any], shape: list[int], nbytes: int, buf: Any) -> None:

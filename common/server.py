@@ -231,9 +231,12 @@ class Server:
     def serve(self) -> None:
         """Serve until stop(). Drains bursts before ticking so ticks stay cheap."""
         self.metrics.up.set(1)
+        poller = zmq.Poller()  # one for the loop: Socket.poll builds a Poller per call
+        poller.register(self.sock, zmq.POLLIN)
+        timeout_ms = int(self.tick_interval_s * 1000)
         try:
             while not self._stop.is_set():
-                if self.sock.poll(int(self.tick_interval_s * 1000), zmq.POLLIN):
+                if poller.poll(timeout_ms):
                     for _ in range(1000):
                         try:
                             frames = recv_frames(self.sock)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from common.protocol import (
     DTYPES,
+    PACK_ALIGN,
     PROTOCOL_VERSION,
     REASONS,
     Limits,
@@ -157,13 +158,78 @@ def test_deep_nesting_and_ext_types_are_refused() -> None:
     assert reason_of([very_deep]) in ("bad_msgpack", "bad_header")
 
 
+def test_packed_messages_round_trip_with_aligned_arrays() -> None:
+    arrays = {
+        "a": np.arange(3, dtype=np.uint8),
+        "b": np.array([1.5, -2.0], np.float32),
+        "empty": np.zeros((0, 4), np.float64),
+        "sliced": np.arange(24, dtype=">i8").reshape(4, 6)[:, ::2],
+        "scalar": np.array(True),
+        "last": np.arange(5, dtype=np.int16),
+    }
+    frames = encode(Message("insert", {"table": "t"}, arrays, sender="s", seq=3), packed=True)
+    assert len(frames) == 2
+    # a 0..3, b 8..16, empty 16..16, sliced 16..112, scalar 112..113, last 120..130
+    assert len(frames[1]) == 130
+    out = decode([bytes(f) for f in frames])
+    assert (out.type, out.sender, out.seq, out.body) == ("insert", "s", 3, {"table": "t"})
+    assert list(out.arrays) == list(arrays)
+    for name, arr in arrays.items():
+        got = out.arrays[name]
+        assert got.shape == arr.shape and got.dtype == arr.dtype.newbyteorder("<")
+        np.testing.assert_array_equal(got, arr)
+        assert not got.flags.writeable
+        if got.size:
+            assert got.ctypes.data % PACK_ALIGN == np.frombuffer(frames[1], np.uint8).ctypes.data % PACK_ALIGN
+    assert frames[1][3:8] == bytes(5)  # padding after "a" is zero
+
+
+PACKED_ARR = [["a", "uint8", [3]], ["b", "float32", [2]]]
+PACKED_PAYLOAD = bytes(3) + bytes(5) + np.ones(2, np.float32).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("frames", "reason"),
+    [
+        ([header(type="insert", body={"table": "t"}, arrays=PACKED_ARR, packed=True)], "frame_count_mismatch"),
+        ([header(type="insert", body={"table": "t"}, arrays=PACKED_ARR, packed=True), PACKED_PAYLOAD, b""],
+         "frame_count_mismatch"),
+        ([header(type="insert", body={"table": "t"}, arrays=PACKED_ARR, packed=True), PACKED_PAYLOAD[:-1]],
+         "frame_length_mismatch"),
+        ([header(type="insert", body={"table": "t"}, arrays=PACKED_ARR, packed=True), PACKED_PAYLOAD + b"\0"],
+         "frame_length_mismatch"),
+        ([header(type="insert", body={"table": "t"}, arrays=PACKED_ARR, packed=True), bytes(3 + 8)],
+         "frame_length_mismatch"),  # unaligned: b must start at 8, not 3
+        ([header(type="insert", body={"table": "t"}, arrays=PACKED_ARR, packed=1), PACKED_PAYLOAD], "bad_field"),
+        ([header(type="insert", body={"table": "t"}, arrays=[["x", "object", [1]]], packed=True), b"\0" * 8],
+         "bad_dtype"),
+        ([header(type="insert", body={"table": "t"}, arrays=[["x", "uint8", [1 << 40, 1 << 40]]], packed=True),
+          b""], "too_many_elements"),
+        ([header(type="insert", body={"table": "t"}, arrays=PACKED_ARR[:1] * 2, packed=True), bytes(11)],
+         "bad_array_descriptor"),
+        ([header(type="priorities", body={"table": "t"}, arrays=PACKED_ARR, packed=True), PACKED_PAYLOAD],
+         "missing_array"),
+    ],
+)
+def test_bad_packed_input_gets_its_reason(frames: list[bytes], reason: str) -> None:
+    assert reason_of(frames) == reason
+
+
+def test_packed_layout_cache_still_checks_each_payload() -> None:
+    good = [header(type="insert", body={"table": "t"}, arrays=PACKED_ARR, packed=True), PACKED_PAYLOAD]
+    assert decode(good).arrays["b"].tolist() == [1.0, 1.0]
+    assert reason_of([good[0], PACKED_PAYLOAD[:-4]]) == "frame_length_mismatch"  # same header, short payload
+    assert decode(good).arrays["a"].tolist() == [0, 0, 0]
+
+
 def test_reasons_are_unique() -> None:
     assert len(set(REASONS)) == len(REASONS)
 
 
-def valid_frames() -> list[bytes]:
+def valid_frames(packed: bool = False) -> list[bytes]:
     arrays = {"obs": np.ones((4, 3), np.float32), "action": np.arange(4), "done": np.zeros(4, bool)}
-    return wire(Message("insert", {"table": "main"}, arrays, sender="actor-1", seq=5))
+    msg = Message("insert", {"table": "main"}, arrays, sender="actor-1", seq=5)
+    return [bytes(f) for f in encode(msg, packed=packed)]
 
 
 def _mutate(frames: list[bytes], data: st.DataObject) -> list[bytes]:
@@ -194,6 +260,15 @@ def _check_decode(frames: list[bytes]) -> None:
         assert exc.reason in REASONS
         return
     # A decode that succeeds must describe exactly the frames it came from.
+    if msgpack.unpackb(frames[0]).get("packed") is True:
+        assert len(frames) == 2
+        end = 0
+        for arr in msg.arrays.values():
+            start = end + -end % PACK_ALIGN
+            end = start + arr.nbytes
+            assert arr.tobytes() == frames[1][start:end]
+        assert end == len(frames[1])
+        return
     assert len(msg.arrays) == len(frames) - 1
     for arr, frame in zip(msg.arrays.values(), frames[1:], strict=True):
         assert arr.nbytes == len(frame)
@@ -209,7 +284,7 @@ def test_random_frames_decode_or_raise_protocol_error(frames: list[bytes]) -> No
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_mutated_valid_messages_decode_or_raise_protocol_error(data: st.DataObject) -> None:
-    frames = valid_frames()
+    frames = valid_frames(packed=data.draw(st.booleans()))
     for _ in range(data.draw(st.integers(1, 3))):
         if not frames:
             break

@@ -21,8 +21,8 @@ def request(sock: zmq.Socket[Any], frames: list[Any], timeout_ms: int = 5000) ->
     return decode(sock.recv_multipart())
 
 
-def insert_frames(arrays: dict[str, np.ndarray], seq: int, table: str = "main") -> list[Any]:
-    return encode(Message("insert", {"table": table}, arrays, sender="bad", seq=seq))
+def insert_frames(arrays: dict[str, np.ndarray], seq: int, table: str = "main", packed: bool = False) -> list[Any]:
+    return encode(Message("insert", {"table": table}, arrays, sender="bad", seq=seq), packed=packed)
 
 
 def good(n: int = 4) -> dict[str, np.ndarray]:
@@ -43,25 +43,30 @@ BAD: list[tuple[str, Any, str, str]] = [
 ]
 
 
-def test_bad_inserts_get_errors_and_the_server_goes_on() -> None:
+@pytest.mark.parametrize("packed", [False, True])
+def test_bad_inserts_get_errors_and_the_server_goes_on(packed: bool) -> None:
     cfg = replay_config(capacity=100)
     with serving(cfg, limits=Limits(max_message_bytes=1 << 20)) as server:
         sock = make_socket(zmq.DEALER, connect=server.endpoint)
         try:
-            ok = request(sock, insert_frames(good(), 1))
+            ok = request(sock, insert_frames(good(), 1, packed=packed))
             assert ok.type == "ack" and ok["stored"] == 4
-            seq = 2
+            # the same layout as "nan priority" below passed once (a packed layout is then known):
+            # the priorities of every insert are still checked
+            ok = request(sock, insert_frames({**good(), "priority": np.ones(4)}, 2, packed=packed))
+            assert ok.type == "ack" and ok["stored"] == 4
+            seq = 3
             for name, make, reason, word in BAD:
-                reply = request(sock, insert_frames(make(), seq))
+                reply = request(sock, insert_frames(make(), seq, packed=packed))
                 assert reply.type == "error", name
                 assert (reply["reason"], reply["ref_seq"]) == (reason, seq), (name, reply.body)
                 assert word in reply["detail"], (name, reply["detail"])
                 seq += 1
-            reply = request(sock, insert_frames(good(), seq, table="other"))
+            reply = request(sock, insert_frames(good(), seq, table="other", packed=packed))
             assert reply["reason"] == "unknown_table"
             # oversize message: refused by the decoder before anything is built
             big = {**good(), "obs": np.zeros((4, 1 << 17), np.float32)}
-            assert request(sock, insert_frames(big, 99))["reason"] == "message_too_large"
+            assert request(sock, insert_frames(big, 99, packed=packed))["reason"] == "message_too_large"
             # garbage frames
             assert request(sock, [b"\x00garbage"])["reason"] in ("bad_msgpack", "bad_header")
             assert request(sock, [msgpack.packb({"v": 1, "type": "insert"})])["reason"] == "missing_field"
@@ -72,7 +77,7 @@ def test_bad_inserts_get_errors_and_the_server_goes_on() -> None:
                 "version_mismatch"
         finally:
             sock.close(linger=0)
-        assert server.tables["main"].size == 4  # nothing bad was stored
+        assert server.tables["main"].size == 8  # nothing bad was stored
         errors = server.metrics.protocol_errors
         assert errors.labels("schema_mismatch")._value.get() == 4
         assert errors.labels("bad_msgpack")._value.get() + errors.labels("bad_header")._value.get() == 1
@@ -81,7 +86,7 @@ def test_bad_inserts_get_errors_and_the_server_goes_on() -> None:
             ic.insert("main", transitions(1, 0, 8))
             ic.flush(5)
             assert ic.acked == 1
-        assert server.tables["main"].size == 12
+        assert server.tables["main"].size == 16
 
 
 def test_insert_client_raises_the_refusal_and_continues() -> None:

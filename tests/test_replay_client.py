@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import zmq
 
+from common.protocol import Message, decode, encode
 from common.transport import free_tcp_port
-from services.replay.client import InsertClient, SampleClient
+from services.replay.client import InsertClient, InsertEncoder, SampleClient
 from services.replay.tables import importance_weights
 from tests.replay_helpers import replay_config, serving, transitions
 
@@ -105,3 +106,26 @@ def test_insert_copy_option(copy: bool) -> None:
                 cols["idx"][:] = -1  # the caller reuses its buffer at once: what was sent is unchanged
             ic.flush(10)
         np.testing.assert_array_equal(server.tables["main"].columns["idx"][:16], np.arange(16))
+
+
+def test_insert_encoder_sends_what_the_general_encoder_describes() -> None:
+    enc = InsertEncoder()
+    batches = [
+        transitions(0, 0, 16),
+        transitions(0, 16, 16),  # the same layout again: the kept header
+        transitions(0, 32, 7),  # another N, and columns whose sizes need padding
+        {**transitions(0, 39, 7), "priority": np.linspace(0.5, 2, 7)},
+        {**transitions(0, 46, 4), "obs": np.arange(32, dtype=">f4").reshape(4, 8)},  # big-endian
+        {**transitions(0, 50, 4), "obs": np.ones((8, 4), np.float32).T[:, ::1]},  # not C-contiguous
+    ]
+    for seq, cols in enumerate(batches, start=2**63):
+        frames = enc.frames("main", cols, "actor-7", seq, seq - 1)
+        assert len(frames) == 2
+        got = decode([bytes(f) for f in frames])
+        assert (got.type, got.sender, got.seq) == ("insert", "actor-7", seq)
+        assert got.body == {"table": "main", "window_start": seq - 1, "merge_acks": True}
+        assert list(got.arrays) == list(cols)
+        for name, arr in cols.items():
+            np.testing.assert_array_equal(got.arrays[name], arr)
+        general = encode(Message("insert", got.body, cols, "actor-7", seq), packed=True)
+        assert bytes(frames[1]) == bytes(general[1])  # the same payload bytes

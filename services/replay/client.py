@@ -35,19 +35,32 @@ shard that served each batch, fire and forget; their acks are counted.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import numpy as np
 import zmq
 
 from common.config import Experiment
-from common.protocol import DEFAULT_LIMITS, Limits, Message, ProtocolError, decode, encode
+from common.protocol import (
+    _DTYPE_NAMES,
+    DEFAULT_LIMITS,
+    DTYPES,
+    PACK_ALIGN,
+    PROTOCOL_VERSION,
+    Limits,
+    Message,
+    ProtocolError,
+    decode,
+    encode,
+)
 from common.security import client_curve
-from common.server import RemoteError, send_parts
+from common.server import RemoteError, recv_frames, send_parts
 from common.transport import DEFAULT_HWM, CommTimeout, CurveConfig, make_socket
 from services.replay.tables import importance_weights
 
@@ -55,6 +68,81 @@ log = logging.getLogger(__name__)
 
 MAX_RESEND_AFTER_S = 30.0
 _NOBLOCK = int(zmq.NOBLOCK)
+
+
+class InsertEncoder:
+    """Encodes inserts as InsertClient sends them: a header and one packed payload frame.
+
+    A sender repeats its table and column layout (names, dtypes, shapes) in
+    every insert, so the header's bytes are kept for the last layout and only
+    ``seq`` and ``window_start`` are packed for each insert; the payload is
+    one ``bytes.join`` of the columns. Anything the cached layout does not
+    cover (other columns, non-contiguous or non-wire dtypes) takes
+    :func:`common.protocol.encode`. Both give a message docs/protocol.md
+    describes (header keys in another order); ``decode`` reads both.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._prefix = b""
+        self._pads: list[bytes] = []
+
+    def frames(self, table: str, arrays: Mapping[str, np.ndarray], sender: str, seq: int,
+               window_start: int) -> list[Any]:
+        key = (table, sender, *[(k, a.dtype, a.shape) for k, a in arrays.items()])
+        if key != self._key:
+            if not self._learn(key, table, arrays, sender):
+                return encode(Message("insert", {"table": table, "window_start": window_start, "merge_acks": True},
+                                      dict(arrays), sender, seq), packed=True)
+        parts: list[Any] = []
+        for arr, pad in zip(arrays.values(), self._pads, strict=True):
+            if not arr.flags.c_contiguous:
+                return encode(Message("insert", {"table": table, "window_start": window_start, "merge_acks": True},
+                                      dict(arrays), sender, seq), packed=True)
+            if pad:
+                parts.append(pad)
+            parts.append(arr)
+        header = b"".join((self._prefix, _packb(window_start), _SEQ_KEY, _packb(seq)))
+        return [header, b"".join(parts)]
+
+    def _learn(self, key: tuple[Any, ...], table: str, arrays: Mapping[str, np.ndarray], sender: str) -> bool:
+        """Keep the header bytes of this layout; False if it needs the general encoder."""
+        descriptors = []
+        pads = []
+        end = 0
+        for name, arr in arrays.items():
+            dname = _DTYPE_NAMES.get(arr.dtype)  # native little-endian dtypes only
+            if dname is None or arr.dtype != DTYPES[dname]:  # e.g. big-endian: encode() converts it
+                self._key = None
+                return False
+            descriptors.append([name, dname, list(arr.shape)])
+            pad = -end % PACK_ALIGN
+            pads.append(bytes(pad))
+            end += pad + arr.nbytes
+        # a map of 7: everything but window_start (the body's last key) and seq, packed per insert
+        self._prefix = b"".join((
+            b"\x87",
+            *map(_packb, ("v", PROTOCOL_VERSION, "type", "insert", "sender", sender, "arrays", descriptors,
+                          "packed", True, "body")),
+            b"\x83",
+            *map(_packb, ("table", table, "merge_acks", True, "window_start")),
+        ))
+        self._pads = pads
+        self._key = key
+        return True
+
+
+def _packb(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+_SEQ_KEY = _packb("seq")
+
+
+def encode_insert(table: str, arrays: Mapping[str, np.ndarray], sender: str, seq: int,
+                  window_start: int) -> list[Any]:
+    """The frames of one insert exactly as InsertClient sends it (see InsertEncoder)."""
+    return InsertEncoder().frames(table, arrays, sender, seq, window_start)
 
 
 @dataclass
@@ -108,6 +196,9 @@ class InsertClient:
         self._next_seq = seq_start if seq_start is not None else time.time_ns() // 1000
         self.first_seq = self._next_seq
         self._window: OrderedDict[int, _Unacked] = OrderedDict()
+        self._encoder = InsertEncoder()
+        # no insert of the window is due for a resend before this (monotonic time; may be early)
+        self._check_at = math.inf
         self._bytes = 0
         self._errors: list[RemoteError] = []
         self.acked = 0
@@ -153,19 +244,14 @@ class InsertClient:
                timeout_s: float = 30.0, *, copy: bool = True) -> int:
         """Send a batch (N items per column) once the window has room; returns its seq.
 
-        With ``copy`` (the default) the arrays are copied, so the caller may
-        reuse its buffers. ``copy=False`` skips that copy: the frames then
-        share memory with ``columns`` until the insert is acked (resends
-        included), so the caller must not change them before (an actor that
-        builds a fresh batch for every insert can pass it). Raises
+        The columns are copied into the message (one packed payload frame),
+        so the caller may reuse its buffers whatever ``copy`` says (kept for
+        callers that pass it; a copy per column was once optional). Raises
         CommTimeout when the window stays full for ``timeout_s`` and
         RemoteError when replay refused an earlier insert (bad schema, ...).
         """
         self._raise()
-        if copy:
-            arrays = {k: np.array(v, copy=True) for k, v in columns.items()}
-        else:
-            arrays = {k: np.asarray(v) for k, v in columns.items()}
+        arrays = {k: np.asarray(v) for k, v in columns.items()}  # copied into the one payload frame
         if priorities is not None:
             arrays["priority"] = np.asarray(priorities, np.float64)
         nbytes = sum(a.nbytes for a in arrays.values())
@@ -181,13 +267,13 @@ class InsertClient:
         seq = self._next_seq
         self._next_seq += 1
         window_start = next(iter(self._window)) if self._window else seq
-        msg = Message("insert", {"table": table, "window_start": window_start, "merge_acks": True}, arrays,
-                      self.sender, seq)
-        entry = _Unacked(encode(msg), nbytes, items, self.resend_after_s)
+        entry = _Unacked(self._encoder.frames(table, arrays, self.sender, seq, window_start), nbytes, items,
+                         self.resend_after_s)
         self._window[seq] = entry
         self._bytes += nbytes
         self._send(entry)
-        self._poll(0)
+        if len(self._window) * 2 >= self.max_unacked:  # acks are read once half the window waits for them
+            self._poll(0)
         return seq
 
     def _send(self, entry: _Unacked) -> None:
@@ -196,6 +282,9 @@ class InsertClient:
             send_parts(self.sock, entry.frames, _NOBLOCK)
         except zmq.Again:
             entry.sent_at = 0.0  # queue full: due for a resend at the next poll
+        due = entry.sent_at + entry.interval
+        if due < self._check_at:
+            self._check_at = due
 
     def resend(self, seq: int | None = None) -> int:
         """Send again now one un-acked insert (or all of them); returns how many."""
@@ -212,7 +301,7 @@ class InsertClient:
     def _next_resend_in(self) -> float:
         if not self._window:
             return self.resend_after_s
-        return max(0.0, min(e.due for e in self._window.values()) - time.monotonic())
+        return max(0.0, self._check_at - time.monotonic())
 
     def poll(self, timeout_s: float = 0.0) -> int:
         """Process acks that arrived (waiting up to ``timeout_s`` for one); returns how many."""
@@ -228,16 +317,20 @@ class InsertClient:
         if self.sock in events:
             while True:
                 try:
-                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = recv_frames(self.sock)
                 except zmq.Again:
                     break
                 handled += self._handle(frames)
         now = time.monotonic()
-        for entry in self._window.values():
-            if now >= entry.due:
-                self._send(entry)
-                entry.interval = min(entry.interval * 2, self.max_resend_after_s)
-                self.resends += 1
+        if now >= self._check_at:  # some insert may be due for a resend: look at all of them
+            check_at = math.inf
+            for entry in self._window.values():
+                if now >= entry.due:
+                    self._send(entry)
+                    entry.interval = min(entry.interval * 2, self.max_resend_after_s)
+                    self.resends += 1
+                check_at = min(check_at, entry.due)
+            self._check_at = check_at
         return handled
 
     def _connection_events(self) -> None:
@@ -257,6 +350,7 @@ class InsertClient:
                 for entry in self._window.values():
                     entry.interval = self.resend_after_s
                     entry.sent_at = 0.0  # due now
+                self._check_at = 0.0
 
     def _handle(self, frames: list[Any]) -> int:
         try:

@@ -139,6 +139,7 @@ class ReplayServer(Server):
         for name in self.tables:
             self.m_size.labels(name).set(0)
         self._m_inserts = {name: self.m_inserts.labels(name) for name in self.tables}
+        self._inserted = dict.fromkeys(self.tables, 0)  # items stored since tick() added them to m_inserts
         self._m_size = {name: self.m_size.labels(name) for name in self.tables}  # tick sets them after every burst
         self._m_held_inserts, self._m_held_samples = self.m_held.labels("insert"), self.m_held.labels("sample")
         self._m_wait_insert = self.m_wait.labels("insert")
@@ -170,12 +171,17 @@ class ReplayServer(Server):
         priority = arrays.get("priority")
         if priority is not None:
             arrays = {k: v for k, v in arrays.items() if k != "priority"}
-        n = table.known_batch(arrays)  # the columns of the table's last good batch: nothing more to check
-        if n is None:
-            n = self._check_batch(table, arrays)
-        if priority is not None:
-            if priority.shape != (n,):
+        layout = msg.layout
+        if layout is not None and layout is table.checked_layout:
+            n = table.checked_n  # a packed layout whose columns (and priority shape) passed: nothing to check
+        else:
+            known = table.known_batch(arrays)  # the columns of the table's last good batch: nothing more to check
+            n = self._check_batch(table, arrays) if known is None else known
+            if priority is not None and priority.shape != (n,):
                 raise RequestError("bad_priority", f"priority has shape {list(priority.shape)}; needs [{n}]")
+            if layout is not None:
+                table.checked_layout, table.checked_n = layout, n
+        if priority is not None:
             try:
                 check_priorities(priority)
             except TableError as exc:
@@ -301,7 +307,7 @@ class ReplayServer(Server):
             logged = arrays if priority is None else {**arrays, "__priority__": priority}
             self.wal.append_insert(table.name, first, logged, peer.sender, peer.seq, window_start)
         self.dedup.add(peer.sender, peer.seq, window_start)
-        self._m_inserts[table.name].inc(n)
+        self._inserted[table.name] += n
         self._defer_ack(peer, n, False, merge_acks)
 
     def _serve(self, table: Table, h: HeldSample) -> None:
@@ -345,6 +351,10 @@ class ReplayServer(Server):
 
     def flush_acks(self) -> None:
         """Send the acks (and queue batches) of this burst (wal: after fsync'ing what it appended)."""
+        for name, n in self._inserted.items():  # counted before the acks go: an acked insert is counted
+            if n:
+                self._m_inserts[name].inc(n)
+                self._inserted[name] = 0
         if self.wal is not None:
             self.wal.sync()
         acks, self.acks = self.acks, {}
@@ -427,6 +437,8 @@ class ReplayServer(Server):
         self.dedup.add(header["sender"], int(header["seq"]), header.get("ws"))
 
     def close(self) -> None:
+        for t in self.tables.values():
+            t.close()
         if self.snapshotter is not None:
             self.snapshotter.wait()
         if self.wal is not None:

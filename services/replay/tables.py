@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from common.config import TableConfig
+from services.replay.prefault import Prefaulter
 from services.replay.ratelimiter import RateLimiter
 from services.replay.sumtree import SumTree
 
@@ -106,6 +107,11 @@ class Table:
         self.rng = rng if rng is not None else np.random.default_rng()
         self.schema: Schema | None = None
         self._signature: tuple[Any, ...] | None = None
+        # the server's memo: the decoder's layout object of the last packed insert that passed
+        # check() (with its priority shape), and its N
+        self.checked_layout: object | None = None
+        self.checked_n = 0
+        self._prefault: Prefaulter | None = None
         self.columns: dict[str, np.ndarray] = {}
         self.next_key = 0
         self.size = 0
@@ -166,7 +172,12 @@ class Table:
 
     def _allocate(self, schema: Schema) -> None:
         self.schema = dict(schema)
+        self._signature = self.checked_layout = None
         self.columns = {name: np.zeros((self.capacity, *s.shape), s.dtype) for name, s in schema.items()}
+        if self._prefault is not None:
+            self._prefault.close()
+        # pages made resident ahead of the first lap of writes (services/replay/prefault.py)
+        self._prefault = Prefaulter(list(self.columns.values()), min(self.next_key, self.capacity), self.name)
 
     # -- keys -----------------------------------------------------------------
     @property
@@ -200,6 +211,8 @@ class Table:
                 col[:n - head] = a[head:]
         self._stored(first, n, priority)
         self.next_key += n
+        if self._prefault is not None:
+            self._prefault.advance(self.next_key)
         self.size = min(self.size + n, self.capacity)
         self.inserted_items += n
         self.limiter.inserted(n)
@@ -270,6 +283,10 @@ class Table:
 
     def _restored(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray], skip: int) -> None:
         """Hook: per-item bookkeeping after a restore."""
+
+    def close(self) -> None:
+        if self._prefault is not None:
+            self._prefault.close()
 
     def stats(self) -> dict[str, Any]:
         return {
