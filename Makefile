@@ -22,7 +22,7 @@ run: setup
 
 # pytest exits 5 when it collected no test: make treats that as a failure too.
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not e2e and not container and not chaos"

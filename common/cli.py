@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
-from common import config as config_mod
-from common.evalcmd import eval_checkpoint
-from common.launcher import up
-from common.report import report
-from common.runtime import SERVICES, ServiceArgs, run_service, setup_logging
-from common.status import status
+if TYPE_CHECKING:
+    from common.config import Experiment
+
+# common.runtime.SERVICES, spelled out so that `rlfleet up` imports nothing heavy before its fork servers
+# start (tests/test_forkserver.py checks that both agree).
+SERVICE_NAMES = ("actor", "evaluator", "learner", "paramserver", "replay")
 
 CONFIG_HELP = "experiment file (YAML); RLFLEET_* env vars and --set override it"
 
 
-def load_or_exit(path: str | None, sets: tuple[str, ...]) -> config_mod.Experiment:
+def load_or_exit(path: str | None, sets: tuple[str, ...]) -> Experiment:
+    from common import config as config_mod
+
     try:
         return config_mod.load(path, sets)
     except config_mod.ConfigError as exc:
@@ -24,13 +28,32 @@ def load_or_exit(path: str | None, sets: tuple[str, ...]) -> config_mod.Experime
         sys.exit(2)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """Subcommands imported when they run: `rlfleet service replay` never imports torch or gymnasium,
+    and `rlfleet up` starts its fork servers before it imports what the launcher needs."""
+
+    LAZY = {"up": ("common.upcmd", "up"), "report": ("common.report", "report"),
+            "eval": ("common.evalcmd", "eval_checkpoint"), "status": ("common.status", "status")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.LAZY})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.LAZY:
+            module, attr = self.LAZY[cmd_name]
+            command = getattr(importlib.import_module(module), attr)
+            assert isinstance(command, click.Command)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """rlfleet: distributed deep RL as ZeroMQ microservices."""
 
 
 @main.command()
-@click.argument("name", type=click.Choice(sorted(SERVICES)))
+@click.argument("name", type=click.Choice(SERVICE_NAMES))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help=CONFIG_HELP)
 @click.option("--shard", type=int, default=None, help="shard index (replay, paramserver); env RLFLEET_SHARD")
 @click.option("--actor-id", default=None, help="stable actor id (default: hostname-pid); env RLFLEET_ACTOR_ID")
@@ -43,6 +66,8 @@ def service(
     """Run one service in the foreground (what a container runs)."""
     import os
 
+    from common.runtime import ServiceArgs, run_service, setup_logging
+
     setup_logging(log_level)
     cfg = load_or_exit(config_path, sets)
     if shard is None:
@@ -51,11 +76,31 @@ def service(
     sys.exit(run_service(cfg, ServiceArgs(name=name, shard=shard, actor_id=actor_id)))
 
 
+@main.command("check-env", hidden=True)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help=CONFIG_HELP)
+@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
+def check_env(config_path: str | None, sets: tuple[str, ...]) -> None:
+    """Make the configured env once and check that it fits the algorithm; exit 2 with the reason if not.
+
+    What `rlfleet up` runs first, in a process forked by its heavy fork server (torch is already
+    imported there), so that the launcher itself never imports torch."""
+    from common.envs import EnvError, probe_env
+
+    cfg = load_or_exit(config_path, sets)
+    try:
+        probe_env(cfg)
+    except EnvError as exc:
+        click.echo(f"rlfleet: {exc}", err=True)
+        sys.exit(2)
+
+
 @main.command("config")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help=CONFIG_HELP)
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
 def show_config(config_path: str | None, sets: tuple[str, ...]) -> None:
     """Validate an experiment and print it resolved (file + env + --set)."""
+    from common import config as config_mod
+
     click.echo(config_mod.dump(load_or_exit(config_path, sets)), nl=False)
 
 
@@ -89,11 +134,6 @@ def keys(directory: str, clients: tuple[str, ...], no_server: bool, force: bool)
         f"then run with security.mode=curve and security.keys_dir={directory} (see README, Security)"
     )
 
-
-main.add_command(up)
-main.add_command(report)
-main.add_command(eval_checkpoint)
-main.add_command(status)
 
 if __name__ == "__main__":
     main()

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,8 +29,9 @@ from common import security
 from common.config import Experiment
 from common.envs import EnvError, probe_env
 from common.fleetview import FleetView, Scrape, scrape
+from common.forkserver import ForkedProcess, ForkServerError, ForkServers
 from common.metrics import MetricsServer
-from common.runtime import LOG_FORMAT, FatalError, ServiceArgs, build, setup_logging
+from common.runtime import FatalError, ServiceArgs, build, setup_logging
 from common.transport import free_tcp_port
 
 log = logging.getLogger("rlfleet.up")
@@ -49,7 +50,7 @@ class Member:
     shard: int = 0
     actor_id: str | None = None
     metrics_port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | ForkedProcess | None = None
     thread: threading.Thread | None = None
     service: Any = None
     http: MetricsServer | None = None
@@ -111,21 +112,33 @@ def plan(cfg: Experiment, actors: int, run_dir: Path, inproc: bool) -> tuple[Exp
 class Fleet:
     """Starts, watches and stops the members of one local run."""
 
-    def __init__(self, cfg: Experiment, members: list[Member], run_dir: Path, inproc: bool) -> None:
+    def __init__(
+        self, cfg: Experiment, members: list[Member], run_dir: Path, inproc: bool,
+        forkservers: ForkServers | None | bool = True,
+    ) -> None:
+        """``forkservers``: zygotes that fork the members (common/forkserver.py); True: start them here
+        (unless RLFLEET_FORKSERVER=0 or not on Linux), False/None: every member a fresh interpreter."""
         self.cfg = cfg
         self.members = members
         self.run_dir = run_dir
         self.inproc = inproc
+        if forkservers is True:
+            forkservers = None if inproc else ForkServers.start_if_enabled()
+        self.forkservers: ForkServers | None = forkservers or None
         self.config_path = run_dir / "config.yaml"
         self.config_path.write_text(config_mod.dump(cfg))
         (run_dir / "logs").mkdir(exist_ok=True)
 
     # -- start ---------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, stop: threading.Event | None = None) -> None:
+        """Start every member (until ``stop`` is set), in the order of ``self.members``: stores first,
+        then the learner (the one everyone waits for), the actors, the evaluator."""
         # What `rlfleet status --run DIR` reads to find the fleet's endpoints.
         fleet = [{"label": m.label, "service": m.name, "shard": m.shard, "url": m.url} for m in self.members]
         (self.run_dir / "fleet.json").write_text(json.dumps({"inproc": self.inproc, "members": fleet}, indent=1))
         for m in self.members:
+            if stop is not None and stop.is_set():
+                return
             m.log_path = self.run_dir / "logs" / f"{m.label}.log"
             if self.inproc:
                 self._start_thread(m)
@@ -133,14 +146,22 @@ class Fleet:
                 self._start_process(m)
 
     def _start_process(self, m: Member) -> None:
-        cmd = [
-            sys.executable, "-m", "common.cli", "service", m.name,
-            "--config", str(self.config_path), "--shard", str(m.shard),
+        argv = [
+            "service", m.name, "--config", str(self.config_path), "--shard", str(m.shard),
             "--set", f"metrics.port={m.metrics_port}",
         ]
         if m.actor_id:
-            cmd += ["--actor-id", m.actor_id]
+            argv += ["--actor-id", m.actor_id]
         assert m.log_path is not None
+        if self.forkservers is not None:
+            try:
+                m.proc = self.forkservers.fork(m.name, argv, m.log_path)
+                return
+            except ForkServerError as exc:
+                log.warning("%s: %s; starting it as a fresh process (and every member after it)", m.label, exc)
+                self.forkservers.close()
+                self.forkservers = None
+        cmd = [sys.executable, "-m", "common.cli", *argv]
         with open(m.log_path, "ab") as out:
             # Own process group: Ctrl-C in the terminal reaches only the launcher,
             # which then stops the fleet in order.
@@ -171,11 +192,13 @@ class Fleet:
         m.thread = threading.Thread(target=run, name=m.label, daemon=True)
         m.thread.start()
 
-    def wait_healthy(self, timeout_s: float) -> None:
-        """Block until every member answers /healthz with ok, or raise."""
+    def wait_healthy(self, timeout_s: float, stop: threading.Event | None = None) -> None:
+        """Block until every member answers /healthz with ok (or ``stop`` is set), or raise."""
         deadline = time.monotonic() + timeout_s
         pending = list(self.members)
         while pending:
+            if stop is not None and stop.is_set():
+                return
             self.check_alive()
             pending = [m for m in pending if not scrape(m.url, health_only=True).healthy]
             if not pending:
@@ -183,7 +206,7 @@ class Fleet:
             if time.monotonic() > deadline:
                 names = ", ".join(m.label for m in pending)
                 raise FleetError(f"not healthy after {timeout_s:.0f} s: {names}; see {self.run_dir}/logs/")
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     def check_alive(self) -> None:
         for m in self.members:
@@ -215,6 +238,9 @@ class Fleet:
                     m.thread.join(left)
                 if m.http is not None:
                     m.http.close()
+        if self.forkservers is not None:
+            self.forkservers.close()
+            self.forkservers = None
 
 
 class FleetError(RuntimeError):
@@ -228,13 +254,38 @@ def tail(path: Path | None, lines: int = 15) -> str:
     return "\n".join("    " + line for line in text)
 
 
+def check_env(cfg: Experiment, forkservers: ForkServers | None, timeout_s: float = 120.0) -> None:
+    """Raise EnvError if the configured env cannot be made or does not fit the algorithm.
+
+    The check imports the algorithm (torch): with fork servers it runs in a process forked by the heavy
+    one, where torch is already imported, instead of costing the launcher ~2 s of CPU on the cores the
+    fleet is starting on."""
+    if forkservers is not None:
+        with tempfile.TemporaryDirectory(prefix="rlfleet-check-") as tmp:
+            path, out = Path(tmp) / "config.yaml", Path(tmp) / "check.log"
+            path.write_text(config_mod.dump(cfg))
+            try:
+                code = forkservers.fork("learner", ["check-env", "--config", str(path)], out).wait(timeout_s)
+            except (ForkServerError, subprocess.TimeoutExpired) as exc:
+                log.warning("env check in the fork server failed (%s); checking here", exc)
+            else:
+                if code == 0:
+                    return
+                text = out.read_text(errors="replace")
+                if code == 2 and "rlfleet: " in text:
+                    raise EnvError(text.split("rlfleet: ", 1)[1].strip())
+                log.warning("env check in the fork server exited %s; checking here:\n%s", code, text[-2000:])
+    probe_env(cfg)
+
+
 def run_fleet(
     cfg: Experiment, actors: int, until_return: float | None, max_seconds: float | None, inproc: bool,
     run_root: str = "runs", live: bool | None = None, max_env_steps: int | None = None,
+    forkservers: ForkServers | None = None,
 ) -> int:
     """Run a local fleet; returns the process exit code."""
     try:
-        probe_env(cfg)
+        check_env(cfg, forkservers)
     except EnvError as exc:
         click.echo(f"rlfleet: {exc}", err=True)
         return EXIT_CONFIG
@@ -251,7 +302,7 @@ def run_fleet(
     if made:
         click.echo(f"security.mode=curve without keys: made a throwaway set in {made[0].path.parent} "
                    "(this run only; 'rlfleet keys' makes keys to keep)")
-    fleet = Fleet(cfg, members, run_dir, inproc)
+    fleet = Fleet(cfg, members, run_dir, inproc, forkservers=forkservers)
     stop = threading.Event()
     reason: list[str] = []
 
@@ -263,8 +314,8 @@ def run_fleet(
     view = FleetView(members, run_dir / "progress.csv", live=sys.stdout.isatty() if live is None else live)
     code = EXIT_FAILED
     try:
-        fleet.start()
-        fleet.wait_healthy(cfg.network.timeout_s * 6)
+        fleet.start(stop)
+        fleet.wait_healthy(cfg.network.timeout_s * 6, stop)
         start = time.monotonic()
         while not stop.wait(1.0):
             fleet.check_alive()
@@ -297,31 +348,3 @@ def run_fleet(
             signal.signal(s, h)
         click.echo(f"stopped; logs, progress.csv and checkpoints in {run_dir}")
     return code
-
-
-@click.command()
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
-              help="experiment file (YAML)")
-@click.option("--actors", type=click.IntRange(min=1), default=None, help="actors to start (default: actor.count)")
-@click.option("--sync", type=click.Choice(["barrier", "async"]), default=None, help="training protocol")
-@click.option("--until-return", type=float, default=None, help="stop (exit 0) when the eval mean reaches this")
-@click.option("--max-seconds", type=float, default=None, help="stop (exit 3 if a target was set) after this long")
-@click.option("--max-env-steps", type=int, default=None, help="stop (exit 3 if a target was set) after this many")
-@click.option("--inproc", is_flag=True, help="run the whole fleet in this process over inproc:// sockets")
-@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
-@click.option("--runs", "run_root", default="runs", show_default=True, help="where run directories go")
-def up(
-    config_path: str, actors: int | None, sync: str | None, until_return: float | None,
-    max_seconds: float | None, max_env_steps: int | None, inproc: bool, sets: tuple[str, ...], run_root: str,
-) -> None:
-    """Run the whole fleet on this machine and show its progress."""
-    logging.basicConfig(level="INFO", format=LOG_FORMAT)
-    extra = [f"sync={sync}"] if sync else []
-    try:
-        cfg = config_mod.load(config_path, [*sets, *extra])
-    except config_mod.ConfigError as exc:
-        click.echo(f"rlfleet: {exc}", err=True)
-        sys.exit(EXIT_CONFIG)
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(run_fleet(cfg, actors or cfg.actor.count, until_return, max_seconds, inproc, run_root,
-                       max_env_steps=max_env_steps))
