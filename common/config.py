@@ -72,7 +72,24 @@ class DQNConfig(Strict):
     beta_updates: PosInt = Field(20_000, description="updates over which beta anneals to 1")
     epsilon: Annotated[float, Field(gt=0, lt=1)] = Field(0.4, description="Ape-X base epsilon")
     epsilon_alpha: NonNegFloat = Field(7.0, description="Ape-X: eps_i = eps^(1 + alpha*i/(N-1))")
+    epsilon_decay_steps: PosInt | None = Field(
+        None, description="fleet env steps over which each actor's epsilon falls linearly from epsilon_start to"
+        " its Ape-X eps_i; null: eps_i from the start"
+    )
+    epsilon_start: Annotated[float, Field(gt=0, le=1)] = Field(
+        1.0, description="every actor's epsilon at fleet step 0 (with epsilon_decay_steps)"
+    )
     priority_eps: PosFloat = Field(1e-3, description="added to |TD error| to form a priority")
+
+
+    @model_validator(mode="after")
+    def _schedule(self) -> DQNConfig:
+        if self.epsilon_decay_steps is not None and self.epsilon_start < self.epsilon:
+            raise ValueError(
+                f"epsilon_start={self.epsilon_start} is below epsilon={self.epsilon}: the schedule decays"
+                f" towards the Ape-X values; allowed: epsilon_start >= epsilon"
+            )
+        return self
 
 
 AlgorithmConfig = Annotated[DQNConfig, Field(discriminator="name")]
@@ -106,6 +123,11 @@ class EvaluatorConfig(Strict):
         None, description="evaluate each time the fleet's env steps pass a multiple of this (e.g. 5000)"
     )
     epsilon: Annotated[float, Field(ge=0, lt=1)] = Field(0.0, description="exploration while evaluating")
+    vectorization: Literal["sync", "async"] | None = Field(
+        None, description="the evaluation's vector env (one slot per episode); null: env.vectorization. async"
+        " steps every episode in its own process at once: with a slow simulator (env.step_latency_ms) an"
+        " evaluation then costs one episode's latency instead of the sum of all"
+    )
 
 
 class TableConfig(Strict):

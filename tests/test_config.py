@@ -52,6 +52,9 @@ def test_env_lists_parse_as_yaml() -> None:
         (["replay.shards=2"], ["network.replay", "one address per shard"]),
         (["learner.device=tpu"], ["learner.device", "'tpu'"]),
         (["algorithm.name=sarsa"], ["algorithm", "sarsa"]),
+        (["algorithm.epsilon_decay_steps=1000", "algorithm.epsilon_start=0.01"],
+         ["epsilon_start=0.01", "epsilon=", "allowed: epsilon_start >= epsilon"]),
+        (["algorithm.epsilon_decay_steps=0"], ["algorithm.epsilon_decay_steps", "0", "greater than or equal to 1"]),
     ],
 )
 def test_errors_name_field_value_and_what_is_allowed(sets: list[str], words: list[str]) -> None:

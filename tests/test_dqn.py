@@ -22,6 +22,7 @@ from common.algorithms.dqn import (
     apex_epsilon,
     beta_schedule,
     n_step_target,
+    scheduled_epsilon,
 )
 from common.algorithms.nstep import NStepBuilder
 from common.config import DQNConfig
@@ -260,6 +261,20 @@ def test_apex_epsilon_and_beta() -> None:
     assert learner.beta() == 0.5 and learner.beta(5) == pytest.approx(0.75)
 
 
+def test_epsilon_schedule_over_fleet_steps() -> None:
+    assert scheduled_epsilon(0.05, 0, 1.0, None) == 0.05  # no schedule: the Ape-X value from the start
+    assert scheduled_epsilon(0.05, 0, 1.0, 1000) == 1.0
+    assert scheduled_epsilon(0.05, 500, 1.0, 1000) == pytest.approx(0.525)
+    assert scheduled_epsilon(0.05, 1000, 1.0, 1000) == 0.05
+    assert scheduled_epsilon(0.05, 10**9, 1.0, 1000) == 0.05
+    cfg = DQNConfig(epsilon=0.4, epsilon_alpha=7.0, epsilon_decay_steps=10_000, epsilon_start=0.9)
+    for index in range(4):  # every actor starts at epsilon_start and ends at its own Ape-X value
+        final = apex_epsilon(index, 4, 0.4, 7.0)
+        assert ALGORITHM.exploration(cfg, index, 4, 0) == pytest.approx(0.9)
+        assert ALGORITHM.exploration(cfg, index, 4, 5_000) == pytest.approx((0.9 + final) / 2)
+        assert ALGORITHM.exploration(cfg, index, 4, 20_000) == pytest.approx(final)
+
+
 def test_epsilon_greedy_acting() -> None:
     policy = DQNPolicy(DQNConfig(hidden=[8]), OBS_SPACE, ACT_SPACE)
     obs = np.random.default_rng(0).normal(size=(2000, 4)).astype(np.float32)
@@ -465,3 +480,21 @@ def test_learns_cartpole() -> None:
     starts.close()
     q_start = float(policy.q_values(start).max(axis=1).mean())
     assert q_start > 10, f"Q(s0) = {q_start}: values do not propagate past the n-step horizon"
+
+
+def test_evaluation_same_on_sync_async_and_reused_envs() -> None:
+    from common import config as config_mod
+    from services.actor.evaluator import eval_envs, evaluate
+
+    cfg = config_mod.load(data={"env": {"max_episode_steps": 60}, "algorithm": {"name": "dqn", "hidden": [16]}},
+                          environ={})
+    policy = DQNPolicy(cfg.algorithm, OBS_SPACE, ACT_SPACE, seed=1)
+    fresh = evaluate(policy, cfg, 3, 0.2, seed=7)
+    assert fresh.shape == (3,) and (fresh > 0).all()
+    on_async = cfg.model_copy(update={"evaluator": cfg.evaluator.model_copy(update={"vectorization": "async"})})
+    envs = eval_envs(on_async, 3, seed=7)
+    try:
+        for _ in range(2):  # kept open across evaluations: every slot is reset with its seed each time
+            np.testing.assert_array_equal(evaluate(policy, on_async, 3, 0.2, seed=7, envs=envs), fresh)
+    finally:
+        envs.close()

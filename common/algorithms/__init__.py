@@ -80,8 +80,8 @@ class AlgorithmModule:
     make_learner: Callable[..., LearnerCore]
     # (cfg, vector_env) -> TransitionBuilder
     make_builder: Callable[[Any, Any], TransitionBuilder]
-    # (cfg, actor_index, num_actors) -> the exploration parameter act() takes
-    exploration: Callable[[Any, int, int], float]
+    # (cfg, actor_index, num_actors, fleet_env_steps) -> the exploration parameter act() takes
+    exploration: Callable[[Any, int, int, int], float]
     # replay table kinds this algorithm can train from
     table_kinds: tuple[str, ...] = ("uniform", "prioritized")
 

@@ -50,6 +50,16 @@ def apex_epsilon(index: int, num_actors: int, eps: float = 0.4, alpha: float = 7
     return float(eps ** (1.0 + alpha * index / (num_actors - 1)))
 
 
+def scheduled_epsilon(final: float, fleet_env_steps: int, start: float, decay_steps: int | None) -> float:
+    """Linear from ``start`` at fleet step 0 to ``final`` (the actor's Ape-X value) at ``decay_steps``.
+
+    ``decay_steps`` None: ``final`` throughout (the constant per-actor epsilons of the paper).
+    """
+    if not decay_steps or fleet_env_steps >= decay_steps:
+        return final
+    return float(start + (final - start) * max(0, fleet_env_steps) / decay_steps)
+
+
 def beta_schedule(updates: int, beta_start: float, beta_updates: int) -> float:
     """Importance-sampling exponent, linear from beta_start to 1 over beta_updates."""
     return float(min(1.0, beta_start + (1.0 - beta_start) * updates / beta_updates))
@@ -288,8 +298,9 @@ def _make_builder(cfg: DQNConfig, envs: gym.vector.VectorEnv) -> NStepBuilder:
     return NStepBuilder.for_env(envs, cfg.n_step, cfg.gamma)
 
 
-def _exploration(cfg: DQNConfig, index: int, num_actors: int) -> float:
-    return apex_epsilon(index, num_actors, cfg.epsilon, cfg.epsilon_alpha)
+def _exploration(cfg: DQNConfig, index: int, num_actors: int, fleet_env_steps: int = 0) -> float:
+    final = apex_epsilon(index, num_actors, cfg.epsilon, cfg.epsilon_alpha)
+    return scheduled_epsilon(final, fleet_env_steps, cfg.epsilon_start, cfg.epsilon_decay_steps)
 
 
 ALGORITHM = AlgorithmModule(

@@ -125,13 +125,16 @@ class ActorService:
         self._replay_reconnects = 0
         self._weights_at = time.monotonic()
         self.table = cfg.learner.table
-        self.epsilon = self.algo.exploration(cfg.algorithm, self.index, self.num_actors)
+        # The fleet's env steps (what an epsilon schedule runs on): the registry's count at the last
+        # heartbeat, plus our own steps since times the live actors (they step at about our pace).
+        self.env_steps = 0
+        self._fleet_steps = (self.links.welcome.fleet_env_steps, 0)
+        self.epsilon = self.algo.exploration(cfg.algorithm, self.index, self.num_actors, self.fleet_env_steps())
         self.version = -1
         self.pending: list[dict[str, np.ndarray]] = []
         self.pending_rows = 0
         self.episodes = EpisodeStats(cfg.env.num_envs)
         self.episode_log = EpisodeLog(Path(cfg.run_dir) / "episodes" / f"{actor_id}.csv")
-        self.env_steps = 0
         log.info("actor %s: index %d of %d, epsilon %.4f, replay shard %d, %s protocol",
                  actor_id, self.index, self.num_actors, self.epsilon, shard, cfg.sync)
 
@@ -159,6 +162,14 @@ class ActorService:
         self._counted = {"acked": 0, "resends": 0}
         self._peak_bytes = 0
         self._replay_state: dict[str, int] = {}
+
+    def fleet_env_steps(self) -> int:
+        """Estimated env steps of the whole fleet now (for the exploration schedule)."""
+        fleet, own = self._fleet_steps
+        return fleet + (self.env_steps - own) * self.num_actors
+
+    def _explore(self) -> None:
+        self.epsilon = self.algo.exploration(self.cfg.algorithm, self.index, self.num_actors, self.fleet_env_steps())
 
     # -- weights ----------------------------------------------------------------
     def _take(self, got: tuple[int, dict[str, np.ndarray]] | None) -> bool:
@@ -209,14 +220,16 @@ class ActorService:
             self.m_reconnects.labels("replay").inc(self.replay.reconnects - self._replay_reconnects)
             self._replay_reconnects = self.replay.reconnects
         self.m_age.set(time.monotonic() - self._weights_at)
+        if welcome is not None:
+            self._fleet_steps = (welcome.fleet_env_steps, self.env_steps)
         if welcome is not None and (welcome.index, fleet_size(welcome)) != (self.index, self.num_actors):
             if welcome.index >= 0 and welcome.num_actors > 0:
                 self.num_actors = fleet_size(welcome)
                 if welcome.index != self.index:
                     log.info("actor %s: registry index %d -> %d", self.actor_id, self.index, welcome.index)
                 self.index = welcome.index
-                self.epsilon = self.algo.exploration(self.cfg.algorithm, self.index, self.num_actors)
-                self.m_epsilon.set(self.epsilon)
+        self._explore()
+        self.m_epsilon.set(self.epsilon)
 
     # -- data -------------------------------------------------------------------
     def _queue(self, columns: dict[str, np.ndarray]) -> None:
@@ -286,6 +299,7 @@ class ActorService:
         since_poll = 0
         last_beat = time.monotonic()
         while not self._stopping:
+            self._explore()  # a schedule over the fleet's env steps (constant without one)
             actions = self.policy.act(obs, self.epsilon, self.rng)
             obs, rewards, terminated, truncated, infos = self.envs.step(actions)
             self._queue(self.builder.add(actions, obs, rewards, terminated, truncated, infos))

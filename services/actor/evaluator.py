@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium.vector import VectorEnv
 
 from common.config import Experiment
 from common.envs import acting_policy, make_vector_env
@@ -27,10 +28,24 @@ log = logging.getLogger("rlfleet.evaluator")
 EVAL_SEED_OFFSET = 1_000_000
 
 
-def evaluate(policy: Any, cfg: Experiment, episodes: int, epsilon: float, seed: int) -> np.ndarray:
-    """Returns of ``episodes`` episodes, one per slot of a vector env, seeds seed..seed+K-1."""
-    env_cfg = cfg.env.model_copy(update={"num_envs": episodes})
-    envs = make_vector_env(env_cfg, seed)
+def eval_envs(cfg: Experiment, episodes: int, seed: int) -> VectorEnv:  # type: ignore[type-arg]
+    """The vector env of an evaluation: one slot per episode, ``evaluator.vectorization`` if set."""
+    update: dict[str, Any] = {"num_envs": episodes}
+    if cfg.evaluator.vectorization is not None:
+        update["vectorization"] = cfg.evaluator.vectorization
+    return make_vector_env(cfg.env.model_copy(update=update), seed)
+
+
+def evaluate(policy: Any, cfg: Experiment, episodes: int, epsilon: float, seed: int,
+             envs: VectorEnv | None = None) -> np.ndarray:  # type: ignore[type-arg]
+    """Returns of ``episodes`` episodes, one per slot of a vector env, seeds seed..seed+K-1.
+
+    ``envs``: a vector env of ``episodes`` slots to reuse (kept open; every slot is reset with its
+    seed, so the result is the same as with a fresh one); None makes one and closes it.
+    """
+    own = envs is None
+    if envs is None:
+        envs = eval_envs(cfg, episodes, seed)
     rng = np.random.default_rng(seed)
     try:
         obs, _ = envs.reset(seed=[seed + i for i in range(episodes)])  # type: ignore[arg-type]  # a list is allowed
@@ -42,7 +57,8 @@ def evaluate(policy: Any, cfg: Experiment, episodes: int, epsilon: float, seed: 
             running &= ~(np.asarray(terminated) | np.asarray(truncated))
         return returns
     finally:
-        envs.close()
+        if own:
+            envs.close()
 
 
 class EvaluatorService:
@@ -68,6 +84,7 @@ class EvaluatorService:
         if self._csv.tell() == 0:
             self._csv.write("wall_time,env_steps,version,mean_return,std_return,episodes,seconds\n")
         self.tb = ScalarWriter(cfg.run_dir, "evaluator")  # RUN_DIR/tensorboard/evaluator
+        self._envs: VectorEnv | None = None  # type: ignore[type-arg]
 
     def run(self) -> None:
         """Evaluate each new version (paced by every_s), or at every multiple of every_steps env steps."""
@@ -112,7 +129,10 @@ class EvaluatorService:
             self.policy.load_weights(tensors)
             self.version = version
             start = time.monotonic()
-            returns = evaluate(self.policy, self.cfg, cfg.episodes, cfg.epsilon, self.cfg.seed + EVAL_SEED_OFFSET)
+            seed = self.cfg.seed + EVAL_SEED_OFFSET
+            if self._envs is None:  # made once: an async vector env's processes outlive each evaluation
+                self._envs = eval_envs(self.cfg, cfg.episodes, seed)
+            returns = evaluate(self.policy, self.cfg, cfg.episodes, cfg.epsilon, seed, self._envs)
             self.last = {"version": version, "mean": float(returns.mean()), "std": float(returns.std()),
                          "seconds": time.monotonic() - start}
             log.info("eval v%d: return %.1f +- %.1f over %d episodes (%.1f s)", version, self.last["mean"],
@@ -145,6 +165,8 @@ class EvaluatorService:
         return {"ok": not self._stopping, "version": self.version, "last": self.last}
 
     def close(self) -> None:
+        if self._envs is not None:
+            self._envs.close()
         self.links.close()
         self._csv.close()
         self.tb.close()
