@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from common import config as config_mod
 from common.config import Experiment
@@ -21,6 +20,7 @@ from common.fleetview import scrape
 from common.launcher import Fleet, Member, make_run_dir, plan
 from services.replay.main import shard_dir
 from services.replay.storage import read_segment
+from tests.fleet_helpers import wait_for
 
 
 def start_fleet(config: Path, runs: Path, actors: int, sets: Iterable[str]) -> tuple[Fleet, Experiment]:
@@ -35,16 +35,6 @@ def start_fleet(config: Path, runs: Path, actors: int, sets: Iterable[str]) -> t
 
 def member(fleet: Fleet, label: str) -> Member:
     return next(m for m in fleet.members if m.label == label)
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def kill9(m: Member) -> None:

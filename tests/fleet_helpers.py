@@ -6,7 +6,10 @@ import csv
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -36,3 +39,14 @@ def episodes(run_dir: Path, actor_id: str) -> list[tuple[int, int, float]]:
     """(env_steps, version, return) of every episode an actor finished."""
     rows = read_csv(run_dir / "episodes" / f"{actor_id}.csv")
     return [(int(r["env_steps"]), int(r["version"]), float(r["episode_return"])) for r in rows]
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.25) -> Any:
+    """Poll predicate() until it returns something true; AssertionError naming what after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from common.fleetview import scrape
-from tests.chaos_helpers import Watcher, acked, kill9, lost, member, restart, start_fleet, stored, wait_for
-from tests.fleet_helpers import CONFIGS, read_csv
+from tests.chaos_helpers import Watcher, acked, kill9, lost, member, restart, start_fleet, stored
+from tests.fleet_helpers import CONFIGS, read_csv, wait_for
 
 pytestmark = pytest.mark.chaos
 
