@@ -87,7 +87,10 @@ class LearnerService:
         self._ps_failing = False
         self._replay_reconnects = 0
         self.m_updates.inc(self.core.num_updates)
-        self.m_version.set(self.version)  # a restarted learner shows its checkpoint's version, not 0
+        # Ask the paramserver before /metrics is up: a learner killed after publishing a version newer
+        # than its checkpoint must not show the checkpoint's (older) version while it starts.
+        self.start_version = self.first_version()
+        self.m_version.set(max(self.version, self.start_version - 1))
         log.info("learner: %s on %s, %s protocol", cfg.algorithm.name, self.core.device, cfg.sync)
 
     def _define_metrics(self) -> None:
@@ -237,7 +240,7 @@ class LearnerService:
         return True
 
     def run(self) -> None:
-        self.publish(self.first_version())
+        self.publish(self.start_version)
         log.info("learner: published version %d", self.version)
         if self.cfg.sync == "async":
             self._run_async()
