@@ -192,6 +192,93 @@ def encode_header(
     return msgpack.packb(header, use_bin_type=True)
 
 
+# -- inserts as InsertClient sends them ----------------------------------------------
+# A sender repeats everything of its inserts but seq and window_start, so InsertEncoder keeps
+# the header's bytes up to window_start's value (the "prefix") for a layout and packs the two
+# ints after it; a receiver that fully decoded one insert of a prefix may take the next ones
+# of that prefix by reading the two ints alone (read_insert_tail).
+
+_SEQ_KEY = b"\xa3seq"
+
+
+def _packb(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def insert_header_prefix(table: str, sender: str, descriptors: list[Any]) -> bytes:
+    """The header bytes of a packed insert with ``merge_acks`` up to its ``window_start`` value:
+    a map of 7 whose last key is ``seq``, its body a map of 3 whose last key is ``window_start``."""
+    return b"".join((
+        b"\x87",
+        *map(_packb, ("v", PROTOCOL_VERSION, "type", "insert", "sender", sender, "arrays", descriptors,
+                      "packed", True, "body")),
+        b"\x83",
+        *map(_packb, ("table", table, "merge_acks", True, "window_start")),
+    ))
+
+
+def read_insert_tail(header: bytes, start: int) -> tuple[int, int] | None:
+    """(window_start, seq) if ``header[start:]`` is exactly what :func:`insert_header_prefix`'s
+    header ends with (an int, the key ``seq``, an int in [0, 2**64)); None for anything else."""
+    if len(header) - start > 32:  # two ints of at most 9 bytes and the key
+        return None
+    try:
+        tail = msgpack.unpackb(b"\x93" + header[start:], raw=False, max_ext_len=0)  # the 3 as one array
+    except Exception:  # anything but the usual form: the caller decodes the whole message
+        return None
+    if type(tail) is not list:
+        return None
+    ws, key, seq = tail
+    if type(ws) is not int or key != "seq" or type(seq) is not int or not 0 <= seq < 1 << 64:
+        return None
+    return ws, seq
+
+
+class InsertEncoder:
+    """Encodes inserts as InsertClient sends them: a header and one packed payload frame.
+
+    The header's bytes are kept for the last layout (table, sender, column names, dtypes and
+    shapes; :func:`insert_header_prefix`) and only ``window_start`` and ``seq`` are packed per
+    insert; the payload is :func:`pack_arrays`. Anything the kept layout does not cover (other
+    columns, non-contiguous or non-wire dtypes) takes :func:`encode`. Both give a message this
+    module's :func:`decode` reads (header keys in another order).
+    """
+
+    def __init__(self) -> None:
+        self._key: list[Any] | None = None
+        self._prefix = b""
+
+    def frames(self, table: str, arrays: Mapping[str, np.ndarray], sender: str, seq: int,
+               window_start: int) -> list[Any]:
+        values = list(arrays.values())
+        key = [table, sender, *arrays, *[a.dtype for a in values], *[a.shape for a in values]]
+        if key != self._key and not self._learn(key, table, arrays, sender):
+            return self._general(table, arrays, sender, seq, window_start)
+        for arr in values:
+            if not arr.flags.c_contiguous:
+                return self._general(table, arrays, sender, seq, window_start)
+        return [b"".join((self._prefix, _packb(window_start), _SEQ_KEY, _packb(seq))), pack_arrays(values)]
+
+    @staticmethod
+    def _general(table: str, arrays: Mapping[str, np.ndarray], sender: str, seq: int,
+                 window_start: int) -> list[Any]:
+        body = {"table": table, "window_start": window_start, "merge_acks": True}
+        return encode(Message("insert", body, dict(arrays), sender, seq), packed=True)
+
+    def _learn(self, key: list[Any], table: str, arrays: Mapping[str, np.ndarray], sender: str) -> bool:
+        """Keep the header bytes of this layout; False if it needs the general encoder."""
+        descriptors = []
+        for name, arr in arrays.items():
+            dname = _DTYPE_NAMES.get(arr.dtype)  # native little-endian dtypes only
+            if dname is None or arr.dtype != DTYPES[dname]:  # e.g. big-endian: encode() converts it
+                self._key = None
+                return False
+            descriptors.append([name, dname, list(arr.shape)])
+        self._prefix = insert_header_prefix(table, sender, descriptors)
+        self._key = key
+        return True
+
+
 def _buffer(frame: Any) -> Any:
     """A bytes-like view of one frame whose ``len()`` is its size in bytes.
 

@@ -42,17 +42,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import numpy as np
 import zmq
 
 from common.config import Experiment
 from common.protocol import (
-    _DTYPE_NAMES,
     DEFAULT_LIMITS,
-    DTYPES,
-    PACK_ALIGN,
-    PROTOCOL_VERSION,
+    InsertEncoder,
     Limits,
     Message,
     ProtocolError,
@@ -70,78 +66,9 @@ MAX_RESEND_AFTER_S = 30.0
 _NOBLOCK = int(zmq.NOBLOCK)
 
 
-class InsertEncoder:
-    """Encodes inserts as InsertClient sends them: a header and one packed payload frame.
-
-    A sender repeats its table and column layout (names, dtypes, shapes) in
-    every insert, so the header's bytes are kept for the last layout and only
-    ``seq`` and ``window_start`` are packed for each insert; the payload is
-    one ``bytes.join`` of the columns. Anything the cached layout does not
-    cover (other columns, non-contiguous or non-wire dtypes) takes
-    :func:`common.protocol.encode`. Both give a message docs/protocol.md
-    describes (header keys in another order); ``decode`` reads both.
-    """
-
-    def __init__(self) -> None:
-        self._key: tuple[Any, ...] | None = None
-        self._prefix = b""
-        self._pads: list[bytes] = []
-
-    def frames(self, table: str, arrays: Mapping[str, np.ndarray], sender: str, seq: int,
-               window_start: int) -> list[Any]:
-        key = (table, sender, *[(k, a.dtype, a.shape) for k, a in arrays.items()])
-        if key != self._key:
-            if not self._learn(key, table, arrays, sender):
-                return encode(Message("insert", {"table": table, "window_start": window_start, "merge_acks": True},
-                                      dict(arrays), sender, seq), packed=True)
-        parts: list[Any] = []
-        for arr, pad in zip(arrays.values(), self._pads, strict=True):
-            if not arr.flags.c_contiguous:
-                return encode(Message("insert", {"table": table, "window_start": window_start, "merge_acks": True},
-                                      dict(arrays), sender, seq), packed=True)
-            if pad:
-                parts.append(pad)
-            parts.append(arr)
-        header = b"".join((self._prefix, _packb(window_start), _SEQ_KEY, _packb(seq)))
-        return [header, b"".join(parts)]
-
-    def _learn(self, key: tuple[Any, ...], table: str, arrays: Mapping[str, np.ndarray], sender: str) -> bool:
-        """Keep the header bytes of this layout; False if it needs the general encoder."""
-        descriptors = []
-        pads = []
-        end = 0
-        for name, arr in arrays.items():
-            dname = _DTYPE_NAMES.get(arr.dtype)  # native little-endian dtypes only
-            if dname is None or arr.dtype != DTYPES[dname]:  # e.g. big-endian: encode() converts it
-                self._key = None
-                return False
-            descriptors.append([name, dname, list(arr.shape)])
-            pad = -end % PACK_ALIGN
-            pads.append(bytes(pad))
-            end += pad + arr.nbytes
-        # a map of 7: everything but window_start (the body's last key) and seq, packed per insert
-        self._prefix = b"".join((
-            b"\x87",
-            *map(_packb, ("v", PROTOCOL_VERSION, "type", "insert", "sender", sender, "arrays", descriptors,
-                          "packed", True, "body")),
-            b"\x83",
-            *map(_packb, ("table", table, "merge_acks", True, "window_start")),
-        ))
-        self._pads = pads
-        self._key = key
-        return True
-
-
-def _packb(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
-
-
-_SEQ_KEY = _packb("seq")
-
-
 def encode_insert(table: str, arrays: Mapping[str, np.ndarray], sender: str, seq: int,
                   window_start: int) -> list[Any]:
-    """The frames of one insert exactly as InsertClient sends it (see InsertEncoder)."""
+    """The frames of one insert exactly as InsertClient sends it (see common.protocol.InsertEncoder)."""
     return InsertEncoder().frames(table, arrays, sender, seq, window_start)
 
 

@@ -48,12 +48,29 @@ import zmq
 
 from common.config import ReplayConfig
 from common.metrics import ServiceMetrics
-from common.protocol import DEFAULT_LIMITS, Limits, Message, encode_header
+from common.protocol import (
+    DEFAULT_LIMITS,
+    DTYPES,
+    Limits,
+    Message,
+    PackedLayout,
+    encode_header,
+    insert_header_prefix,
+    read_insert_tail,
+)
 from common.server import Peer, RequestError, Server
 from common.transport import DEFAULT_HWM, CurveConfig
 from services.replay.dedup import Dedup
 from services.replay.storage import SNAPSHOT, Snapshotter, WriteAheadLog, read_snapshot
-from services.replay.tables import MAX_SAMPLE_BATCH, QueueTable, Table, TableError, check_priorities, make_table
+from services.replay.tables import (
+    MAX_SAMPLE_BATCH,
+    PackedPlan,
+    QueueTable,
+    Table,
+    TableError,
+    check_priorities,
+    make_table,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +79,7 @@ MAX_HELD_INSERTS = 10_000  # per table; beyond, inserts are dropped unacked and 
 MAX_HELD_SAMPLES = 1_000  # per table; beyond, samples are refused with reason 'busy'
 ACKS_PER_MESSAGE = 200  # inserts one ack message answers at most (a header list holds at most 256 items)
 MAX_SAMPLE_TIMEOUT_MS = 600_000  # a held sample waits at most this long (also without timeout_ms)
+MAX_FAST_PEERS = 4096  # connections whose insert header prefix is remembered (all forgotten beyond)
 
 
 @dataclass
@@ -73,6 +91,22 @@ class HeldInsert:
     n: int
     since: float
     merge_acks: bool = False
+
+
+@dataclass
+class FastInsert:
+    """What the server checked of one connection's inserts: their header up to window_start
+    (``prefix``), the packed layout after it and how its payload goes into the table."""
+
+    prefix: bytes
+    table: Table
+    layout: object  # the table's checked_layout this was built for
+    n: int
+    nbytes: int  # of the payload frame
+    sender: str
+    plan: PackedPlan
+    items: tuple[tuple[str, np.dtype[Any], tuple[int, ...], int], ...]  # the decoder's, priority included
+    priority: tuple[np.dtype[Any], int] | None  # its dtype and offset in the payload
 
 
 @dataclass
@@ -115,6 +149,10 @@ class ReplayServer(Server):
         # sent after the burst (with wal, after its fsync): queue batches, and acks by sender
         # identity (merge_acks) or by (identity, seq)
         self.deferred: list[tuple[Peer, list[Any], str]] = []
+        # by ROUTER identity: the usual inserts of that connection, taken without a full decode
+        self.fast: dict[bytes, FastInsert] = {}
+        self.fast_inserts = 0  # inserts stored by _insert_fast
+        self._stored_packed: tuple[Table, PackedLayout, int, Peer, int | None] | None = None
         self.acks: dict[Any, tuple[Peer, list[tuple[int, int, bool]]]] = {}
         self.duplicates = 0
         self.durability = cfg.durability
@@ -191,6 +229,8 @@ class ReplayServer(Server):
         held = self.held_inserts[table.name]
         if not held and table.can_insert(n):  # nothing queued ahead and the limiter admits it: store now
             self._commit(table, peer, arrays, priority, ws, n, merge)
+            if layout is not None and merge:
+                self._stored_packed = (table, layout, n, peer, ws)
             if self.held_samples[table.name]:
                 self._pump(table)
             return
@@ -200,6 +240,93 @@ class ReplayServer(Server):
         held.append(HeldInsert(peer, arrays, priority, ws, n, time.monotonic(), merge))
         self.held_keys.add((sender, seq))
         self._pump(table)
+
+    # -- inserts without a full decode ----------------------------------------
+    def handle_frames(self, frames: list[Any]) -> None:
+        """An insert of a connection whose last inserts were all alike but for seq and window_start
+        (as InsertClient sends them) is stored from its frames by :meth:`_insert_fast`; any other
+        message, and any insert that path does not take, is decoded and handled in full."""
+        if len(frames) == 3:
+            fast = self.fast.get(frames[0].bytes)
+            if fast is not None and self._insert_fast(fast, frames):
+                return
+        self._stored_packed = None
+        super().handle_frames(frames)
+        if self._stored_packed is not None and len(frames) == 3:
+            self._learn_fast(frames)
+
+    def _learn_fast(self, frames: list[Any]) -> None:
+        """After a packed insert passed the full decode and was stored: remember its header's bytes
+        up to window_start, if they are in InsertEncoder's form, for the next ones."""
+        stored = self._stored_packed
+        self._stored_packed = None
+        assert stored is not None
+        table, layout, n, peer, ws = stored
+        items, nbytes = layout
+        descriptors: list[Any] = []
+        for name, dtype, shape, _ in items:
+            if DTYPES.get(dtype.name) != dtype:
+                return
+            descriptors.append([name, dtype.name, list(shape)])
+        header = frames[1].bytes
+        prefix = insert_header_prefix(table.name, peer.sender, descriptors)
+        if not header.startswith(prefix) or read_insert_tail(header, len(prefix)) != (ws, peer.seq):
+            return
+        plan = table.packed_plan(items)
+        if plan is None:
+            return
+        priority = next(((dtype, offset) for name, dtype, _, offset in items if name == "priority"), None)
+        if len(self.fast) >= MAX_FAST_PEERS:
+            self.fast.clear()
+        self.fast[frames[0].bytes] = FastInsert(prefix, table, layout, n, nbytes, peer.sender, plan, items, priority)
+
+    def _insert_fast(self, fast: FastInsert, frames: list[Any]) -> bool:
+        """Store an insert whose header is ``fast.prefix`` and two ints and whose payload has the
+        size of that layout; False (nothing done) for anything else: a duplicate, a held insert,
+        a bad priority, another header, ... all take the full path."""
+        header, payload = frames[1].bytes, frames[2]
+        table = fast.table
+        prefix = fast.prefix
+        if (len(payload) != fast.nbytes or not header.startswith(prefix) or table.checked_layout is not fast.layout
+                or len(header) > self.limits.max_header_bytes
+                or len(header) + fast.nbytes > self.limits.max_message_bytes):
+            return False
+        tail = read_insert_tail(header, len(prefix))
+        if tail is None:
+            return False
+        ws, seq = tail
+        sender, n = fast.sender, fast.n
+        if (self.dedup.seen(sender, seq) or (self.held_keys and (sender, seq) in self.held_keys)
+                or self.held_inserts[table.name] or not table.can_insert(n)):
+            return False
+        priority = None
+        if fast.priority is not None:
+            dtype, offset = fast.priority
+            priority = np.ndarray((n,), dtype, memoryview(payload).toreadonly(), offset)
+            try:
+                check_priorities(priority)
+            except TableError:
+                return False
+        self.count("insert", "in", len(header) + fast.nbytes)
+        self.fast_inserts += 1
+        identity = frames[0].bytes
+        if self.wal is None:
+            table.insert_packed(fast.plan, payload, n, priority)
+            self.dedup.add(sender, seq, ws)
+            self._inserted[table.name] += n
+            pending = self.acks.get(identity)
+            if pending is None:
+                self.acks[identity] = (Peer(identity, seq, sender), [(seq, n, False)])
+            else:
+                pending[1].append((seq, n, False))
+        else:  # the log takes arrays
+            view = memoryview(payload).toreadonly()
+            arrays = {name: np.ndarray(shape, dtype, view, offset)
+                      for name, dtype, shape, offset in fast.items if name != "priority"}
+            self._commit(table, Peer(identity, seq, sender), arrays, priority, ws, n, True)
+        if self.held_samples[table.name]:
+            self._pump(table)
+        return True
 
     def _check_batch(self, table: Table, arrays: dict[str, np.ndarray]) -> int:
         for name in arrays:
@@ -274,6 +401,7 @@ class ReplayServer(Server):
         return {
             "tables": tables,
             "duplicates": self.duplicates,
+            "fast_inserts": self.fast_inserts,
             "senders": len(self.dedup),
             "durability": self.durability,
             "snapshots": self.snapshotter.count if self.snapshotter else 0,

@@ -26,7 +26,7 @@ stays finite.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,8 @@ class ColumnSpec:
 
 
 Schema = dict[str, ColumnSpec]
+#: per column: its bytes, where its array starts in a packed payload, bytes per item
+PackedPlan = list[tuple[memoryview, int, int]]
 
 
 def check_priorities(priority: np.ndarray) -> None:
@@ -209,6 +211,11 @@ class Table:
                 a = arrays[name]
                 col[start:] = a[:head]
                 col[:n - head] = a[head:]
+        self._advance(first, n, priority)
+        return first
+
+    def _advance(self, first: int, n: int, priority: np.ndarray | None) -> None:
+        """The bookkeeping of ``n`` items just written at key ``first`` on."""
         self._stored(first, n, priority)
         self.next_key += n
         if self._prefault is not None:
@@ -216,6 +223,38 @@ class Table:
         self.size = min(self.size + n, self.capacity)
         self.inserted_items += n
         self.limiter.inserted(n)
+
+    def packed_plan(self, items: Sequence[tuple[str, np.dtype[Any], tuple[int, ...], int]]) -> PackedPlan | None:
+        """How to copy a packed payload of this layout (``(name, dtype, shape, offset)`` per array,
+        as the decoder describes a checked packed layout) straight into the columns: per column,
+        its bytes, the array's offset in the payload and the bytes of one item. None if a column
+        is missing from it, or its bytes are not the column's (another dtype; a big-endian host)."""
+        if sys.byteorder != "little" or self.schema is None:
+            return None
+        found = {name: (dtype, shape, offset) for name, dtype, shape, offset in items}
+        plan = []
+        for name, col in self.columns.items():
+            got = found.get(name)
+            if got is None or got[0] != col.dtype or got[1][1:] != col.shape[1:]:
+                return None
+            plan.append((memoryview(col.data).cast("B"), got[2], col.itemsize * (col.size // self.capacity)))
+        return plan
+
+    def insert_packed(self, plan: PackedPlan, payload: Any, n: int, priority: np.ndarray | None = None) -> int:
+        """:meth:`insert` of a checked packed batch of ``n`` items, copied from the payload frame's
+        bytes by a :meth:`packed_plan` of its layout (no array per column); returns its first key."""
+        first = self.next_key
+        start = first % self.capacity
+        head = min(n, self.capacity - start)
+        src = memoryview(payload)
+        if head == n:
+            for dst, offset, row in plan:
+                dst[start * row:(start + n) * row] = src[offset:offset + n * row]
+        else:  # the batch wraps around the end of the ring
+            for dst, offset, row in plan:
+                dst[start * row:] = src[offset:offset + head * row]
+                dst[:(n - head) * row] = src[offset + head * row:offset + n * row]
+        self._advance(first, n, priority)
         return first
 
     def _stored(self, first: int, n: int, priority: np.ndarray | None) -> None:
