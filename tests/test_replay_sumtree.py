@@ -185,3 +185,22 @@ def test_snapshot_state_round_trip() -> None:
     assert (r.next_key, r.size, r.limiter.samples) == (45, 30, 10)
     for name in t.columns:
         np.testing.assert_array_equal(r.columns[name], t.columns[name])
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 37, 1000, 5000])
+def test_set_range_is_set_of_those_slots(capacity: int) -> None:
+    rng = np.random.default_rng(capacity)
+    by_range, by_index = SumTree(capacity, cut=3), SumTree(capacity, cut=3)
+    for _ in range(40):
+        start = int(rng.integers(0, capacity))
+        n = int(rng.integers(0, capacity - start + 1))
+        val = rng.random(n) * 10
+        by_range.set_range(start, val)
+        by_index.set(np.arange(start, start + n), val)
+        for a, b in zip(by_range.levels, by_index.levels, strict=True):
+            np.testing.assert_array_equal(a, b)  # every inner sum, not only the total
+    with pytest.raises(ValueError):
+        by_range.set_range(capacity - 1, np.ones(2))
+    for bad in (np.nan, np.inf, -1.0):
+        with pytest.raises(ValueError):
+            by_range.set_range(0, np.array([bad]))

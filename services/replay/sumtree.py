@@ -53,6 +53,31 @@ class SumTree:
             left = idx << 1
             levels[i][idx] = child[left] + child[left + 1]
 
+    def set_range(self, start: int, value: np.ndarray) -> None:
+        """Set slots ``start .. start + len(value) - 1`` (no wrap) and refresh their ancestors.
+
+        The same as :meth:`set` of those slots, in slices instead of index arrays: the
+        ancestors of a run of slots are runs too, so each level is one strided add.
+        """
+        values = np.asarray(value, np.float64)
+        n = len(values)
+        if n == 0:
+            return
+        if start < 0 or start + n > self.capacity:
+            raise ValueError(f"slots {start}..{start + n - 1} are outside 0..{self.capacity - 1}")
+        if not (values.min() >= 0 and values.max() < np.inf):  # NaN fails both
+            raise ValueError("priorities must be finite and >= 0")
+        levels = self.levels
+        levels[-1][start:start + n] = values
+        lo, hi = start, start + n - 1
+        for i in range(len(levels) - 2, -1, -1):
+            lo, hi = lo >> 1, hi >> 1
+            child = levels[i + 1]
+            if lo == hi:  # one node: a scalar sum costs less than slicing
+                levels[i][lo] = child[2 * lo] + child[2 * lo + 1]
+            else:
+                np.add(child[2 * lo:2 * hi + 2:2], child[2 * lo + 1:2 * hi + 2:2], out=levels[i][lo:hi + 1])
+
     def find(self, u: np.ndarray, csum: np.ndarray | None = None) -> np.ndarray:
         """Slots whose cumulative range holds each ``u`` in [0, total).
 

@@ -67,7 +67,7 @@ PackedPlan = list[tuple[memoryview, int, int]]
 def check_priorities(priority: np.ndarray) -> None:
     """Refuse priorities that are not finite, negative or above MAX_PRIORITY (reason ``bad_priority``)."""
     p = np.asarray(priority)
-    if p.size and not (np.all(np.isfinite(p)) and p.min() >= 0 and p.max() <= MAX_PRIORITY):
+    if p.size and not (p.min() >= 0 and p.max() <= MAX_PRIORITY):  # NaN fails both, +-inf one
         raise TableError("bad_priority", f"priorities must be finite, >= 0 and <= {MAX_PRIORITY:g}")
 
 
@@ -373,8 +373,23 @@ class PrioritizedTable(Table):
             self.max_priority = max(self.max_priority, float(p.max()))
 
     def _stored(self, first: int, n: int, priority: np.ndarray | None) -> None:
-        slots = self._slots(np.arange(first, first + n, dtype=np.uint64))
-        self._set(slots, np.full(n, self.max_priority) if priority is None else priority)
+        # the slots of an insert are one run, or two where it wraps: slices, not index arrays
+        p = np.full(n, self.max_priority) if priority is None else np.asarray(priority, np.float64)
+        start = first % self.capacity
+        head = min(n, self.capacity - start)
+        for at, part in ((start, p[:head]), (0, p[head:])):
+            if len(part):
+                self.priority[at:at + len(part)] = part
+                if self.alpha == 1.0:
+                    leaf = part
+                elif self.alpha < 1.0:  # priorities are <= MAX_PRIORITY: no overflow
+                    leaf = part ** self.alpha
+                else:
+                    with np.errstate(over="ignore"):  # as in _set
+                        leaf = part ** self.alpha
+                self.tree.set_range(at, np.minimum(leaf, self.max_leaf))
+        if n:
+            self.max_priority = max(self.max_priority, float(p.max()))
 
     def _select(self, batch_size: int, beta: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         try:
