@@ -3,8 +3,9 @@ also the actor registry and the round barrier.
 
 The shard keeps the last two versions of its slice. Stored tensors are the
 read-only views of the frames the publish arrived in (or of the publisher's
-shared-memory file, which the shard then serves as that version's file), and
-replies send those same buffers (zero-copy both ways).
+shared-memory file, which the shard then serves as that version's file): no
+copy on the way in; replies copy them into each message (common.server.send_parts:
+a file's buffer is reused once its version is dropped).
 
 Barrier rule (synchronous protocol), decided here and documented in
 docs/protocol.md: shard 0 answers ``barrier(round=k)`` when there is at least
