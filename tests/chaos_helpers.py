@@ -108,9 +108,10 @@ class Watcher:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
+            started = time.monotonic()  # when the scrape started: an answer comes from who was alive then
             got = scrape(self.url_of(), timeout_s=1.0)
             if got.healthy and self.names[0] in got.samples:
-                self.samples.append(Sample(time.monotonic(), got.samples[self.names[0]],
+                self.samples.append(Sample(started, got.samples[self.names[0]],
                                            got.samples.get(self.names[1], -1.0)))
 
     def last(self) -> Sample | None:

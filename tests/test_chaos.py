@@ -130,8 +130,8 @@ def test_kill_every_service_in_turn(sync: str, tmp_path: Path) -> None:
 
         # -- the learner: resumes from its checkpoint and republishes ---------------------------------
         time.sleep(CHECKPOINT_S + 1)  # at least one checkpoint since the last restart
+        learner_restarts.append((time.monotonic(), 0.0))  # before the kill: a sample can start after it
         kill9(learner)
-        learner_restarts.append((time.monotonic(), 0.0))
         last_alive = watch.samples[-1]
         restart(fleet, learner)
         learner_restarts[-1] = (learner_restarts[-1][0], time.monotonic())
@@ -161,7 +161,9 @@ def test_kill_every_service_in_turn(sync: str, tmp_path: Path) -> None:
     # the update counter never goes backwards while the learner lives; a restart resumes its checkpoint
     s = watch.samples
     for a, b in zip(s, s[1:], strict=False):
-        across = any(a.t <= k and b.t >= k for k, _ in learner_restarts)
+        # a pair overlaps a restart if it straddles any moment from just before the kill to the end of
+        # the restart (a sample is stamped when its scrape starts, so the old learner's are before the kill)
+        across = any(a.t <= end and b.t >= start for start, end in learner_restarts)
         if across:
             assert b.updates >= resumed_at, (a, b, resumed_at)
         else:
