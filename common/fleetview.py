@@ -7,6 +7,7 @@ metrics URLs are known (local processes, inproc threads, containers).
 from __future__ import annotations
 
 import csv
+import http.client
 import json
 import time
 import urllib.error
@@ -49,7 +50,7 @@ def scrape(base_url: str, health_only: bool = False, timeout_s: float = 2.0) -> 
             for family in text_string_to_metric_families(text.decode()):
                 for s in family.samples:
                     out.samples[s.name] = out.samples.get(s.name, 0.0) + s.value
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):  # e.g. IncompleteRead: it died mid-answer
         out.healthy = False
     return out
 
