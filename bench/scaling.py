@@ -46,9 +46,10 @@ from common.rundata import load_run, summarize, weights_time_to_target
 CONFIG = "configs/cartpole-dqn.yaml"
 # Fewer, larger updates at the experiment's samples per insert, so that one CPU learner can
 # keep the ratio with 8 latency-bound actors (8 x ~430 steps/s x 16 / 64 = 860 updates/s otherwise).
-# The evaluator's 10 episodes step in parallel processes: one after another, a solved
-# evaluation (10 x 500 steps at 2 ms) would add 10 s to every time to target.
-BENCH_SETS = ["algorithm.batch_size=256", "evaluator.vectorization=async"]
+# The evaluator's 10 episodes step at once, a thread each: one after another, a solved
+# evaluation (10 x 500 steps at 2 ms) would add 10 s to every time to target; a process
+# each (async) costs about twice the CPU, taken from the learner.
+BENCH_SETS = ["algorithm.batch_size=256", "evaluator.vectorization=threads"]
 
 
 def env_ceiling(cfg_path: str, latency_ms: float, sets: list[str], seconds: float = 3.0) -> float:

@@ -246,6 +246,50 @@ def test_dueling_head_identity() -> None:
     torch.testing.assert_close(q - value, advantage - advantage.mean(dim=1, keepdim=True))
 
 
+def autograd_update(learner: DQNLearner, batch: dict[str, np.ndarray], weights: np.ndarray | None) -> None:
+    """The Ape-X update written with autograd and clip_grad_norm_: what DQNLearner.update must equal."""
+    cfg = learner.cfg
+    b = {k: torch.as_tensor(v) for k, v in batch.items()}
+    q_sa = learner.online(b["obs"]).gather(1, b["action"].long()[:, None]).squeeze(1)
+    with torch.no_grad():
+        next_target = learner.target(b["next_obs"])
+        next_online = learner.online(b["next_obs"]) if cfg.double else next_target
+        target = n_step_target(b["reward"].float(), b["discount"].float(), next_online, next_target, cfg.double)
+    losses = torch.nn.functional.huber_loss(q_sa, target, reduction="none", delta=cfg.huber_delta)
+    if weights is not None:
+        losses = losses * torch.as_tensor(weights).float()
+    learner.optimizer.zero_grad(set_to_none=True)
+    losses.mean().backward()
+    torch.nn.utils.clip_grad_norm_(learner.online.parameters(),
+                                   cfg.grad_clip if cfg.grad_clip is not None else float("inf"))
+    learner.optimizer.step()
+    learner.num_updates += 1
+    learner._follow_target()
+
+
+@pytest.mark.parametrize("hidden,dueling,grad_clip,weighted", [
+    ([32, 16], True, 0.05, True), ([32, 16], False, None, False), ([], True, 10.0, True), ([8], False, 0.05, True),
+])
+def test_update_gradients_match_autograd(hidden: list[int], dueling: bool, grad_clip: float | None,
+                                         weighted: bool) -> None:
+    """The hand-written backprop of DQNLearner.update takes the same steps as autograd would."""
+    cfg = DQNConfig(hidden=hidden, dueling=dueling, grad_clip=grad_clip, huber_delta=0.5, lr=1e-2)
+    ours = DQNLearner(cfg, OBS_SPACE, ACT_SPACE, device="cpu", seed=4)
+    ref = DQNLearner(cfg, OBS_SPACE, ACT_SPACE, device="cpu", seed=4)
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        batch = random_batch(rng, size=64)
+        batch["reward"] *= 5  # TD errors on both sides of the Huber delta
+        weights = rng.random(64).astype(np.float32) if weighted else None
+        ours.update(batch, weights)
+        autograd_update(ref, batch, weights)
+        for (name, a), b in zip(ours.online.named_parameters(), ref.online.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-7, msg=lambda m, n=name: f"grad {n}: {m}")
+    for a, b in zip(ours.target.parameters(), ref.target.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_apex_epsilon_and_beta() -> None:
     assert apex_epsilon(0, 1, 0.4, 7.0) == 0.4
     assert apex_epsilon(0, 8, 0.4, 7.0) == pytest.approx(0.4)
@@ -491,10 +535,11 @@ def test_evaluation_same_on_sync_async_and_reused_envs() -> None:
     policy = DQNPolicy(cfg.algorithm, OBS_SPACE, ACT_SPACE, seed=1)
     fresh = evaluate(policy, cfg, 3, 0.2, seed=7)
     assert fresh.shape == (3,) and (fresh > 0).all()
-    on_async = cfg.model_copy(update={"evaluator": cfg.evaluator.model_copy(update={"vectorization": "async"})})
-    envs = eval_envs(on_async, 3, seed=7)
-    try:
-        for _ in range(2):  # kept open across evaluations: every slot is reset with its seed each time
-            np.testing.assert_array_equal(evaluate(policy, on_async, 3, 0.2, seed=7, envs=envs), fresh)
-    finally:
-        envs.close()
+    for mode in ("async", "threads"):
+        on = cfg.model_copy(update={"evaluator": cfg.evaluator.model_copy(update={"vectorization": mode})})
+        envs = eval_envs(on, 3, seed=7)
+        try:
+            for _ in range(2):  # kept open across evaluations: every slot is reset with its seed each time
+                np.testing.assert_array_equal(evaluate(policy, on, 3, 0.2, seed=7, envs=envs), fresh)
+        finally:
+            envs.close()

@@ -44,6 +44,56 @@ class QNetwork(nn.Module):
         return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)  # type: ignore[no-any-return]
 
 
+    # -- hand-written backprop for the learner's update (checked against autograd in tests/test_dqn.py) --
+    def forward_keep(self, obs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Q(obs, .) without autograd, and the activations :meth:`backward_into` needs.
+
+        One small MLP update on CPU is mostly per-op overhead; autograd's graph
+        about doubles it. This forward records nothing; the backward below is
+        a dozen matmuls and masks.
+        """
+        with torch.no_grad():
+            h = obs.flatten(1).float()
+            acts = [h]
+            for layer in self.torso:
+                if isinstance(layer, nn.Linear):
+                    h = torch.addmm(layer.bias, h, layer.weight.t())
+                else:
+                    h = h.relu_()
+                    acts.append(h)
+            if not self.dueling:
+                return torch.addmm(self.head.bias, h, self.head.weight.t()), acts
+            advantage = torch.addmm(self.advantage.bias, h, self.advantage.weight.t())
+            q = advantage.sub_(advantage.mean(dim=1, keepdim=True)).add_(
+                torch.addmm(self.value.bias, h, self.value.weight.t()))
+            return q, acts
+
+    def backward_into(self, acts: list[torch.Tensor], grad_q: torch.Tensor) -> None:
+        """Set every parameter's ``.grad`` to d(loss)/d(param), given d(loss)/dQ [B, actions]
+        and the activations of :meth:`forward_keep` (what ``loss.backward()`` would give)."""
+        with torch.no_grad():
+            h = acts[-1]
+            if self.dueling:
+                grad_v = grad_q.sum(dim=1, keepdim=True)  # Q = V + A - mean(A)
+                grad_a = grad_q - grad_q.mean(dim=1, keepdim=True)
+                self.value.weight.grad = grad_v.t() @ h
+                self.value.bias.grad = grad_v.sum(dim=0)
+                self.advantage.weight.grad = grad_a.t() @ h
+                self.advantage.bias.grad = grad_a.sum(dim=0)
+                grad_h = torch.addmm(grad_v @ self.value.weight, grad_a, self.advantage.weight)
+            else:
+                self.head.weight.grad = grad_q.t() @ h
+                self.head.bias.grad = grad_q.sum(dim=0)
+                grad_h = grad_q @ self.head.weight
+            linears = [m for m in self.torso if isinstance(m, nn.Linear)]
+            for i in range(len(linears) - 1, -1, -1):
+                grad_h = grad_h.mul_(acts[i + 1] > 0)  # through the ReLU after linear i
+                linears[i].weight.grad = grad_h.t() @ acts[i]
+                linears[i].bias.grad = grad_h.sum(dim=0)
+                if i:
+                    grad_h = grad_h @ linears[i].weight
+
+
 def obs_dim(observation_space: gym.Space) -> int:
     assert observation_space.shape is not None
     return int(np.prod(observation_space.shape, dtype=np.int64))
