@@ -33,11 +33,12 @@ from common.algorithms.device import (
     resolve_device,
     to_device,
 )
-from common.algorithms.dqn_networks import QNetwork, build_q_network
+from common.algorithms.dqn_networks import QNetwork, build_q_network, numpy_q
 from common.algorithms.nstep import NStepBuilder
 from common.config import DQNConfig
 
 COLUMNS = ("obs", "action", "reward", "next_obs", "discount")
+NUMPY_ROWS = 64  # DQNPolicy.q_values: numpy up to this many rows, torch above
 CHECKPOINT_FORMAT = 1
 
 
@@ -124,13 +125,22 @@ class DQNPolicy:
         self.device = resolve_device(device)
         self.net = _build(cfg, observation_space, action_space, seed).to(self.device).eval()
         self.num_actions = int(action_space.n)  # type: ignore[attr-defined]
+        self._layers = self.net.numpy_layers()
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         """Copy in published weights (state_dict names -> arrays); all checked before any is copied."""
         load_arrays(self.net, weights)
+        self._layers = self.net.numpy_layers()
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
-        """Q(obs, .) as float32[B, num_actions]."""
+        """Q(obs, .) as float32[B, num_actions].
+
+        Up to NUMPY_ROWS rows (an actor's or an evaluation's vector env) in numpy, which costs
+        far less per call than torch for a small MLP; more (a batch) in torch. The two agree
+        to float32 rounding.
+        """
+        if len(obs) <= NUMPY_ROWS and self.device.type == "cpu":
+            return numpy_q(self._layers, obs)
         with torch.inference_mode():
             return self.net(to_device(obs, self.device)).cpu().numpy()  # type: ignore[no-any-return]
 

@@ -44,6 +44,23 @@ class QNetwork(nn.Module):
         return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)  # type: ignore[no-any-return]
 
 
+    def numpy_layers(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(W^T, b) float32 copies per layer, for :func:`numpy_q`; a dueling head folded into one layer.
+
+        V + A_j - mean_k A_k is linear in the features: one (features x actions) layer.
+        """
+        with torch.no_grad():
+            layers: list[tuple[torch.Tensor, torch.Tensor]] = [
+                (m.weight.t(), m.bias) for m in self.torso if isinstance(m, nn.Linear)]
+            if self.dueling:
+                adv_w, adv_b = self.advantage.weight, self.advantage.bias
+                layers.append(((self.value.weight + adv_w - adv_w.mean(dim=0, keepdim=True)).t(),
+                               self.value.bias + adv_b - adv_b.mean()))
+            else:
+                layers.append((self.head.weight.t(), self.head.bias))
+            return [(np.array(w.cpu().numpy(), np.float32, order="C"), np.array(b.cpu().numpy(), np.float32))
+                    for w, b in layers]
+
     # -- hand-written backprop for the learner's update (checked against autograd in tests/test_dqn.py) --
     def forward_keep(self, obs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Q(obs, .) without autograd, and the activations :meth:`backward_into` needs.
@@ -92,6 +109,20 @@ class QNetwork(nn.Module):
                 linears[i].bias.grad = grad_h.sum(dim=0)
                 if i:
                     grad_h = grad_h @ linears[i].weight
+
+
+def numpy_q(layers: list[tuple[np.ndarray, np.ndarray]], obs: np.ndarray) -> np.ndarray:
+    """Q(obs, .) in numpy from :meth:`QNetwork.numpy_layers`: for the few rows an actor acts on,
+    a fifth of torch's per-call cost (~10 us against ~45 us for 4 CartPole rows)."""
+    h = np.asarray(obs).reshape(len(obs), -1).astype(np.float32, copy=False)
+    for w, b in layers[:-1]:
+        h = h @ w
+        h += b
+        np.maximum(h, 0.0, out=h)
+    w, b = layers[-1]
+    q = h @ w
+    q += b
+    return q
 
 
 def obs_dim(observation_space: gym.Space) -> int:
