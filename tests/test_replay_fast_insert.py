@@ -31,7 +31,7 @@ def test_fast_inserts_store_what_was_sent_across_the_ring_end(kind: str) -> None
                 cols = transitions(0, 16 * i, 16)
                 ic.insert("main", cols, priorities=np.linspace(1, 2, 16) + i if kind == "prioritized" else None)
             ic.flush(10)
-        assert server.fast_inserts >= 18  # all but the first of the connection (and a few in a burst with it)
+        assert server.fast_inserts >= 17  # all but the first two of the connection (a layout is learnt at its 2nd)
         t = server.tables["main"]
         assert (t.size, t.next_key) == (100, 320)
         keys = np.arange(220, 320)
@@ -56,18 +56,20 @@ def test_fast_path_refuses_and_dedups_as_the_full_path() -> None:
             return enc.frames("main", {**base, **cols}, "w", seq, 1)
 
         try:
-            for seq in (1, 2):
+            for seq in (1, 2):  # the full path: the layout is learnt at its second insert
                 assert request(sock, frames(seq))["stored"] == 4
-            assert server.fast_inserts == 1 and len(server.fast) == 1
+            assert server.fast_inserts == 0 and len(server.fast) == 1
+            assert request(sock, frames(3))["stored"] == 4
+            assert server.fast_inserts == 1
             dup = request(sock, frames(2))
             assert (dup.type, dup["duplicate"], dup["stored"]) == ("ack", True, 0)
-            bad = request(sock, frames(3, priority=np.array([1, np.nan, 1, 1])))
-            assert (bad["reason"], bad["ref_seq"]) == ("bad_priority", 3)
-            header, payload = frames(4)
+            bad = request(sock, frames(4, priority=np.array([1, np.nan, 1, 1])))
+            assert (bad["reason"], bad["ref_seq"]) == ("bad_priority", 4)
+            header, payload = frames(5)
             short = request(sock, [header, payload[:-8]])
             assert short["reason"] == "frame_length_mismatch"
             prefix = enc._prefix
-            wrong_ws = prefix + msgpack.packb("x") + b"\xa3seq" + msgpack.packb(5)
+            wrong_ws = prefix + msgpack.packb("x") + b"\xa3seq" + msgpack.packb(6)
             assert request(sock, [wrong_ws, payload])["reason"] == "bad_field"
             trailing = header + b"\xc0"
             assert request(sock, [trailing, payload])["reason"] == "bad_msgpack"
@@ -78,8 +80,8 @@ def test_fast_path_refuses_and_dedups_as_the_full_path() -> None:
         finally:
             sock.close(linger=0)
         t = server.tables["main"]
-        assert t.size == 12 and server.fast_inserts == 2  # seqs 1, 2 and 6; nothing bad was stored
-        np.testing.assert_array_equal(t.columns["idx"][8:12], np.arange(24, 28))
+        assert t.size == 16 and server.fast_inserts == 2  # seqs 1, 2, 3 and 6; nothing bad was stored
+        np.testing.assert_array_equal(t.columns["idx"][12:16], np.arange(24, 28))
         assert server.metrics.protocol_errors.labels("bad_priority")._value.get() == 1
 
 
@@ -97,3 +99,23 @@ def test_fast_inserts_are_logged_with_wal(tmp_path: Path) -> None:
         assert t.size == 80
         np.testing.assert_array_equal(t.columns["idx"][:80], np.arange(80))
         assert restored.dedup.seen("a", ic.first_seq + 9)
+
+
+def test_writers_of_other_sizes_each_keep_their_fast_path_and_changing_sizes_learn_nothing() -> None:
+    with serving(replay_config(capacity=10_000)) as server:
+        with InsertClient(server.endpoint, "a") as a, InsertClient(server.endpoint, "b") as b, \
+                InsertClient(server.endpoint, "c") as c:
+            for i in range(10):
+                a.insert("main", transitions(0, 8 * i, 8))
+                b.insert("main", transitions(1, 16 * i, 16))
+                c.insert("main", transitions(2, 100 * i, 5 + i % 2))  # N changes every insert
+                a.flush(10), b.flush(10), c.flush(10)
+            assert server.fast_inserts == 16  # a and b: all but their first two; c: none
+            assert len(server.fast) == 2
+        t = server.tables["main"]
+        assert t.size == 80 + 160 + 55
+        cols = {k: v[:t.size] for k, v in t.columns.items()}
+        for writer, n in ((0, 80), (1, 160)):
+            np.testing.assert_array_equal(np.sort(cols["idx"][cols["writer"] == writer]), np.arange(n))
+        expected = np.concatenate([np.arange(100 * i, 100 * i + 5 + i % 2) for i in range(10)])
+        np.testing.assert_array_equal(np.sort(cols["idx"][cols["writer"] == 2]), expected)

@@ -100,7 +100,8 @@ class FastInsert:
 
     prefix: bytes
     table: Table
-    layout: object  # the table's checked_layout this was built for
+    generation: int  # the table's columns it was checked against and copies into
+    layout: PackedLayout
     n: int
     nbytes: int  # of the payload frame
     sender: str
@@ -152,6 +153,9 @@ class ReplayServer(Server):
         # by ROUTER identity: the usual inserts of that connection, taken without a full decode
         self.fast: dict[bytes, FastInsert] = {}
         self.fast_inserts = 0  # inserts stored by _insert_fast
+        # by identity: the layout of the connection's last insert that took the full path; a layout
+        # is learnt the second time in a row (a sender whose N changes every insert learns nothing)
+        self._full_layouts: dict[bytes, PackedLayout] = {}
         self._stored_packed: tuple[Table, PackedLayout, int, Peer, int | None] | None = None
         self.acks: dict[Any, tuple[Peer, list[tuple[int, int, bool]]]] = {}
         self.duplicates = 0
@@ -262,6 +266,12 @@ class ReplayServer(Server):
         self._stored_packed = None
         assert stored is not None
         table, layout, n, peer, ws = stored
+        identity = frames[0].bytes
+        if self._full_layouts.get(identity) != layout:  # by value: the decoder may rebuild equal layouts
+            if len(self._full_layouts) >= MAX_FAST_PEERS:
+                self._full_layouts.clear()
+            self._full_layouts[identity] = layout
+            return
         items, nbytes = layout
         descriptors: list[Any] = []
         for name, dtype, shape, _ in items:
@@ -278,7 +288,8 @@ class ReplayServer(Server):
         priority = next(((dtype, offset) for name, dtype, _, offset in items if name == "priority"), None)
         if len(self.fast) >= MAX_FAST_PEERS:
             self.fast.clear()
-        self.fast[frames[0].bytes] = FastInsert(prefix, table, layout, n, nbytes, peer.sender, plan, items, priority)
+        self.fast[identity] = FastInsert(prefix, table, table.generation, layout, n, nbytes, peer.sender, plan, items,
+                                         priority)
 
     def _insert_fast(self, fast: FastInsert, frames: list[Any]) -> bool:
         """Store an insert whose header is ``fast.prefix`` and two ints and whose payload has the
@@ -287,7 +298,7 @@ class ReplayServer(Server):
         header, payload = frames[1].bytes, frames[2]
         table = fast.table
         prefix = fast.prefix
-        if (len(payload) != fast.nbytes or not header.startswith(prefix) or table.checked_layout is not fast.layout
+        if (len(payload) != fast.nbytes or not header.startswith(prefix) or table.generation != fast.generation
                 or len(header) > self.limits.max_header_bytes
                 or len(header) + fast.nbytes > self.limits.max_message_bytes):
             return False

@@ -113,6 +113,7 @@ class Table:
         # check() (with its priority shape), and its N
         self.checked_layout: object | None = None
         self.checked_n = 0
+        self.generation = 0  # counts allocations of the columns: a packed_plan is for one generation
         self._prefault: Prefaulter | None = None
         self.columns: dict[str, np.ndarray] = {}
         self.next_key = 0
@@ -175,6 +176,7 @@ class Table:
     def _allocate(self, schema: Schema) -> None:
         self.schema = dict(schema)
         self._signature = self.checked_layout = None
+        self.generation += 1
         self.columns = {name: np.zeros((self.capacity, *s.shape), s.dtype) for name, s in schema.items()}
         if self._prefault is not None:
             self._prefault.close()
