@@ -12,8 +12,10 @@ The ceiling, side by side in the same run: the same writer processes push the
 same encoded insert bytes (encoded once, by the very function InsertClient
 encodes with: header and one packed payload frame) through a raw pyzmq PUSH
 socket to a PULL process that only receives them; its time ends when the
-last message is received. One extra figure: 4 writers, batch 256, into a server with ``wal``
-durability (fsync per burst).
+last message is received. Two extra figures: 4 writers, batch 256, into a server with ``wal``
+durability (fsync per burst); and 1 writer, batch 256, into a ``prioritized``
+table with a priority per transition, as actors insert into the example configs
+(the ratio's cases use a ``uniform`` table and no priorities).
 
 Last line: JSON with transitions/s for every case, ``ratio_b256`` per writer
 count (ours / ceiling), and ``ratio``: their geometric mean.
@@ -46,10 +48,10 @@ def cartpole(n: int) -> dict[str, np.ndarray]:
             "next_obs": obs + 0.01, "done": np.zeros(n, bool), "discount": np.full(n, 0.99, np.float32)}
 
 
-def _server(durability: str, directory: str, addr_q: Any, stop: Any) -> None:
+def _server(durability: str, directory: str, addr_q: Any, stop: Any, kind: str = "uniform") -> None:
     from services.replay.server import ReplayServer
 
-    cfg = ReplayConfig(tables=[TableConfig(name="main", kind="uniform", capacity=1_000_000, min_size=1)],
+    cfg = ReplayConfig(tables=[TableConfig(name="main", kind=kind, capacity=1_000_000, min_size=1)],  # type: ignore[arg-type]
                        durability=durability, checkpoint_every_s=3600)  # type: ignore[arg-type]
     srv = ReplayServer(cfg, ServiceMetrics("replay"), "tcp://127.0.0.1:0", directory=directory)
     addr_q.put(srv.endpoint)
@@ -84,9 +86,10 @@ def _writer(mode: str, addr: str, index: int, n_msgs: int, batch: int, start: An
     from services.replay.client import InsertClient
 
     client = InsertClient(addr, f"w{index}-{time.time_ns()}")
+    priorities = np.random.default_rng(index).uniform(0.1, 2.0, batch) if mode == "prioritized" else None
     start.wait()
     for _ in range(n_msgs):
-        client.insert("main", cols, timeout_s=60)
+        client.insert("main", cols, priorities, timeout_s=60)
     client.flush(60)
     result_q.put(time.time())
     client.close()
@@ -102,7 +105,8 @@ def run_case(mode: str, writers: int, batch: int, total_msgs: int) -> float:
     if mode == "raw":
         receiver = CTX.Process(target=_pull, args=(total_msgs, addr_q, result_q))
     else:
-        receiver = CTX.Process(target=_server, args=("wal" if mode == "wal" else "memory", tmp.name, addr_q, stop))
+        receiver = CTX.Process(target=_server, args=("wal" if mode == "wal" else "memory", tmp.name, addr_q, stop,
+                                                     "prioritized" if mode == "prioritized" else "uniform"))
     receiver.start()
     addr = addr_q.get(timeout=60)
     procs = [CTX.Process(target=_writer, args=(mode, addr, i, per, batch, start, done, result_q))
@@ -142,6 +146,9 @@ def main() -> None:
     tps = run_case("wal", 4, 256, int(1600 * scale))
     out["ours_wal_w4_b256"] = round(tps)
     print(f"wal   writers=4 batch=256: {tps:,.0f} transitions/s", flush=True)
+    tps = run_case("prioritized", 1, 256, int(1600 * scale))
+    out["ours_prioritized_w1_b256"] = round(tps)
+    print(f"prioritized writers=1 batch=256: {tps:,.0f} transitions/s", flush=True)
     ratios = {f"w{w}": out["ours"][f"w{w}_b256"] / out["raw"][f"w{w}_b256"] for w in (1, 2, 4)}
     out["ratio_b256"] = {k: round(v, 3) for k, v in ratios.items()}
     out["ratio"] = round(float(np.exp(np.mean(np.log(list(ratios.values()))))), 3)
