@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
-from common.protocol import InsertEncoder, Message, decode
+from common.protocol import InsertEncoder, Message, decode, encode
 from common.transport import make_socket
 from services.replay.client import InsertClient
 from tests.replay_helpers import replay_config, serving, transitions
@@ -119,3 +119,22 @@ def test_writers_of_other_sizes_each_keep_their_fast_path_and_changing_sizes_lea
             np.testing.assert_array_equal(np.sort(cols["idx"][cols["writer"] == writer]), np.arange(n))
         expected = np.concatenate([np.arange(100 * i, 100 * i + 5 + i % 2) for i in range(10)])
         np.testing.assert_array_equal(np.sort(cols["idx"][cols["writer"] == 2]), expected)
+
+
+def test_a_zero_width_column_is_stored_and_the_server_goes_on() -> None:
+    # a (4, 0) column has no bytes to view: learning its layout once crashed the serve loop
+    with serving(replay_config(kind="uniform", capacity=10)) as server:
+        sock = make_socket(zmq.DEALER, connect=server.endpoint)
+        enc = InsertEncoder()
+        try:
+            for seq in (1, 2, 3):
+                cols = {"obs": np.full((4, 3), seq, np.float32), "e": np.zeros((4, 0), np.float32)}
+                reply = request(sock, enc.frames("main", cols, "w", seq, 1))
+                assert reply.type == "ack" and reply["stored"] == 4, reply.body
+            assert server.fast_inserts == 1  # the third, once the layout was learnt at the second
+            t = server.tables["main"]
+            assert (t.size, t.next_key) == (10, 12) and t.columns["e"].shape == (10, 0)
+            np.testing.assert_array_equal(t.columns["obs"][8:10], np.full((2, 3), 3, np.float32))
+            assert request(sock, encode(Message("info", {}))).type == "info_reply"
+        finally:
+            sock.close(0)

@@ -153,6 +153,7 @@ class ReplayServer(Server):
         # by ROUTER identity: the usual inserts of that connection, taken without a full decode
         self.fast: dict[bytes, FastInsert] = {}
         self.fast_inserts = 0  # inserts stored by _insert_fast
+        self._learn_failed = False
         # by identity: the layout of the connection's last insert that took the full path; a layout
         # is learnt the second time in a row (a sender whose N changes every insert learns nothing)
         self._full_layouts: dict[bytes, PackedLayout] = {}
@@ -251,13 +252,29 @@ class ReplayServer(Server):
         (as InsertClient sends them) is stored from its frames by :meth:`_insert_fast`; any other
         message, and any insert that path does not take, is decoded and handled in full."""
         if len(frames) == 3:
-            fast = self.fast.get(frames[0].bytes)
-            if fast is not None and self._insert_fast(fast, frames):
-                return
+            identity = frames[0].bytes
+            fast = self.fast.get(identity)
+            if fast is not None:
+                try:
+                    if self._insert_fast(fast, frames):
+                        return
+                except Exception as exc:  # e.g. the wal's disk is full: answered as the full path does
+                    self.fast.pop(identity, None)
+                    log.exception("%s: insert failed", self.name)
+                    tail = read_insert_tail(frames[1].bytes, len(fast.prefix))
+                    peer = Peer(identity, tail[1] if tail is not None else -1, fast.sender)
+                    self.reply_error(peer, "internal", f"{type(exc).__name__}: {exc}")
+                    return
         self._stored_packed = None
         super().handle_frames(frames)
         if self._stored_packed is not None and len(frames) == 3:
-            self._learn_fast(frames)
+            try:
+                self._learn_fast(frames)
+            except Exception:  # a layout the fast path cannot take: its inserts keep the full path
+                self._stored_packed = None
+                if not self._learn_failed:  # once: the same layout would fail at every insert
+                    self._learn_failed = True
+                    log.exception("%s: insert layout not memoised (its inserts take the full path)", self.name)
 
     def _learn_fast(self, frames: list[Any]) -> None:
         """After a packed insert passed the full decode and was stored: remember its header's bytes

@@ -239,6 +239,8 @@ class Table:
             got = found.get(name)
             if got is None or got[0] != col.dtype or got[1][1:] != col.shape[1:]:
                 return None
+            if col.nbytes == 0:  # a zero-width column: nothing to copy (and no byte view of it)
+                continue
             plan.append((memoryview(col.data).cast("B"), got[2], col.itemsize * (col.size // self.capacity)))
         return plan
 
