@@ -93,11 +93,17 @@ def test_malformed_messages_are_refused_and_counted_once(service: str, tmp_path:
         assert fuzzer.undecodable + fuzzer.handler_refused == MESSAGES
         assert fuzzer.handler_refused > 1000 and len(reasons) >= 10, reasons  # both kinds, many reasons
 
+        # Traffic counters are added after each burst the server reads (common/server.py count()),
+        # so the last burst's may land just after its replies: wait for them to settle, then compare.
+        undecodable = ("rlfleet_messages_total", frozenset({("type", "undecodable"), ("direction", "in")}))
+        deadline = time.monotonic() + 10
         m = svc.metrics()
+        while m.get(undecodable) != fuzzer.undecodable and time.monotonic() < deadline:
+            time.sleep(0.2)
+            m = svc.metrics()
         errors = {dict(labels)["reason"]: int(v) for (n, labels), v in m.items()
                   if n == "rlfleet_protocol_errors_total"}
         assert errors == reasons  # the server counted what it answered, each message once
-        undecodable = ("rlfleet_messages_total", frozenset({("type", "undecodable"), ("direction", "in")}))
         assert m[undecodable] == fuzzer.undecodable
         assert "Traceback" not in svc.log()  # no handler failed ("internal")
 
