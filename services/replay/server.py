@@ -101,7 +101,6 @@ class FastInsert:
     prefix: bytes
     table: Table
     generation: int  # the table's columns it was checked against and copies into
-    layout: PackedLayout
     n: int
     nbytes: int  # of the payload frame
     sender: str
@@ -215,16 +214,11 @@ class ReplayServer(Server):
         if priority is not None:
             arrays = {k: v for k, v in arrays.items() if k != "priority"}
         layout = msg.layout
-        if layout is not None and layout is table.checked_layout:
-            n = table.checked_n  # a packed layout whose columns (and priority shape) passed: nothing to check
-        else:
-            known = table.known_batch(arrays)  # the columns of the table's last good batch: nothing more to check
-            n = self._check_batch(table, arrays) if known is None else known
-            if priority is not None and priority.shape != (n,):
-                raise RequestError("bad_priority", f"priority has shape {list(priority.shape)}; needs [{n}]")
-            if layout is not None:
-                table.checked_layout, table.checked_n = layout, n
+        known = table.known_batch(arrays)  # the columns of the table's last good batch: nothing more to check
+        n = self._check_batch(table, arrays) if known is None else known
         if priority is not None:
+            if priority.shape != (n,):
+                raise RequestError("bad_priority", f"priority has shape {list(priority.shape)}; needs [{n}]")
             try:
                 check_priorities(priority)
             except TableError as exc:
@@ -305,8 +299,7 @@ class ReplayServer(Server):
         priority = next(((dtype, offset) for name, dtype, _, offset in items if name == "priority"), None)
         if len(self.fast) >= MAX_FAST_PEERS:
             self.fast.clear()
-        self.fast[identity] = FastInsert(prefix, table, table.generation, layout, n, nbytes, peer.sender, plan, items,
-                                         priority)
+        self.fast[identity] = FastInsert(prefix, table, table.generation, n, nbytes, peer.sender, plan, items, priority)
 
     def _insert_fast(self, fast: FastInsert, frames: list[Any]) -> bool:
         """Store an insert whose header is ``fast.prefix`` and two ints and whose payload has the
@@ -340,13 +333,7 @@ class ReplayServer(Server):
         identity = frames[0].bytes
         if self.wal is None:
             table.insert_packed(fast.plan, payload, n, priority)
-            self.dedup.add(sender, seq, ws)
-            self._inserted[table.name] += n
-            pending = self.acks.get(identity)
-            if pending is None:
-                self.acks[identity] = (Peer(identity, seq, sender), [(seq, n, False)])
-            else:
-                pending[1].append((seq, n, False))
+            self._stored(table, Peer(identity, seq, sender), ws, n, True)
         else:  # the log takes arrays
             view = memoryview(payload).toreadonly()
             arrays = {name: np.ndarray(shape, dtype, view, offset)
@@ -462,6 +449,10 @@ class ReplayServer(Server):
         if self.wal is not None:
             logged = arrays if priority is None else {**arrays, "__priority__": priority}
             self.wal.append_insert(table.name, first, logged, peer.sender, peer.seq, window_start)
+        self._stored(table, peer, window_start, n, merge_acks)
+
+    def _stored(self, table: Table, peer: Peer, window_start: int | None, n: int, merge_acks: bool) -> None:
+        """After an insert is stored (and logged): remember its (sender, seq), count it, queue its ack."""
         self.dedup.add(peer.sender, peer.seq, window_start)
         self._inserted[table.name] += n
         self._defer_ack(peer, n, False, merge_acks)

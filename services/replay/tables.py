@@ -109,10 +109,6 @@ class Table:
         self.rng = rng if rng is not None else np.random.default_rng()
         self.schema: Schema | None = None
         self._signature: tuple[Any, ...] | None = None
-        # the server's memo: the decoder's layout object of the last packed insert that passed
-        # check() (with its priority shape), and its N
-        self.checked_layout: object | None = None
-        self.checked_n = 0
         self.generation = 0  # counts allocations of the columns: a packed_plan is for one generation
         self._prefault: Prefaulter | None = None
         self.columns: dict[str, np.ndarray] = {}
@@ -175,7 +171,7 @@ class Table:
 
     def _allocate(self, schema: Schema) -> None:
         self.schema = dict(schema)
-        self._signature = self.checked_layout = None
+        self._signature = None
         self.generation += 1
         self.columns = {name: np.zeros((self.capacity, *s.shape), s.dtype) for name, s in schema.items()}
         if self._prefault is not None:
