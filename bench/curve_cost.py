@@ -86,7 +86,7 @@ def ingest(cfg: config.Experiment, seconds: float) -> float:
         t0 = time.monotonic()
         i = 0
         while time.monotonic() - t0 < seconds:
-            ic.insert("main", batches[i % len(batches)], timeout_s=30, copy=False)
+            ic.insert("main", batches[i % len(batches)], timeout_s=30)
             i += 1
         ic.flush(30)
         return (ic.items_acked - first) / (time.monotonic() - t0)

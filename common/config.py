@@ -82,7 +82,6 @@ class DQNConfig(Strict):
     )
     priority_eps: PosFloat = Field(1e-3, description="added to |TD error| to form a priority")
 
-
     @model_validator(mode="after")
     def _schedule(self) -> DQNConfig:
         if self.epsilon_decay_steps is not None and self.epsilon_start < self.epsilon:

@@ -125,12 +125,14 @@ class DQNPolicy:
         self.device = resolve_device(device)
         self.net = _build(cfg, observation_space, action_space, seed).to(self.device).eval()
         self.num_actions = int(action_space.n)  # type: ignore[attr-defined]
-        self._layers = self.net.numpy_layers()
+        self._numpy = self.device.type == "cpu"  # a CUDA policy acts in torch: no host copy to keep
+        self._layers = self.net.numpy_layers() if self._numpy else []
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         """Copy in published weights (state_dict names -> arrays); all checked before any is copied."""
         load_arrays(self.net, weights)
-        self._layers = self.net.numpy_layers()
+        if self._numpy:
+            self._layers = self.net.numpy_layers()
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Q(obs, .) as float32[B, num_actions].
@@ -139,7 +141,7 @@ class DQNPolicy:
         far less per call than torch for a small MLP; more (a batch) in torch. The two agree
         to float32 rounding.
         """
-        if len(obs) <= NUMPY_ROWS and self.device.type == "cpu":
+        if self._numpy and len(obs) <= NUMPY_ROWS:
             return numpy_q(self._layers, obs)
         with torch.inference_mode():
             return self.net(to_device(obs, self.device)).cpu().numpy()  # type: ignore[no-any-return]

@@ -253,9 +253,7 @@ class ActorService:
         end = None if deadline_s is None else time.monotonic() + deadline_s
         while end is not None or not self._stopping:
             try:
-                # copy=False: the batch was just concatenated and is never touched again
-                self.replay.insert(self.table, batch, priorities, timeout_s=self.cfg.actor.heartbeat_s,
-                                   copy=False)
+                self.replay.insert(self.table, batch, priorities, timeout_s=self.cfg.actor.heartbeat_s)
                 self.m_inserted.inc(len(priorities))
                 self._replay_metrics()  # right after the window grew: the peak is exact
                 return
@@ -298,8 +296,10 @@ class ActorService:
         steps_in_round = 0
         since_poll = 0
         last_beat = time.monotonic()
+        decay = getattr(cfg.algorithm, "epsilon_decay_steps", None)
         while not self._stopping:
-            self._explore()  # a schedule over the fleet's env steps (constant without one)
+            if decay is not None and self.fleet_env_steps() < decay:
+                self._explore()  # the schedule over the fleet's env steps; after it, each heartbeat does
             actions = self.policy.act(obs, self.epsilon, self.rng)
             obs, rewards, terminated, truncated, infos = self.envs.step(actions)
             self._queue(self.builder.add(actions, obs, rewards, terminated, truncated, infos))

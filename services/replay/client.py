@@ -168,12 +168,11 @@ class InsertClient:
             bool(self._window) and self._bytes + nbytes > self.max_unacked_bytes)
 
     def insert(self, table: str, columns: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
-               timeout_s: float = 30.0, *, copy: bool = True) -> int:
+               timeout_s: float = 30.0) -> int:
         """Send a batch (N items per column) once the window has room; returns its seq.
 
         The columns are copied into the message (one packed payload frame),
-        so the caller may reuse its buffers whatever ``copy`` says (kept for
-        callers that pass it; a copy per column was once optional). Raises
+        so the caller may reuse its buffers at once. Raises
         CommTimeout when the window stays full for ``timeout_s`` and
         RemoteError when replay refused an earlier insert (bad schema, ...).
         """
