@@ -177,12 +177,12 @@ class WeightsPublisher:
             replies = self.shards.collect(seqs, requests, deadline)
         except BaseException:
             for path in files.values():  # never answered: the shard did not take them over
-                shmlib.ShmWriter.discard(path)
+                shmlib.discard(path)
             raise
         for path in files.values():
             # A shard renames a file it keeps before it acks, so the name is left only where
             # it was not kept (a retry, a refusal, another host): remove it either way.
-            shmlib.ShmWriter.discard(path)
+            shmlib.discard(path)
         if self.writer is not None:
             for i in files:
                 if replies[i].type == "publish_ack" and replies[i].get("free"):

@@ -185,7 +185,7 @@ class ShardServer(Server):
             adopted = self._store(peer, msg, (path, descriptors))
         finally:
             if not adopted:  # refused, or a retry of what this shard holds: the file is not needed
-                shmlib.ShmWriter.discard(path)
+                shmlib.discard(path)
 
     def _store(self, peer: Peer, msg: Message, shm_file: tuple[str, list[list[Any]]] | None) -> bool:
         """Store a publish and wake the waits it satisfies; True if ``shm_file`` became the version's file."""

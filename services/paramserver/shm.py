@@ -135,7 +135,7 @@ class ShmExporter:
             reused = self.take_free(size)
             if reused is not None:
                 if self.spare is not None:
-                    _unlink(self.spare[0])
+                    discard(self.spare[0])
                 self.spare = (reused, size)
         if self.spare is not None and self.spare[1] == size:
             os.rename(self.spare[0], path)  # no reader maps it: its name was never sent, or it was reclaimed
@@ -184,7 +184,7 @@ class ShmExporter:
         if entry is not None:
             self.retired.append(entry[0])
             while len(self.retired) > MAX_RETIRED:  # readers keep them: let their pages go with the readers
-                _unlink(self.retired.pop(0))
+                discard(self.retired.pop(0))
 
     def reclaim(self) -> None:
         """Move the retired files no reader maps any more to the free list (renamed, so none can map them)."""
@@ -198,7 +198,7 @@ class ShmExporter:
                 self.free.append(got)
         self.retired = still
         while len(self.free) > MAX_FREE:
-            _unlink(self.free.pop(0)[0])
+            discard(self.free.pop(0)[0])
 
     def take_free(self, size: int | None = None) -> str | None:
         """A reclaimed file (of ``size`` bytes, if given) to write again, or None."""
@@ -212,15 +212,13 @@ class ShmExporter:
         for version in list(self.files):
             self.drop(version)
         for path in [*self.retired, *(p for p, _ in self.free)]:
-            _unlink(path)
+            discard(path)
         self.retired.clear()
         self.free.clear()
         if self.spare is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.spare[0])
+            discard(self.spare[0])
             self.spare = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.probe)
+        discard(self.probe)
 
 
 def layout_of(arrays: Mapping[str, np.ndarray]) -> tuple[list[list[Any]], int]:
@@ -233,7 +231,8 @@ def layout_of(arrays: Mapping[str, np.ndarray]) -> tuple[list[list[Any]], int]:
     return descriptors, max(offset, 1)
 
 
-def _unlink(path: str) -> None:
+def discard(path: str) -> None:
+    """Remove a /dev/shm file if it is still there."""
     with contextlib.suppress(OSError):
         os.unlink(path)
 
@@ -250,7 +249,7 @@ def reclaim(path: str, new_path: str) -> tuple[str, int] | None:
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     except OSError:
-        _unlink(path)
+        discard(path)
         return "", 0
     try:
         try:
@@ -261,7 +260,7 @@ def reclaim(path: str, new_path: str) -> tuple[str, int] | None:
             st = os.fstat(fd)
             os.rename(path, new_path)
         except OSError:
-            _unlink(path)
+            discard(path)
             return "", 0
         return new_path, st.st_size
     finally:
@@ -330,7 +329,7 @@ class ShmWriter:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         else:
             if spare is not None:
-                self.discard(spare[0])
+                discard(spare[0])
             path = self._name()
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             os.ftruncate(fd, size)
@@ -349,9 +348,10 @@ class ShmWriter:
     def take_back(self, shard: int, paths: Any) -> None:
         """Reuse files a shard handed back (``publish_ack.free``) as ``shard``'s next file.
 
-        Each must be a file of ours in /dev/shm (no symlink) whose size is that
-        of the shard's slice; it is renamed to one of this writer's names. Any
-        other is left alone (a shard sends only files it renamed to its own names).
+        Each must be a regular file of ours in /dev/shm under a shard's name (no
+        symlink, no published version); others are left alone. One of the slice's
+        size becomes the shard's spare under one of this writer's names; the rest
+        (a spare already kept, another size) are removed: handed to us, ours to remove.
         """
         if not isinstance(paths, list):
             return
@@ -366,7 +366,7 @@ class ShmWriter:
             if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()):
                 continue
             if shard in self.spares or st.st_size != size:
-                self.discard(path)  # handed to us: ours to remove
+                discard(path)  # handed to us: ours to remove
                 continue
             mine = self._name()
             try:
@@ -375,14 +375,9 @@ class ShmWriter:
                 continue
             self.spares[shard] = (mine, st.st_size)
 
-    @staticmethod
-    def discard(path: str) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-
     def close(self) -> None:
         for path, _ in self.spares.values():
-            self.discard(path)
+            discard(path)
         self.spares.clear()
 
 
