@@ -98,6 +98,7 @@ class ShardServer(Server):
                 log.warning("shared memory for same-host readers is off: %s", exc)
         self._shm_failed = -1  # a version whose export failed: served with frames, not retried
         self._shm_failing = False  # warned once; cleared (and said so) when an export works again
+        self._next_reclaim = 0.0  # tick() runs after every burst: look at retired files once a tick interval
         self.shard = shard
         self.num_shards = num_shards
         self.layout: Layout | None = None
@@ -429,7 +430,8 @@ class ShardServer(Server):
             self._send_not_modified(self.waits.pop(k).peer)
         if expired:
             self._waits_changed()
-        if self.shm is not None and self.shm.retired:
+        if self.shm is not None and self.shm.retired and now >= self._next_reclaim:
+            self._next_reclaim = now + self.tick_interval_s
             self._reclaim()  # files that readers let go of since the last publish
         if self.shm is not None and self.shm.spare is None and self.shm.last_size and not self._shm_failing:
             try:
