@@ -40,9 +40,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from common.fleetview import scrape
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.02
@@ -61,12 +62,9 @@ def floor(parallel: int) -> float:
 
 
 def health(url: str) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(url + "/healthz", timeout=1.0) as r:
-            out = json.loads(r.read() or b"{}")
-            return out if isinstance(out, dict) and out.get("ok") else None
-    except (OSError, ValueError):
-        return None
+    """A member's /healthz answer if it says ok (common.fleetview.scrape, health only)."""
+    got = scrape(url, health_only=True, timeout_s=1.0)
+    return got.health if got.healthy else None
 
 
 def one_run(config: str, actors: int, timeout_s: float, root: Path = ROOT, fork: bool = True) -> dict[str, Any]:
@@ -98,25 +96,18 @@ def one_run(config: str, actors: int, timeout_s: float, root: Path = ROOT, fork:
                         members = []
                 time.sleep(POLL_S)
                 continue
-            by = {m["label"]: m["url"] for m in members}
-            if "healthy_s" not in got:
-                if all(health(u) is not None for u in by.values()):
-                    mark("healthy_s")
-            if "first_version_s" not in got:
-                h = health(by["paramserver-0"])
-                if h and h.get("versions"):
-                    mark("first_version_s")
-            if "first_step_s" not in got:
-                if any((health(u) or {}).get("env_steps", 0) > 0 for k, u in by.items() if k.startswith("actor-")):
-                    mark("first_step_s")
-            if "first_insert_s" not in got:
-                h = health(by["replay-0"])
-                if h and sum(h.get("tables", {}).values()) > 0:
-                    mark("first_insert_s")
-            if "first_update_s" not in got:
-                h = health(by["learner"])
-                if h and h.get("updates", 0) > 0:
-                    mark("first_update_s")
+            hs = {m["label"]: health(m["url"]) for m in members}  # each member once per poll
+            if "healthy_s" not in got and all(h is not None for h in hs.values()):
+                mark("healthy_s")
+            if "first_version_s" not in got and (hs.get("paramserver-0") or {}).get("versions"):
+                mark("first_version_s")
+            if "first_step_s" not in got and any((h or {}).get("env_steps", 0) > 0
+                                                 for k, h in hs.items() if k.startswith("actor-")):
+                mark("first_step_s")
+            if "first_insert_s" not in got and sum((hs.get("replay-0") or {}).get("tables", {}).values()) > 0:
+                mark("first_insert_s")
+            if "first_update_s" not in got and (hs.get("learner") or {}).get("updates", 0) > 0:
+                mark("first_update_s")
             time.sleep(POLL_S)
     finally:
         t_stop = time.perf_counter()
