@@ -93,21 +93,23 @@ def reader_proc(addresses: list[str], name: str, report: str, shm: bool) -> None
             return
 
 
-def raw_reader_proc(address: str, name: str, report: str, nframes: int) -> None:
+def raw_reader_proc(address: str, name: str, report: str, nframes: int, dealer: bool = False) -> None:
+    """A raw reader: SUB to the PUB/SUB reference, or (``dealer``) DEALER to the one-reader send."""
     ctx = zmq.Context.instance()
     out = ctx.socket(zmq.PUSH)
     out.connect(report)
-    sock = ctx.socket(zmq.SUB)
-    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock = ctx.socket(zmq.DEALER if dealer else zmq.SUB)
+    if not dealer:
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.connect(address)
+    if dealer:
+        sock.send(b"ready")
     while True:
         frames = sock.recv_multipart(copy=False)
         version = int.from_bytes(frames[0].bytes, "little")
         held = [np.frombuffer(f.buffer, np.float32) for f in frames[1:]]  # hold the bytes, as ours does
         assert len(held) == nframes
         out.send(msgpack.packb([name, version, time.monotonic_ns()]))
-        if version >= 1 << 40:
-            return
 
 
 class Reports:
@@ -218,21 +220,6 @@ def run_raw(tensors: dict[str, np.ndarray], reps: int, transport: str = "tcp") -
     return lat
 
 
-def raw_one_reader_proc(address: str, report: str, nframes: int) -> None:
-    ctx = zmq.Context.instance()
-    out = ctx.socket(zmq.PUSH)
-    out.connect(report)
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(address)
-    sock.send(b"ready")
-    while True:
-        frames = sock.recv_multipart(copy=False)
-        version = int.from_bytes(frames[0].bytes, "little")
-        held = [np.frombuffer(f.buffer, np.float32) for f in frames[1:]]
-        assert len(held) == nframes
-        out.send(msgpack.packb(["raw", version, time.monotonic_ns()]))
-
-
 def run_raw_one(tensors: dict[str, np.ndarray], reps: int) -> list[float]:
     """A raw DEALER send of the same tensors to a single reader (one copy, not four)."""
     ctx = mp.get_context("spawn")
@@ -241,7 +228,7 @@ def run_raw_one(tensors: dict[str, np.ndarray], reps: int) -> list[float]:
     sock.setsockopt(zmq.LINGER, 0)
     address = f"tcp://127.0.0.1:{free_tcp_port()}"
     sock.bind(address)
-    proc = ctx.Process(target=raw_one_reader_proc, args=(address, reports.address, len(tensors)), daemon=True)
+    proc = ctx.Process(target=raw_reader_proc, args=(address, "raw", reports.address, len(tensors), True), daemon=True)
     proc.start()
     lat: list[float] = []
     try:
