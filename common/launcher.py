@@ -9,6 +9,7 @@ time runs out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
@@ -264,9 +265,15 @@ def check_env(cfg: Experiment, forkservers: ForkServers | None, timeout_s: float
         with tempfile.TemporaryDirectory(prefix="rlfleet-check-") as tmp:
             path, out = Path(tmp) / "config.yaml", Path(tmp) / "check.log"
             path.write_text(config_mod.dump(cfg))
+            proc = None
             try:
-                code = forkservers.fork("learner", ["check-env", "--config", str(path)], out).wait(timeout_s)
+                proc = forkservers.fork("learner", ["check-env", "--config", str(path)], out)
+                code = proc.wait(timeout_s)
             except (ForkServerError, subprocess.TimeoutExpired) as exc:
+                if proc is not None:  # timed out: it must not outlive its config file
+                    proc.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(5)
                 log.warning("env check in the fork server failed (%s); checking here", exc)
             else:
                 if code == 0:

@@ -2,7 +2,8 @@
 
 Each member has its own pid, session and log, is this process's child (exit
 code, signals), dies alone on kill -9 and can be restarted; Ctrl-C on `rlfleet
-up` (also while the zygotes are still importing) leaves no process behind; a
+up` (also while the members are still starting, before they answer /healthz)
+leaves no process behind; a
 zygote that is gone makes the launcher start members as fresh processes.
 """
 
