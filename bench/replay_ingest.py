@@ -36,6 +36,7 @@ import zmq
 
 from common.config import ReplayConfig, TableConfig
 from common.metrics import ServiceMetrics
+from common.protocol import InsertEncoder
 from common.transport import make_socket
 
 CTX = mp.get_context("spawn")
@@ -73,9 +74,8 @@ def _writer(mode: str, addr: str, index: int, n_msgs: int, batch: int, start: An
     cols = cartpole(batch)
     if mode == "raw":
         sock = make_socket(zmq.PUSH, connect=addr, hwm=1000)
-        from services.replay.client import encode_insert
-
-        frames = encode_insert("main", cols, f"w{index}-{time.time_ns()}", time.time_ns() // 1000, 1)
+        # exactly the frames InsertClient sends (its encoder)
+        frames = InsertEncoder().frames("main", cols, f"w{index}-{time.time_ns()}", time.time_ns() // 1000, 1)
         start.wait()
         for _ in range(n_msgs):
             sock.send_multipart(frames, copy=False)

@@ -66,12 +66,6 @@ MAX_RESEND_AFTER_S = 30.0
 _NOBLOCK = int(zmq.NOBLOCK)
 
 
-def encode_insert(table: str, arrays: Mapping[str, np.ndarray], sender: str, seq: int,
-                  window_start: int) -> list[Any]:
-    """The frames of one insert exactly as InsertClient sends it (see common.protocol.InsertEncoder)."""
-    return InsertEncoder().frames(table, arrays, sender, seq, window_start)
-
-
 @dataclass
 class _Unacked:
     frames: list[Any]

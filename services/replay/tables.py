@@ -363,12 +363,21 @@ class PrioritizedTable(Table):
         # largest leaf such that the sum of every leaf stays finite, whatever alpha is
         self.max_leaf = sys.float_info.max / (2 * len(self.tree.levels[-1]))
 
+    def _leaf(self, p: np.ndarray) -> np.ndarray:
+        """The sum tree's leaf of priorities ``p``: p ** alpha, clamped below the tree's cap."""
+        if self.alpha == 1.0:
+            leaf = p
+        elif self.alpha < 1.0:  # priorities are <= MAX_PRIORITY: no overflow
+            leaf = p ** self.alpha
+        else:
+            with np.errstate(over="ignore"):  # may overflow to inf: clamped just below
+                leaf = p ** self.alpha
+        return np.minimum(leaf, self.max_leaf)
+
     def _set(self, slots: np.ndarray, priority: np.ndarray) -> None:
         p = np.asarray(priority, np.float64)
         self.priority[slots] = p
-        with np.errstate(over="ignore"):  # p ** alpha may overflow to inf: clamped just below
-            leaf = p ** self.alpha if self.alpha != 1.0 else p
-        self.tree.set(slots, np.minimum(leaf, self.max_leaf))
+        self.tree.set(slots, self._leaf(p))
         if p.size:
             self.max_priority = max(self.max_priority, float(p.max()))
 
@@ -380,14 +389,7 @@ class PrioritizedTable(Table):
         for at, part in ((start, p[:head]), (0, p[head:])):
             if len(part):
                 self.priority[at:at + len(part)] = part
-                if self.alpha == 1.0:
-                    leaf = part
-                elif self.alpha < 1.0:  # priorities are <= MAX_PRIORITY: no overflow
-                    leaf = part ** self.alpha
-                else:
-                    with np.errstate(over="ignore"):  # as in _set
-                        leaf = part ** self.alpha
-                self.tree.set_range(at, np.minimum(leaf, self.max_leaf))
+                self.tree.set_range(at, self._leaf(part))
         if n:
             self.max_priority = max(self.max_priority, float(p.max()))
 
