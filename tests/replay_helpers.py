@@ -2,6 +2,9 @@
 
 Run as a script, this is the writer process of the exactly-once test:
     python tests/replay_helpers.py writer ADDRESS WRITER_INDEX COUNT BATCH DUP_EVERY RESEND_AFTER_S
+or a wal replay server whose files may not grow beyond FSIZE_LIMIT bytes (RLIMIT_FSIZE) until it
+gets SIGUSR1; it prints its endpoint:
+    python tests/replay_helpers.py limited-wal-server DIRECTORY FSIZE_LIMIT
 """
 
 from __future__ import annotations
@@ -141,7 +144,28 @@ def writer_main(address: str, index: int, count: int, batch: int, dup_every: int
     client.close()
 
 
+def limited_wal_server_main(directory: str, fsize_limit: int) -> None:
+    """A wal ReplayServer whose writes past ``fsize_limit`` bytes of a file fail (EFBIG), as on a full
+    disk, until SIGUSR1 lifts the limit."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing us
+    signal.signal(signal.SIGUSR1, lambda *_: resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard)))
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, hard))
+    cfg = ReplayConfig(tables=[TableConfig(name="main", kind="uniform", capacity=100_000, min_size=1)],
+                       durability="wal", checkpoint_every_s=3600)
+    server = ReplayServer(cfg, ServiceMetrics("replay"), "tcp://127.0.0.1:0", directory=directory)
+    server.restore()
+    print(server.endpoint, flush=True)
+    server.serve()
+    server.close()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "writer":
         a = sys.argv[2:]
         writer_main(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), float(a[5]))
+    elif sys.argv[1] == "limited-wal-server":
+        limited_wal_server_main(sys.argv[2], int(sys.argv[3]))

@@ -8,13 +8,14 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from common.config import ReplayConfig, TableConfig
 from common.metrics import ServiceMetrics
 from common.protocol import Message, decode, encode
 from common.transport import make_socket
 from services.replay.client import InsertClient, SampleClient
 from services.replay.server import ReplayServer
 from services.replay.storage import SNAPSHOT, read_segment, read_snapshot
-from tests.replay_helpers import ReplayProcess, replay_config, serving, transitions
+from tests.replay_helpers import ReplayProcess, ask, replay_config, serving, transitions
 
 TABLE = "replay.tables=[{name: main, kind: prioritized, capacity: 100000, min_size: 1}]"
 BATCH = 128
@@ -159,3 +160,66 @@ def test_queue_batch_leaves_only_after_its_pop_is_on_disk(tmp_path: Path) -> Non
         server.close()
     with serving(cfg, directory=tmp_path) as restored:  # the popped items are not served again
         assert restored.tables["main"].size == 6 and restored.tables["main"].oldest_key == 4
+
+
+def test_an_insert_the_wal_cannot_log_is_not_stored_and_its_resend_is_stored_once(tmp_path: Path) -> None:
+    """A full disk, provoked by a file size limit (RLIMIT_FSIZE) on a real server process: the
+    insert whose log record does not fit is refused with ``wal_failed`` and not stored (its resend
+    is refused again, not acked as a duplicate); once there is room its resend is stored once, and
+    the log (the failed record cut off) restores every acked insert exactly once."""
+    import signal
+    import subprocess
+
+    from tests.replay_helpers import PYTHON, ROOT
+
+    wal_dir = tmp_path / "wal"
+    record = 100 * 57 + 300  # 100 transitions of 57 bytes, the record's header and framing
+    proc = subprocess.Popen([PYTHON, "tests/replay_helpers.py", "limited-wal-server", str(wal_dir), str(6 * record)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=open(tmp_path / "server.log", "wb"))
+    sock = None
+    try:
+        assert proc.stdout is not None
+        endpoint = proc.stdout.readline().decode().strip()
+        sock = make_socket(zmq.DEALER, connect=endpoint)
+
+        def insert(seq: int) -> Message:
+            body = {"table": "main", "window_start": 1, "merge_acks": True}
+            sock.send_multipart(encode(Message("insert", body, transitions(0, 100 * (seq - 1), 100), "a", seq)))
+            assert sock.poll(10_000), f"no reply to insert seq {seq}"
+            return decode(sock.recv_multipart())
+
+        replies = [insert(seq) for seq in range(1, 11)]
+        stored = [seq for seq, r in enumerate(replies, 1) if r.type == "ack"]
+        failed = [seq for seq, r in enumerate(replies, 1) if r.type == "error"]
+        assert stored == list(range(1, len(stored) + 1)) and 2 <= len(stored) < 10, [r.body for r in replies]
+        assert failed == list(range(len(stored) + 1, 11))
+        for r in replies[len(stored):]:
+            assert r["reason"] == "wal_failed" and "nothing of it was stored" in r["detail"], r.body
+        again = insert(failed[0])  # still no room: refused again, not taken for a stored duplicate
+        assert again.type == "error" and again["reason"] == "wal_failed", again.body
+        size = ask(endpoint, Message("info", {}))["stats"]["tables"]["main"]["size"]
+        assert size == 100 * len(stored)
+
+        proc.send_signal(signal.SIGUSR1)  # room again
+        for seq in failed:
+            reply = insert(seq)
+            while reply.type == "error":  # until the server has handled the signal
+                assert reply["reason"] == "wal_failed", reply.body
+                reply = insert(seq)
+            assert reply["stored"] == 100 and reply["duplicate"] is False, reply.body
+        dup = insert(failed[0])
+        assert dup.type == "ack" and dup["duplicate"] is True and dup["stored"] == 0
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if sock is not None:
+            sock.close(linger=0)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    cfg = ReplayConfig(tables=[TableConfig(name="main", kind="uniform", capacity=100_000, min_size=1)],
+                       durability="wal", checkpoint_every_s=3600)
+    with serving(cfg, directory=wal_dir) as server:  # restored from the log alone
+        table = server.tables["main"]
+        assert table.size == 1000
+        np.testing.assert_array_equal(np.sort(table.columns["idx"][:1000]), np.arange(1000))

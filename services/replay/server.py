@@ -61,7 +61,7 @@ from common.protocol import (
 from common.server import Peer, RequestError, Server
 from common.transport import DEFAULT_HWM, CurveConfig
 from services.replay.dedup import Dedup
-from services.replay.storage import SNAPSHOT, Snapshotter, WriteAheadLog, read_snapshot
+from services.replay.storage import SNAPSHOT, Snapshotter, WalError, WriteAheadLog, read_snapshot
 from services.replay.tables import (
     MAX_SAMPLE_BATCH,
     PackedPlan,
@@ -252,11 +252,14 @@ class ReplayServer(Server):
                 try:
                     if self._insert_fast(fast, frames):
                         return
-                except Exception as exc:  # e.g. the wal's disk is full: answered as the full path does
-                    self.fast.pop(identity, None)
-                    log.exception("%s: insert failed", self.name)
+                except Exception as exc:  # answered as the full path does
                     tail = read_insert_tail(frames[1].bytes, len(fast.prefix))
                     peer = Peer(identity, tail[1] if tail is not None else -1, fast.sender)
+                    if isinstance(exc, RequestError):  # e.g. wal_failed: the wal's disk is full
+                        self.reply_error(peer, exc.reason, exc.detail)
+                        return
+                    self.fast.pop(identity, None)
+                    log.exception("%s: insert failed", self.name)
                     self.reply_error(peer, "internal", f"{type(exc).__name__}: {exc}")
                     return
         self._stored_packed = None
@@ -329,7 +332,6 @@ class ReplayServer(Server):
             except TableError:
                 return False
         self.count("insert", "in", len(header) + fast.nbytes)
-        self.fast_inserts += 1
         identity = frames[0].bytes
         if self.wal is None:
             table.insert_packed(fast.plan, payload, n, priority)
@@ -339,6 +341,7 @@ class ReplayServer(Server):
             arrays = {name: np.ndarray(shape, dtype, view, offset)
                       for name, dtype, shape, offset in fast.items if name != "priority"}
             self._commit(table, Peer(identity, seq, sender), arrays, priority, ws, n, True)
+        self.fast_inserts += 1
         if self.held_samples[table.name]:
             self._pump(table)
         return True
@@ -439,16 +442,26 @@ class ReplayServer(Server):
 
     def _store(self, table: Table, h: HeldInsert) -> None:
         self.held_keys.discard((h.peer.sender, h.peer.seq))
-        self._commit(table, h.peer, h.arrays, h.priority, h.window_start, h.n, h.merge_acks)
+        try:
+            self._commit(table, h.peer, h.arrays, h.priority, h.window_start, h.n, h.merge_acks)
+        except RequestError as exc:  # wal_failed: its sender is told, not whoever's request pumped it
+            self.reply_error(h.peer, exc.reason, exc.detail)
         self._m_wait_insert.inc(time.monotonic() - h.since)
 
     def _commit(self, table: Table, peer: Peer, arrays: dict[str, np.ndarray], priority: np.ndarray | None,
                 window_start: int | None, n: int, merge_acks: bool) -> None:
-        """Store a checked insert, log it (wal), remember its (sender, seq) and queue its ack."""
-        first = table.insert(arrays, priority, n)
+        """Log a checked insert (wal), store it, remember its (sender, seq) and queue its ack.
+
+        Logged first: an insert the log refuses (disk full) is not stored either, so its resend
+        is stored once; the sender is answered ``wal_failed`` (RequestError)."""
         if self.wal is not None:
             logged = arrays if priority is None else {**arrays, "__priority__": priority}
-            self.wal.append_insert(table.name, first, logged, peer.sender, peer.seq, window_start)
+            try:
+                self.wal.append_insert(table.name, table.next_key, logged, peer.sender, peer.seq, window_start)
+            except WalError as exc:
+                raise RequestError("wal_failed", f"insert not stored: {exc}; nothing of it was stored, "
+                                                 "send it again later") from None
+        table.insert(arrays, priority, n)
         self._stored(table, peer, window_start, n, merge_acks)
 
     def _stored(self, table: Table, peer: Peer, window_start: int | None, n: int, merge_acks: bool) -> None:

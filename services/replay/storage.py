@@ -15,7 +15,12 @@
   before it sends the acks of that burst. A snapshot rotates the log; the
   segments it covers are deleted once it is on disk. Replay stops at the
   first torn or corrupt record of a segment (only a tail can be torn, and a
-  torn record was never acked).
+  torn record was never acked). A record is written with one ``writev``; if
+  that fails (disk full, file too large), whatever part of it reached the
+  file is cut off again, so the records appended after it stay readable, and
+  :class:`WalError` says the insert was not logged. If the cut itself fails,
+  the log refuses every further append (a record after a torn one would be
+  lost to replay).
 """
 
 from __future__ import annotations
@@ -119,6 +124,10 @@ class Snapshotter:
         return True
 
 
+class WalError(OSError):
+    """A record could not be appended to the log (nothing of it is left in the file)."""
+
+
 class WriteAheadLog:
     """Append-only segments of insert and pop records."""
 
@@ -127,9 +136,16 @@ class WriteAheadLog:
         self.dir.mkdir(parents=True, exist_ok=True)
         existing = self.segments()
         self.segment = (existing[-1] if existing else 0) + 1
-        self._file = open(self._path(self.segment), "ab")
+        self._open()
         self._dirty = False
         self.syncs = 0
+        self.failed_appends = 0
+        self._broken: str | None = None  # why appends are refused (a torn record could not be cut off)
+
+    def _open(self) -> None:
+        # unbuffered: a record is one writev, and what a failed one left is cut off by size
+        self._fd = os.open(self._path(self.segment), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._size = os.fstat(self._fd).st_size
 
     def _path(self, segment: int) -> Path:
         return self.dir / f"wal-{segment:08d}.log"
@@ -149,12 +165,30 @@ class WriteAheadLog:
         crc = zlib.crc32(head)
         for b in bufs:
             crc = zlib.crc32(b, crc)
-        f = self._file
-        f.write(_REC.pack(_MAGIC, len(head), sum(len(b) for b in bufs), crc))
-        f.write(head)
-        for b in bufs:
-            f.write(b)
+        if self._broken is not None:
+            raise WalError(f"write-ahead log {self._path(self.segment).name} refuses appends: {self._broken}")
+        parts: list[Any] = [_REC.pack(_MAGIC, len(head), sum(len(b) for b in bufs), crc), head, *bufs]
+        total = sum(len(b) for b in parts)
+        done = 0
+        try:
+            done = os.writev(self._fd, parts)
+            while done < total:  # a short write (e.g. at a file size limit): the rest, or the error why not
+                rest = b"".join(bytes(b) for b in parts)[done:]
+                done += os.write(self._fd, rest)
+        except OSError as exc:
+            self.failed_appends += 1
+            self._cut(exc)
+            raise WalError(f"write-ahead log {self._path(self.segment).name}: {exc.strerror or exc}") from exc
+        self._size += total
         self._dirty = True
+
+    def _cut(self, exc: OSError) -> None:
+        """Cut off what a failed append left in the file, so the next record follows the last good one."""
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError as cut:
+            self._broken = f"a failed append ({exc}) could not be cut off ({cut})"
+            log.error("replay wal: %s; no further inserts are stored", self._broken)
 
     def append_insert(self, table: str, first_key: int, arrays: Mapping[str, np.ndarray],
                       sender: str, seq: int, window_start: int | None) -> None:
@@ -169,8 +203,7 @@ class WriteAheadLog:
         """Flush and fsync what was appended since the last sync; True if anything was."""
         if not self._dirty:
             return False
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        os.fsync(self._fd)
         self._dirty = False
         self.syncs += 1
         return True
@@ -178,10 +211,11 @@ class WriteAheadLog:
     def rotate(self) -> int:
         """Close the current segment (synced) and start the next; returns the closed one."""
         self.sync()
-        self._file.close()
+        os.close(self._fd)
         closed = self.segment
         self.segment += 1
-        self._file = open(self._path(self.segment), "ab")
+        self._open()
+        self._broken = None  # a new file: the torn record stays behind in the closed one
         return closed
 
     def drop_through(self, segment: int) -> None:
@@ -190,8 +224,10 @@ class WriteAheadLog:
                 self._path(s).unlink(missing_ok=True)
 
     def close(self) -> None:
-        self.sync()
-        self._file.close()
+        try:
+            self.sync()
+        finally:
+            os.close(self._fd)
 
     def replay(self, after: int, before: int) -> Iterator[tuple[dict[str, Any], dict[str, np.ndarray]]]:
         """Records of segments in (after, before), in order."""
