@@ -63,6 +63,7 @@ from services.replay.tables import importance_weights
 log = logging.getLogger(__name__)
 
 MAX_RESEND_AFTER_S = 30.0
+PEEK_EVERY_S = 0.002  # insert() looks for acks (and resends due) at most this often while the window has room
 _NOBLOCK = int(zmq.NOBLOCK)
 
 
@@ -120,6 +121,7 @@ class InsertClient:
         self._encoder = InsertEncoder()
         # no insert of the window is due for a resend before this (monotonic time; may be early)
         self._check_at = math.inf
+        self._peek_at = 0.0  # insert() looks for acks again from this time on (monotonic)
         self._bytes = 0
         self._errors: list[RemoteError] = []
         self.acked = 0
@@ -192,7 +194,11 @@ class InsertClient:
         self._window[seq] = entry
         self._bytes += nbytes
         self._send(entry)
-        if len(self._window) * 2 >= self.max_unacked:  # acks are read once half the window waits for them
+        # acks that came meanwhile are read when the window is full (insert waits for one anyway) and
+        # otherwise at most every PEEK_EVERY_S: a look per insert cost a poll and often found nothing
+        now = time.monotonic()
+        if now >= self._peek_at:
+            self._peek_at = now + PEEK_EVERY_S
             self._poll(0)
         return seq
 
