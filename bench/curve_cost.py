@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.curve_cost [--seconds S]
 
-- replay ingest: one actor's InsertClient (8 inserts in flight, 64 CartPole
+- replay ingest: one actor's InsertClient (the config's window, 64 CartPole
   transitions each) into a replay process for S seconds: transitions/s acked.
 - weight sync: the learner's WeightsPublisher publishes a 1.2M-parameter model
   (4.8 MB) to a paramserver process and an actor's WeightsReader fetches it

@@ -99,7 +99,8 @@ class ActorConfig(Strict):
     count: PosInt = Field(2, description="actors the local launcher starts (compose: --scale)")
     insert_batch: PosInt = Field(64, description="transitions per insert message")
     max_unacked: Annotated[int, Field(ge=1, le=4096)] = Field(
-        8, description="insert messages in flight before the actor waits (replay remembers 4,096 per actor)"
+        32, description="insert messages in flight before the actor waits (replay remembers 4,096 per actor);"
+        " also how far (in inserts) an actor runs ahead of a rate limiter that holds its acks"
     )
     max_unacked_bytes: PosInt = Field(
         64 << 20, description="bound on the bytes of un-acked inserts kept for resending while replay is away;"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.config import ConfigError, validate
+from common.config import ActorConfig, ConfigError, validate
 from common.protocol import Message
 from common.server import RemoteError
 from common.transport import CommTimeout
@@ -149,6 +149,37 @@ def test_actors_ahead_are_held_until_the_learner_samples() -> None:
             assert server.m_wait.labels("insert")._value.get() > 0.3
             idx = np.sort(server.tables["main"].columns["idx"][:50])
             np.testing.assert_array_equal(idx, np.arange(50))  # each once, despite the resends
+
+
+def test_the_default_window_stops_an_actor_ahead_after_max_unacked_held_inserts() -> None:
+    # the config's window (InsertClient's default too): an actor whose acks the limiter holds runs
+    # ahead by exactly that many inserts, none of them stored, then insert() blocks
+    window = ActorConfig().max_unacked
+    with serving(replay_config(capacity=100_000, min_size=10, samples_per_insert=1.0, error_buffer=20.0)) as server:
+        ep = server.endpoint
+        with InsertClient(ep, "actor") as ic:
+            assert ic.max_unacked == window
+            for i in range(2 + window):  # 2 batches of 10 are admitted, the next ones held
+                ic.insert("main", transitions(0, 10 * i, 10), timeout_s=5)
+            with pytest.raises(CommTimeout):
+                ic.insert("main", transitions(0, 10 * (2 + window), 10), timeout_s=0.5)  # back-pressure
+            assert ic.acked == 2 and ic.unacked == window
+            deadline = time.monotonic() + 5
+            while len(server.held_inserts["main"]) < window and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(server.held_inserts["main"]) == window
+            assert server.tables["main"].size == 20  # held inserts are not stored
+            with SampleClient([ep], "learner", "main", 10, in_flight=1) as sc:
+                for _ in range(window):  # each batch sampled lets one held insert in
+                    sc.sample(timeout_s=5)
+                ic.flush(5)
+                assert ic.acked == 2 + window and server.tables["main"].size == 10 * (2 + window)
+                ic.insert("main", transitions(0, 10 * (2 + window), 10), timeout_s=5)
+                sc.sample(timeout_s=5)
+                ic.flush(5)
+            n = 10 * (3 + window)
+            assert server.tables["main"].size == n
+            np.testing.assert_array_equal(np.sort(server.tables["main"].columns["idx"][:n]), np.arange(n))
 
 
 def test_unknown_table_error_raises_in_client() -> None:

@@ -86,7 +86,7 @@ class InsertClient:
         address: str,
         sender: str,
         *,
-        max_unacked: int = 8,
+        max_unacked: int = 32,  # actor.max_unacked's default
         max_unacked_bytes: int = 64 << 20,
         resend_after_s: float = 2.0,
         max_resend_after_s: float = MAX_RESEND_AFTER_S,
