@@ -17,6 +17,7 @@ escapes :func:`decode`.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -199,6 +200,8 @@ def encode_header(
 # of that prefix by reading the two ints alone (read_insert_tail).
 
 _SEQ_KEY = b"\xa3seq"
+_CF_SEQ_KEY = _SEQ_KEY + b"\xcf"  # the key, then a uint64's marker
+_TWO_U64 = struct.Struct(">Q5xQ")  # uint64, the 5 bytes above, uint64 (msgpack is big-endian)
 
 
 def _packb(value: Any) -> bytes:
@@ -220,6 +223,10 @@ def insert_header_prefix(table: str, sender: str, descriptors: list[Any]) -> byt
 def read_insert_tail(header: bytes, start: int) -> tuple[int, int] | None:
     """(window_start, seq) if ``header[start:]`` is exactly what :func:`insert_header_prefix`'s
     header ends with (an int, the key ``seq``, an int in [0, 2**64)); None for anything else."""
+    if len(header) - start == 22 and header[start] == 0xCF and header[start + 9:start + 14] == _CF_SEQ_KEY:
+        # the usual form (InsertClient's seqs are microseconds since 1970): two uint64s, no decoder
+        ws, seq = _TWO_U64.unpack_from(header, start + 1)
+        return ws, seq
     if len(header) - start > 32:  # two ints of at most 9 bytes and the key
         return None
     try:

@@ -14,11 +14,14 @@ from common.protocol import (
     PACK_ALIGN,
     PROTOCOL_VERSION,
     REASONS,
+    InsertEncoder,
     Limits,
     Message,
     ProtocolError,
     decode,
     encode,
+    insert_header_prefix,
+    read_insert_tail,
 )
 
 
@@ -304,3 +307,26 @@ def test_mutated_valid_messages_decode_or_raise_protocol_error(data: st.DataObje
 )
 def test_random_headers_decode_or_raise_protocol_error(fields: dict[str, object]) -> None:
     _check_decode([msgpack.packb(fields)])
+
+
+@given(st.integers(-(2**63), 2**64 - 1), st.integers(-(2**63), 2**64 - 1))
+def test_read_insert_tail_reads_what_the_encoder_wrote(ws: int, seq: int) -> None:
+    # InsertEncoder's header ends in window_start, the key seq and seq: read_insert_tail gives the
+    # two ints (seq in [0, 2**64)) in every msgpack int form, as the full decoder reads them
+    cols = {"obs": np.zeros((3, 4), np.float32)}
+    head = InsertEncoder().frames("main", cols, "a", seq, ws)[0]
+    start = len(insert_header_prefix("main", "a", [["obs", "float32", [3, 4]]]))
+    got = read_insert_tail(head, start)
+    if seq < 0:
+        assert got is None
+    else:
+        assert got == (ws, seq)
+        msg = decode([head, np.zeros((3, 4), np.float32).tobytes()])
+        assert (msg.body["window_start"], msg.seq) == got
+
+
+@pytest.mark.parametrize("tail", [b"", b"\xcf" + bytes(8), b"\xcf" + bytes(8) + b"\xa3seX\xcf" + bytes(8),
+                                  b"\xcf" + bytes(8) + b"\xa3seq\xcb" + bytes(8), b"\x01\xa3seq\xc0",
+                                  b"\xcf" + bytes(8) + b"\xa3seq\xcf" + bytes(9)])
+def test_read_insert_tail_refuses_any_other_tail(tail: bytes) -> None:
+    assert read_insert_tail(b"prefix" + tail, 6) is None
