@@ -254,6 +254,7 @@ class InsertEncoder:
     def __init__(self) -> None:
         self._key: list[Any] | None = None
         self._prefix = b""
+        self._pack = msgpack.Packer(use_bin_type=True).pack  # packb builds a Packer per call
 
     def frames(self, table: str, arrays: Mapping[str, np.ndarray], sender: str, seq: int,
                window_start: int) -> list[Any]:
@@ -264,7 +265,8 @@ class InsertEncoder:
         for arr in values:
             if not arr.flags.c_contiguous:
                 return self._general(table, arrays, sender, seq, window_start)
-        return [b"".join((self._prefix, _packb(window_start), _SEQ_KEY, _packb(seq))), pack_arrays(values)]
+        pack = self._pack
+        return [b"".join((self._prefix, pack(window_start), _SEQ_KEY, pack(seq))), pack_arrays(values)]
 
     @staticmethod
     def _general(table: str, arrays: Mapping[str, np.ndarray], sender: str, seq: int,
