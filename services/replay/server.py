@@ -250,7 +250,7 @@ class ReplayServer(Server):
             fast = self.fast.get(identity)
             if fast is not None:
                 try:
-                    if self._insert_fast(fast, frames):
+                    if self._insert_fast(fast, identity, frames):
                         return
                 except Exception as exc:  # answered as the full path does
                     tail = read_insert_tail(frames[1].bytes, len(fast.prefix))
@@ -304,7 +304,7 @@ class ReplayServer(Server):
             self.fast.clear()
         self.fast[identity] = FastInsert(prefix, table, table.generation, n, nbytes, peer.sender, plan, items, priority)
 
-    def _insert_fast(self, fast: FastInsert, frames: list[Any]) -> bool:
+    def _insert_fast(self, fast: FastInsert, identity: bytes, frames: list[Any]) -> bool:
         """Store an insert whose header is ``fast.prefix`` and two ints and whose payload has the
         size of that layout; False (nothing done) for anything else: a duplicate, a held insert,
         a bad priority, another header, ... all take the full path."""
@@ -332,10 +332,9 @@ class ReplayServer(Server):
             except TableError:
                 return False
         self.count("insert", "in", len(header) + fast.nbytes)
-        identity = frames[0].bytes
         if self.wal is None:
             table.insert_packed(fast.plan, payload, n, priority)
-            self._stored(table, Peer(identity, seq, sender), ws, n, True)
+            self._stored(table, identity, seq, sender, ws, n, True)
         else:  # the log takes arrays
             view = memoryview(payload).toreadonly()
             arrays = {name: np.ndarray(shape, dtype, view, offset)
@@ -359,7 +358,7 @@ class ReplayServer(Server):
         self.duplicates += 1
         self.m_dups.labels(table.name).inc()
         if acked:
-            self._defer_ack(peer, 0, True, merge)
+            self._defer_ack(peer.identity, peer.seq, peer.sender, 0, True, merge)
 
     def _defer(self, peer: Peer, msg: Message) -> None:
         # Acks (and queue batches under wal) go out together after each burst of messages
@@ -367,14 +366,15 @@ class ReplayServer(Server):
         # ZeroMQ's I/O thread less often. They are encoded now so that the sends are back to back.
         self.deferred.append((peer, self.reply_frames(peer, msg), msg.type))
 
-    def _defer_ack(self, peer: Peer, stored: int, duplicate: bool, merge: bool) -> None:
+    def _defer_ack(self, identity: bytes, seq: int, sender: str, stored: int, duplicate: bool, merge: bool) -> None:
         # inserts that asked for merged acks share one ack per sender and burst; others get one each
-        key = peer.identity if merge else (peer.identity, peer.seq)
+        # (a Peer, where the ack goes, only for the first of them: the fast path makes none)
+        key = identity if merge else (identity, seq)
         pending = self.acks.get(key)
         if pending is None:
-            self.acks[key] = (peer, [(peer.seq, stored, duplicate)])
+            self.acks[key] = (Peer(identity, seq, sender), [(seq, stored, duplicate)])
         else:
-            pending[1].append((peer.seq, stored, duplicate))
+            pending[1].append((seq, stored, duplicate))
 
     def on_sample(self, peer: Peer, msg: Message) -> None:
         table = self._table(msg["table"])
@@ -462,13 +462,14 @@ class ReplayServer(Server):
                 raise RequestError("wal_failed", f"insert not stored: {exc}; nothing of it was stored, "
                                                  "send it again later") from None
         table.insert(arrays, priority, n)
-        self._stored(table, peer, window_start, n, merge_acks)
+        self._stored(table, peer.identity, peer.seq, peer.sender, window_start, n, merge_acks)
 
-    def _stored(self, table: Table, peer: Peer, window_start: int | None, n: int, merge_acks: bool) -> None:
+    def _stored(self, table: Table, identity: bytes, seq: int, sender: str, window_start: int | None, n: int,
+                merge_acks: bool) -> None:
         """After an insert is stored (and logged): remember its (sender, seq), count it, queue its ack."""
-        self.dedup.add(peer.sender, peer.seq, window_start)
+        self.dedup.add(sender, seq, window_start)
         self._inserted[table.name] += n
-        self._defer_ack(peer, n, False, merge_acks)
+        self._defer_ack(identity, seq, sender, n, False, merge_acks)
 
     def _serve(self, table: Table, h: HeldSample) -> None:
         size = table.size
