@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zmq
 
 from common.config import ReplayConfig, TableConfig
 from common.metrics import ServiceMetrics
 from common.protocol import Message, decode, encode
-from common.transport import make_socket
+from common.transport import CommTimeout, make_socket
 from services.replay.client import InsertClient, SampleClient
 from services.replay.server import ReplayServer
 from services.replay.storage import SNAPSHOT, read_segment, read_snapshot
-from tests.replay_helpers import ReplayProcess, ask, replay_config, serving, transitions
+from tests.replay_helpers import PYTHON, ROOT, ReplayProcess, ask, replay_config, serving, transitions
 
 TABLE = "replay.tables=[{name: main, kind: prioritized, capacity: 100000, min_size: 1}]"
 BATCH = 128
@@ -167,19 +170,10 @@ def test_an_insert_the_wal_cannot_log_is_not_stored_and_its_resend_is_stored_onc
     insert whose log record does not fit is refused with ``wal_failed`` and not stored (its resend
     is refused again, not acked as a duplicate); once there is room its resend is stored once, and
     the log (the failed record cut off) restores every acked insert exactly once."""
-    import signal
-    import subprocess
-
-    from tests.replay_helpers import PYTHON, ROOT
-
     wal_dir = tmp_path / "wal"
-    record = 100 * 57 + 300  # 100 transitions of 57 bytes, the record's header and framing
-    proc = subprocess.Popen([PYTHON, "tests/replay_helpers.py", "limited-wal-server", str(wal_dir), str(6 * record)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=open(tmp_path / "server.log", "wb"))
+    proc, endpoint = limited_wal_server(wal_dir, tmp_path / "server.log")
     sock = None
     try:
-        assert proc.stdout is not None
-        endpoint = proc.stdout.readline().decode().strip()
         sock = make_socket(zmq.DEALER, connect=endpoint)
 
         def insert(seq: int) -> Message:
@@ -217,9 +211,50 @@ def test_an_insert_the_wal_cannot_log_is_not_stored_and_its_resend_is_stored_onc
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+    assert restored_idx(wal_dir).tolist() == list(range(1000))  # each acked insert once, from the log alone
+
+
+def test_insert_client_keeps_an_insert_replay_could_not_log_and_resends_it(tmp_path: Path) -> None:
+    """An InsertClient answered ``wal_failed`` does not fail: the insert stays in its window and is
+    resent, so the actor blocks (window full) while replay cannot log, and goes on once it can."""
+    wal_dir = tmp_path / "wal"
+    proc, endpoint = limited_wal_server(wal_dir, tmp_path / "server.log")
+    try:
+        with InsertClient(endpoint, "actor", max_unacked=4, resend_after_s=0.1, max_resend_after_s=0.2) as ic:
+            for i in range(10):  # the log takes 6: the other 4 fill the window, refused again at each resend
+                ic.insert("main", transitions(0, 100 * i, 100), timeout_s=5)
+            with pytest.raises(CommTimeout):
+                ic.insert("main", transitions(0, 1000, 100), timeout_s=1.0)  # back-pressure, not an error
+            assert ic.acked == 6 and ic.unacked == 4 and ic.wal_refusals >= 4
+            assert ask(endpoint, Message("info", {}))["stats"]["tables"]["main"]["size"] == 600
+            proc.send_signal(signal.SIGUSR1)  # room again
+            ic.flush(10)
+            ic.insert("main", transitions(0, 1000, 100), timeout_s=5)
+            ic.flush(10)
+            assert ic.acked == 11 and ic.items_acked == 1100
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert restored_idx(wal_dir).tolist() == list(range(1100))
+
+
+def limited_wal_server(wal_dir: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """tests/replay_helpers.py's wal server whose files stop growing at 6 records of 100
+    transitions (57 bytes each, plus the record's header) until SIGUSR1; and its endpoint."""
+    record = 100 * 57 + 300
+    proc = subprocess.Popen([PYTHON, "tests/replay_helpers.py", "limited-wal-server", str(wal_dir), str(6 * record)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=open(log_path, "wb"))
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().decode().strip()
+
+
+def restored_idx(wal_dir: Path) -> np.ndarray:
+    """The sorted idx column of a wal server restored from ``wal_dir``."""
     cfg = ReplayConfig(tables=[TableConfig(name="main", kind="uniform", capacity=100_000, min_size=1)],
                        durability="wal", checkpoint_every_s=3600)
-    with serving(cfg, directory=wal_dir) as server:  # restored from the log alone
+    with serving(cfg, directory=wal_dir) as server:
         table = server.tables["main"]
-        assert table.size == 1000
-        np.testing.assert_array_equal(np.sort(table.columns["idx"][:1000]), np.arange(1000))
+        return np.sort(table.columns["idx"][:table.size])

@@ -14,7 +14,9 @@ limiter (the normal state when the actors are ahead) is not acked for a long
 time, and the whole window must not cross the wire every ``resend_after_s``.
 When the connection to replay is re-established (replay restarted and lost
 what it held), every un-acked insert is resent at once and its back-off
-starts over. Seqs start at the wall clock in microseconds, so an actor that
+starts over. An insert replay refused with ``wal_failed`` (it could not log it:
+disk full) stays in the window and is resent the same way, so the actor blocks
+until replay can log again. Seqs start at the wall clock in microseconds, so an actor that
 restarts under the same id never reuses a seq; each insert also carries
 ``window_start`` (its lowest un-acked seq) so replay can forget older seqs,
 and ``merge_acks``: replay answers all of a burst's inserts with one ack.
@@ -128,6 +130,7 @@ class InsertClient:
         self.items_acked = 0
         self.duplicates = 0
         self.resends = 0
+        self.wal_refusals = 0  # inserts replay answered wal_failed (kept and resent later)
 
     @classmethod
     def from_config(cls, cfg: Experiment, shard: int, sender: str, curve: CurveConfig | None = None,
@@ -290,6 +293,14 @@ class InsertClient:
             for item in msg.get("more") or ():  # further inserts the same ack answers
                 if type(item) is list and len(item) == 3:
                     self._acked(item[0], item[2])
+            return 1
+        if msg.type == "error" and msg.get("reason") == "wal_failed" and isinstance(ref, int) and ref in self._window:
+            # replay could not log it (its disk is full) and stored nothing: it stays in the window and
+            # is resent at its next resend time, so the actor blocks (back-pressure) until replay can log
+            self.wal_refusals += 1
+            if self.wal_refusals == 1 or self.wal_refusals % 100 == 0:
+                log.warning("insert client %s: replay at %s could not log insert %d (%d so far), resending it later: "
+                            "%s", self.sender, self.address, ref, self.wal_refusals, msg.get("detail"))
             return 1
         entry = self._window.pop(ref, None) if isinstance(ref, int) else None
         if msg.type == "error":
