@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -222,11 +222,51 @@ def _read_line(stream: IO[bytes], timeout_s: float) -> str:
 
 
 def _parent_of(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[1])
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat after the command name (state is [0], ppid [1], session [3]); None if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
+    return stat.rsplit(")", 1)[1].split()
+
+
+def reap_orphans(sessions: Collection[int]) -> list[int]:
+    """Reap exited processes of the members' sessions that were reparented to this subreaper.
+
+    A member's own children (an ``async`` vector env's workers, say) outlive a member killed
+    with SIGKILL; as subreaper the launcher inherits them and, once they exit, holds them as
+    zombies until it waits for them. Only processes of ``sessions`` (a member's session is its
+    own pid: it calls setsid) are reaped, never a member itself (its ForkedProcess or Popen
+    waits for it) nor anything else this process started: a caller's Popen keeps its exit
+    status. Returns the pids reaped (Linux; elsewhere nothing is ever reparented here).
+    """
+    reaped: list[int] = []
+    own = os.getpid()
+    try:
+        tasks = os.listdir(f"/proc/{own}/task")
+    except OSError:
+        return reaped
+    for tid in tasks:
+        try:
+            children = Path(f"/proc/{own}/task/{tid}/children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            fields = _stat_fields(child)
+            pid = int(child)
+            if fields is None or fields[0] != "Z" or pid in sessions or int(fields[3]) not in sessions:
+                continue
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    reaped.append(pid)
+            except ChildProcessError:
+                pass
+    return reaped
 
 
 # -- the zygote's side ------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from common import security
 from common.config import Experiment
 from common.envs import EnvError, probe_env
 from common.fleetview import FleetView, Scrape, scrape
-from common.forkserver import ForkedProcess, ForkServerError, ForkServers
+from common.forkserver import ForkedProcess, ForkServerError, ForkServers, reap_orphans
 from common.metrics import MetricsServer
 from common.runtime import FatalError, ServiceArgs, build, setup_logging
 from common.transport import free_tcp_port
@@ -128,6 +128,7 @@ class Fleet:
         self.forkservers: ForkServers | None = forkservers or None
         self.config_path = run_dir / "config.yaml"
         self.config_path.write_text(config_mod.dump(cfg))
+        self.sessions: set[int] = set()  # every member process started (each leads its own session)
         (run_dir / "logs").mkdir(exist_ok=True)
 
     # -- start ---------------------------------------------------------------
@@ -157,6 +158,7 @@ class Fleet:
         if self.forkservers is not None:
             try:
                 m.proc = self.forkservers.fork(m.name, argv, m.log_path)
+                self.sessions.add(m.proc.pid)
                 return
             except ForkServerError as exc:
                 log.warning("%s: %s; starting it as a fresh process (and every member after it)", m.label, exc)
@@ -167,6 +169,7 @@ class Fleet:
             # Own process group: Ctrl-C in the terminal reaches only the launcher,
             # which then stops the fleet in order.
             m.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.sessions.add(m.proc.pid)
 
     def restart(self, m: Member) -> None:
         """Start a member again whose process exited (or was killed): the same command, the same log."""
@@ -210,10 +213,18 @@ class Fleet:
             time.sleep(0.05)
 
     def check_alive(self) -> None:
+        self.reap()
         for m in self.members:
             code = m.exit_code()
             if code is not None:
                 raise FleetError(f"{m.label} exited (code {code}) :\n{tail(m.log_path)}")
+
+    def reap(self) -> list[int]:
+        """Reap members' children that outlived them (reparented here, the subreaper, as zombies)."""
+        reaped = reap_orphans(self.sessions) if self.sessions else []
+        if reaped:
+            log.debug("reaped %d exited child process(es) of stopped members: %s", len(reaped), reaped)
+        return reaped
 
     # -- stop ----------------------------------------------------------------
     def stop(self, timeout_s: float = 20.0) -> None:
@@ -242,6 +253,7 @@ class Fleet:
         if self.forkservers is not None:
             self.forkservers.close()
             self.forkservers = None
+        self.reap()
 
 
 class FleetError(RuntimeError):

@@ -180,3 +180,53 @@ def test_ctrl_c_leaves_no_process(tmp_path: Path, when: str) -> None:
     assert left == [], f"processes left after Ctrl-C: {left}\n{out[-2000:]}"
     assert code == 0, out[-2000:]
     assert "stopping on SIGINT" in out, out[-2000:]
+
+
+REAP_SCRIPT = r"""
+import os, sys, time, subprocess
+from pathlib import Path
+from common.forkserver import become_subreaper, reap_orphans
+
+def state(pid):
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return f[0], int(f[1])
+
+def until(cond):
+    end = time.monotonic() + 20
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+assert become_subreaper()
+other = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])  # the caller's own child
+r, w = os.pipe()
+member = os.fork()
+if member == 0:  # a member: own session, one child of its own, then killed
+    os.setsid()
+    grandchild = os.fork()
+    if grandchild == 0:
+        time.sleep(0.3)
+        os._exit(3)
+    os.write(w, str(grandchild).encode())
+    time.sleep(60)
+    os._exit(0)
+grandchild = int(os.read(r, 64))
+os.kill(member, 9)
+os.waitpid(member, 0)  # what ForkedProcess.poll does
+until(lambda: state(grandchild) == ("Z", os.getpid()))  # reparented here, exited, not reaped
+until(lambda: state(other.pid) is not None and state(other.pid)[0] == "Z")
+reaped = reap_orphans({member})
+print(reaped == [grandchild], state(grandchild) is None, other.wait(5), reap_orphans({member}))
+"""
+
+
+def test_reap_orphans_reaps_only_members_children() -> None:
+    """A killed member's child is reparented to the launcher (subreaper) and left a zombie when it
+    exits: reap_orphans reaps it, and leaves alone a child the caller started (its status stays 7)."""
+    out = subprocess.run([sys.executable, "-c", REAP_SCRIPT], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "7", "[]"]
