@@ -26,7 +26,7 @@ from common.protocol import Message, decode, encode
 
 def batch(n: int, obs_shape: tuple[int, ...], obs_dtype: type) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    obs = (rng.random((n, *obs_shape)) * 255).astype(obs_dtype)
+    obs: np.ndarray = (rng.random((n, *obs_shape)) * 255).astype(obs_dtype)
     return {
         "obs": obs,
         "action": rng.integers(0, 4, n).astype(np.int64),

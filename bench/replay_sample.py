@@ -57,7 +57,11 @@ def _server(addr_q: Any, stop: Any) -> None:
 
     srv = ReplayServer(ReplayConfig(tables=[table_config()]), ServiceMetrics("replay"), "tcp://127.0.0.1:0")
     addr_q.put(srv.endpoint)
-    threading.Thread(target=lambda: (stop.wait(), srv.stop()), daemon=True).start()
+    def stop_on_request() -> None:
+        stop.wait()
+        srv.stop()
+
+    threading.Thread(target=stop_on_request, daemon=True).start()
     srv.serve()
     srv.close()
 

@@ -74,7 +74,7 @@ def one_run(config: str, actors: int, timeout_s: float, root: Path = ROOT, fork:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFLEET_FORKSERVER": "1" if fork else "0"}
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    got: dict[str, float] = {}
+    got: dict[str, Any] = {}
 
     def mark(key: str) -> None:
         if key not in got:

@@ -119,8 +119,8 @@ def run_sb3(env_id: str, seed: int) -> dict[str, Any]:
         def _on_step(self) -> bool:
             if self.num_timesteps % EVAL_EVERY:
                 return True
-            mean, _ = evaluate_policy(self.model, self.eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
-            if mean >= target:
+            returns, _ = evaluate_policy(self.model, self.eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
+            if float(np.mean(returns)) >= target:
                 self.hit = (self.num_timesteps, time.perf_counter() - start)
                 return False
             return True
@@ -155,6 +155,7 @@ def raw_updates_per_s(env_id: str, seconds: float = 3.0) -> float:
 
     cfg = config_mod.load(ROOT / CONFIGS[env_id], environ={}).algorithm
     env = gym.make(env_id)
+    assert env.observation_space.shape is not None and isinstance(env.action_space, gym.spaces.Discrete)
     net = build_q_network(cfg.hidden, cfg.dueling, env.observation_space, env.action_space)
     target = build_q_network(cfg.hidden, cfg.dueling, env.observation_space, env.action_space)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)

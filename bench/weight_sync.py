@@ -78,7 +78,7 @@ def make(shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
 # -- reader processes ---------------------------------------------------------
 
 def reader_proc(addresses: list[str], name: str, report: str, shm: bool) -> None:
-    out = zmq.Context.instance().socket(zmq.PUSH)
+    out: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PUSH)
     out.connect(report)
     reader = WeightsReader(addresses, name, shm=shm)
     have = -1
@@ -95,7 +95,7 @@ def reader_proc(addresses: list[str], name: str, report: str, shm: bool) -> None
 
 def raw_reader_proc(address: str, name: str, report: str, nframes: int, dealer: bool = False) -> None:
     """A raw reader: SUB to the PUB/SUB reference, or (``dealer``) DEALER to the one-reader send."""
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     out = ctx.socket(zmq.PUSH)
     out.connect(report)
     sock = ctx.socket(zmq.DEALER if dealer else zmq.SUB)
@@ -114,7 +114,7 @@ def raw_reader_proc(address: str, name: str, report: str, nframes: int, dealer: 
 
 class Reports:
     def __init__(self) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.PULL)
+        self.sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
         port = free_tcp_port()
         self.address = f"tcp://127.0.0.1:{port}"
@@ -178,7 +178,7 @@ def run_raw(tensors: dict[str, np.ndarray], reps: int, transport: str = "tcp") -
     """A raw PUB sending the tensors (zero-copy, one frame each) to 4 SUB reader processes."""
     ctx = mp.get_context("spawn")
     reports = Reports()
-    sock = zmq.Context.instance().socket(zmq.PUB)
+    sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PUB)
     sock.setsockopt(zmq.LINGER, 0)
     if transport == "ipc":
         address = f"ipc:///tmp/rlfleet-bench-ws-{os.getpid()}-{free_tcp_port()}"
@@ -224,7 +224,7 @@ def run_raw_one(tensors: dict[str, np.ndarray], reps: int) -> list[float]:
     """A raw DEALER send of the same tensors to a single reader (one copy, not four)."""
     ctx = mp.get_context("spawn")
     reports = Reports()
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     address = f"tcp://127.0.0.1:{free_tcp_port()}"
     sock.bind(address)

@@ -214,8 +214,10 @@ class SwarmStack:
     def rm(self) -> None:
         subprocess.run(["docker", "stack", "rm", self.name], capture_output=True, timeout=120)
         label = f"com.docker.stack.namespace={self.name}"
-        wait_for(lambda: self.client.containers.list(all=True, filters={"label": label}), lambda c: not c,
-                 120, f"containers of stack {self.name} gone")
+        def containers() -> list[Any]:
+            return list(self.client.containers.list(all=True, filters={"label": label}))
+
+        wait_for(containers, lambda c: not c, 120, f"containers of stack {self.name} gone")
         for vol in self.client.volumes.list(filters={"label": label}):
             wait_for(lambda v=vol: v.remove(force=True) or True, bool, 30, f"volume {vol.name} removed")
 
