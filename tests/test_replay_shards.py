@@ -65,3 +65,31 @@ def test_a_dead_shard_is_passed_over() -> None:
         with SampleClient([dead, live.endpoint], "learner", "main", 8, stall_s=0.2, seed=0) as sc:
             for _ in range(20):
                 assert sc.sample(timeout_s=10).shard == 1
+
+
+def test_wanted_bounds_the_requests_sent_across_shards() -> None:
+    """A barrier round asks for exactly its batches: none is left in flight to be served later,
+    after the next round's inserts (that would make barrier runs depend on timing)."""
+    cfg = replay_config(kind="prioritized", capacity=10_000, min_size=10)
+    with serving(cfg, shard=0) as s0, serving(cfg, shard=1) as s1:
+        with InsertClient(s0.endpoint, "a0") as a0, InsertClient(s1.endpoint, "a1") as a1:
+            a0.insert("main", transitions(0, 0, 1000))
+            a1.insert("main", transitions(1, 0, 1000))
+            a0.flush(5)
+            a1.flush(5)
+        with SampleClient([s0.endpoint, s1.endpoint], "learner", "main", 32, in_flight=4, seed=3) as sc:
+            served = 0
+            for round_batches in (5, 1, 3):
+                sc.wanted = round_batches
+                for _ in range(round_batches):
+                    sc.sample(timeout_s=10)
+                assert sc.wanted == 0
+                sc.poll(0.3)  # a surplus request would be answered by now
+                served += round_batches
+                sampled = s0.tables["main"].sampled_items + s1.tables["main"].sampled_items
+                assert sampled == served * 32
+                assert not any(s.in_flight or s.ready for s in sc.shards)
+            sc.wanted = None  # unbounded again: requests run ahead
+            sc.sample(timeout_s=10)
+            sc.poll(0.3)
+            assert sum(len(s.in_flight) + len(s.ready) for s in sc.shards) > 1

@@ -402,6 +402,9 @@ class SampleClient:
         self.table = table
         self.batch_size = batch_size
         self.in_flight = in_flight
+        # Batches the caller will still take (None: no end). Barrier rounds set it so that no request
+        # outlives a round: one sent late in round k could reach replay after round k+1's inserts.
+        self.wanted: int | None = None
         self.request_timeout_s = request_timeout_s
         self.stall_s = stall_s
         self.busy_backoff_s = busy_backoff_s
@@ -458,7 +461,8 @@ class SampleClient:
                     self.reissued += 1
             if now < s.busy_until:
                 continue
-            while len(s.in_flight) + len(s.ready) < self.in_flight:
+            while len(s.in_flight) + len(s.ready) < self.in_flight and (
+                    self.wanted is None or self._outstanding() < self.wanted):
                 body: dict[str, Any] = {"table": self.table, "batch_size": self.batch_size,
                                         "timeout_ms": int(self.request_timeout_s * 1000)}
                 beta = None if self.beta is None else float(self.beta)
@@ -468,6 +472,9 @@ class SampleClient:
                 if not self._send(s, msg):
                     break
                 s.in_flight[msg.seq] = (now, beta)
+
+    def _outstanding(self) -> int:
+        return sum(len(s.in_flight) + len(s.ready) for s in self.shards)
 
     def sample(self, beta: float | None = None, timeout_s: float = 30.0) -> SampleBatch:
         """One batch from one shard, with importance weights for ``beta`` (when given).
@@ -486,7 +493,9 @@ class SampleClient:
         deadline = time.monotonic() + timeout_s
         self._top_up()
         self._poll(0)
-        target = self._choose([s for s in self.shards if s.size > 0])
+        # with ``wanted`` a shard may have nothing asked of it: wait on one that has
+        asked = [s for s in self.shards if s.size > 0 and (self.wanted is None or s.in_flight or s.ready)]
+        target = self._choose(asked)
         while True:
             self._raise()
             if target is not None and target.ready:
@@ -505,6 +514,8 @@ class SampleClient:
             self._poll(min(left, 0.1))
             self._top_up()
         batch = shard.ready.popleft()
+        if self.wanted is not None:
+            self.wanted = max(0, self.wanted - 1)
         self._top_up()
         if beta is not None and beta != batch.beta:
             batch.weights = importance_weights(batch.probabilities, batch.table_size, beta)
