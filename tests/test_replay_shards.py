@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 
 from common.config import validate
@@ -9,18 +12,25 @@ from common.runtime import ServiceArgs
 from common.transport import free_tcp_port
 from services.replay.client import InsertClient, SampleClient
 from services.replay.main import build
+from services.replay.server import ReplayServer
 from tests.replay_helpers import replay_config, serving, transitions
 
 
-def test_sample_client_spreads_over_shards_and_routes_priorities_back() -> None:
+@contextlib.contextmanager
+def two_shards(items: tuple[int, int]) -> Iterator[tuple[ReplayServer, ReplayServer]]:
+    """Two prioritized replay shards serving, holding ``items`` transitions each (writer = shard)."""
     cfg = replay_config(kind="prioritized", capacity=10_000, min_size=10)
     with serving(cfg, shard=0) as s0, serving(cfg, shard=1) as s1:
-        # shard 0 holds 3x the items of shard 1: it should give about 3/4 of the batches
-        with InsertClient(s0.endpoint, "a0") as a0, InsertClient(s1.endpoint, "a1") as a1:
-            a0.insert("main", transitions(0, 0, 3000))
-            a1.insert("main", transitions(1, 0, 1000))
-            a0.flush(5)
-            a1.flush(5)
+        for shard, (server, n) in enumerate(zip((s0, s1), items, strict=True)):
+            with InsertClient(server.endpoint, f"a{shard}") as writer:
+                writer.insert("main", transitions(shard, 0, n))
+                writer.flush(5)
+        yield s0, s1
+
+
+def test_sample_client_spreads_over_shards_and_routes_priorities_back() -> None:
+    # shard 0 holds 3x the items of shard 1: it should give about 3/4 of the batches
+    with two_shards((3000, 1000)) as (s0, s1):
         with SampleClient([s0.endpoint, s1.endpoint], "learner", "main", 32, in_flight=2, seed=3) as sc:
             shards = []
             for _ in range(400):
@@ -70,13 +80,7 @@ def test_a_dead_shard_is_passed_over() -> None:
 def test_wanted_bounds_the_requests_sent_across_shards() -> None:
     """A barrier round asks for exactly its batches: none is left in flight to be served later,
     after the next round's inserts (that would make barrier runs depend on timing)."""
-    cfg = replay_config(kind="prioritized", capacity=10_000, min_size=10)
-    with serving(cfg, shard=0) as s0, serving(cfg, shard=1) as s1:
-        with InsertClient(s0.endpoint, "a0") as a0, InsertClient(s1.endpoint, "a1") as a1:
-            a0.insert("main", transitions(0, 0, 1000))
-            a1.insert("main", transitions(1, 0, 1000))
-            a0.flush(5)
-            a1.flush(5)
+    with two_shards((1000, 1000)) as (s0, s1):
         with SampleClient([s0.endpoint, s1.endpoint], "learner", "main", 32, in_flight=4, seed=3) as sc:
             served = 0
             for round_batches in (5, 1, 3):
