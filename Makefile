@@ -29,7 +29,7 @@ test-fast: setup
 
 lint: setup
 	$(BIN)/ruff check common services tests bench
-	$(BIN)/mypy common services
+	$(BIN)/mypy common services bench
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

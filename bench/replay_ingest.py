@@ -61,7 +61,11 @@ def _server(durability: str, directory: str, addr_q: Any, stop: Any, kind: str =
                        durability=durability, checkpoint_every_s=3600)  # type: ignore[arg-type]
     srv = ReplayServer(cfg, ServiceMetrics("replay"), "tcp://127.0.0.1:0", directory=directory)
     addr_q.put(srv.endpoint)
-    threading.Thread(target=lambda: (stop.wait(), srv.stop()), daemon=True).start()
+    def stop_on_request() -> None:
+        stop.wait()
+        srv.stop()
+
+    threading.Thread(target=stop_on_request, daemon=True).start()
     srv.serve()
     srv.close()
 

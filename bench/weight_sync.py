@@ -189,7 +189,7 @@ def run_raw(tensors: dict[str, np.ndarray], reps: int, transport: str = "tcp") -
                          daemon=True) for i in range(READERS)]
     for p in procs:
         p.start()
-    frames = list(tensors.values())
+    frames: list[Any] = list(tensors.values())  # numpy arrays are buffers to pyzmq
     lat: list[float] = []
     try:
         # A SUB gets only what is sent after its subscription arrived: send version 0 until all hold it.
@@ -235,7 +235,7 @@ def run_raw_one(tensors: dict[str, np.ndarray], reps: int) -> list[float]:
         if not sock.poll(60_000):
             raise TimeoutError("raw reader did not start")
         identity, _ = sock.recv_multipart()
-        frames = list(tensors.values())
+        frames: list[Any] = list(tensors.values())  # numpy arrays are buffers to pyzmq
         for version in range(0, reps + 1):
             time.sleep(0.02)
             t0 = time.monotonic_ns()

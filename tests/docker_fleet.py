@@ -219,7 +219,11 @@ class SwarmStack:
 
         wait_for(containers, lambda c: not c, 120, f"containers of stack {self.name} gone")
         for vol in self.client.volumes.list(filters={"label": label}):
-            wait_for(lambda v=vol: v.remove(force=True) or True, bool, 30, f"volume {vol.name} removed")
+            def removed(v: Any = vol) -> bool:
+                v.remove(force=True)
+                return True
+
+            wait_for(removed, bool, 30, f"volume {vol.name} removed")
 
     def leave(self) -> None:
         if self.joined_here:
