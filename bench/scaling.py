@@ -119,6 +119,10 @@ def main() -> None:
     ap.add_argument("--ceiling", type=float, default=None, help="one actor's env steps/s ceiling, if measured")
     args = ap.parse_args()
     counts = sorted({int(n) for n in args.actors.split(",")})
+    if args.seeds < 1:
+        ap.error(f"--seeds {args.seeds}: at least 1 run per actor count")
+    if any(s.split("=", 1)[0].strip() == "seed" for s in args.set):
+        ap.error("--set seed=...: the benchmark sets each run's seed itself (0 .. --seeds - 1)")
     runs = Path(args.runs or f"runs/scaling-{time.strftime('%Y%m%d-%H%M%S')}")
     runs.mkdir(parents=True, exist_ok=True)
 

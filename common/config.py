@@ -187,7 +187,8 @@ class LearnerConfig(Strict):
     )
     samples_in_flight: PosInt = Field(
         4, description="sample requests kept in flight per shard; the next one goes out before each update, so 1 "
-        "already overlaps replay with the update, and more draw from older priorities"
+        "already overlaps replay with the update, and more draw from older priorities (barrier: at most the "
+        "round's remaining updates, none across a barrier)"
     )
     publish_every: PosInt = Field(20, description="async: updates between published versions")
     updates_per_round: PosInt = Field(125, description="barrier: updates per round")

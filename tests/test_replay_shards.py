@@ -77,23 +77,40 @@ def test_a_dead_shard_is_passed_over() -> None:
                 assert sc.sample(timeout_s=10).shard == 1
 
 
-def test_wanted_bounds_the_requests_sent_across_shards() -> None:
+def test_ask_for_bounds_the_requests_sent_across_shards() -> None:
     """A barrier round asks for exactly its batches: none is left in flight to be served later,
     after the next round's inserts (that would make barrier runs depend on timing)."""
     with two_shards((1000, 1000)) as (s0, s1):
         with SampleClient([s0.endpoint, s1.endpoint], "learner", "main", 32, in_flight=4, seed=3) as sc:
-            served = 0
-            for round_batches in (5, 1, 3):
-                sc.wanted = round_batches
+            served, shards = 0, set()
+            for round_batches in (5, 1, 3, 8):
+                sc.ask_for(round_batches)
                 for _ in range(round_batches):
-                    sc.sample(timeout_s=10)
+                    shards.add(sc.sample(timeout_s=10).shard)
                 assert sc.wanted == 0
                 sc.poll(0.3)  # a surplus request would be answered by now
                 served += round_batches
                 sampled = s0.tables["main"].sampled_items + s1.tables["main"].sampled_items
                 assert sampled == served * 32
                 assert not any(s.in_flight or s.ready for s in sc.shards)
-            sc.wanted = None  # unbounded again: requests run ahead
+            assert shards == {0, 1}  # each request's shard drawn by size, not always the first
+            sc.ask_for(None)  # unbounded again: requests run ahead
             sc.sample(timeout_s=10)
             sc.poll(0.3)
             assert sum(len(s.in_flight) + len(s.ready) for s in sc.shards) > 1
+
+
+def test_ask_for_passes_over_a_shard_that_holds_its_requests() -> None:
+    """Shard 1 is below its min size and holds what it is asked: the round's budget must not
+    stay spent on it; after stall_s its requests are forgotten and shard 0 serves the round."""
+    with two_shards((1000, 5)) as (s0, s1):
+        with SampleClient([s0.endpoint, s1.endpoint], "learner", "main", 32, in_flight=4, seed=3,
+                          stall_s=0.2, busy_backoff_s=5.0) as sc:
+            sc.ask_for(12)
+            for _ in range(12):
+                assert sc.sample(timeout_s=5).shard == 0
+            assert sc.wanted == 0 and sc.forgotten > 0
+            assert s0.tables["main"].sampled_items == 12 * 32 and s1.tables["main"].sampled_items == 0
+            # the next round forgets what shard 1 still holds and starts with nothing outstanding
+            sc.ask_for(0)
+            assert not any(s.in_flight or s.ready for s in sc.shards)

@@ -9,7 +9,7 @@ size) and publishes version k + 1.
 
 Sample requests are kept in flight by the SampleClient, so a batch is usually
 waiting when an update ends; priorities go back without waiting. In a barrier
-round only that round's batches are asked for (``SampleClient.wanted``): a
+round only that round's batches are asked for (``SampleClient.ask_for``): a
 request sent ahead across the barrier could reach replay before or after the
 next round's inserts, and a fixed seed would no longer give the same run. Checkpoints
 (model, target, optimizer, counters, version, config) are written atomically
@@ -286,7 +286,7 @@ class LearnerService:
             self.m_barrier.inc(time.monotonic() - start)
             done = 0
             if self._replay_ready():
-                self.sampler.wanted = cfg.updates_per_round  # every batch of the round asked for after its inserts
+                self.sampler.ask_for(cfg.updates_per_round)  # every batch of the round asked for after its inserts
                 # A round has a deadline: replay restarting mid-round must not hold every actor forever.
                 deadline = time.monotonic() + self.cfg.network.timeout_s
                 while done < cfg.updates_per_round and not self._stopping and time.monotonic() < deadline:
@@ -296,7 +296,6 @@ class LearnerService:
                 if done < cfg.updates_per_round and not self._stopping:
                     log.warning("learner: round %d ended after %d of %d updates: no batch for %.0f s",
                                 self.version, done, cfg.updates_per_round, self.cfg.network.timeout_s)
-            self.sampler.wanted = 0  # nothing in flight across the barrier
             if self._stopping:
                 break
             self.publish(self.version + 1)

@@ -402,8 +402,7 @@ class SampleClient:
         self.table = table
         self.batch_size = batch_size
         self.in_flight = in_flight
-        # Batches the caller will still take (None: no end). Barrier rounds set it so that no request
-        # outlives a round: one sent late in round k could reach replay after round k+1's inserts.
+        # Batches the caller will still take (None: no end); see ask_for.
         self.wanted: int | None = None
         self.request_timeout_s = request_timeout_s
         self.stall_s = stall_s
@@ -429,6 +428,7 @@ class SampleClient:
         self.priority_errors = 0
         self.keys_updated = 0
         self.reissued = 0
+        self.forgotten = 0  # requests and batches dropped by ask_for or a stalled shard passed over
         self.weights_recomputed = 0
         self.busy = 0
         self.reconnects = 0
@@ -459,19 +459,57 @@ class SampleClient:
                 if now - sent > self.request_timeout_s + 5.0:  # the server lost it (restart): ask again
                     del s.in_flight[seq]
                     self.reissued += 1
-            if now < s.busy_until:
-                continue
-            while len(s.in_flight) + len(s.ready) < self.in_flight and (
-                    self.wanted is None or self._outstanding() < self.wanted):
-                body: dict[str, Any] = {"table": self.table, "batch_size": self.batch_size,
-                                        "timeout_ms": int(self.request_timeout_s * 1000)}
-                beta = None if self.beta is None else float(self.beta)
-                if beta is not None:
-                    body["beta"] = beta
-                msg = Message("sample", body)
-                if not self._send(s, msg):
-                    break
-                s.in_flight[msg.seq] = (now, beta)
+        if self.wanted is None:  # every shard keeps ``in_flight`` requests
+            for s in self.shards:
+                while now >= s.busy_until and len(s.in_flight) + len(s.ready) < self.in_flight:
+                    if not self._request(s, now):
+                        break
+            return
+        # exactly the batches still wanted, each asked of a shard drawn by its size
+        while self._outstanding() < self.wanted:
+            shard = self._choose([s for s in self.shards
+                                  if now >= s.busy_until and len(s.in_flight) + len(s.ready) < self.in_flight])
+            if shard is None or not self._request(shard, now):
+                return
+
+    def _request(self, shard: _Shard, now: float) -> bool:
+        body: dict[str, Any] = {"table": self.table, "batch_size": self.batch_size,
+                                "timeout_ms": int(self.request_timeout_s * 1000)}
+        beta = None if self.beta is None else float(self.beta)
+        if beta is not None:
+            body["beta"] = beta
+        msg = Message("sample", body)
+        if not self._send(shard, msg):
+            return False
+        shard.in_flight[msg.seq] = (now, beta)
+        return True
+
+    def ask_for(self, batches: int | None) -> None:
+        """From now on ask replay for exactly ``batches`` more batches (None: keep ``in_flight`` per shard).
+
+        A barrier round asks for its own batches only, after its inserts: a request left in flight
+        across the barrier could reach replay before or after the next round's inserts, and a
+        fixed seed would no longer give the same run. Requests still in flight and batches not
+        taken are forgotten (a late reply is dropped); shards are drawn by size per request.
+        """
+        for s in self.shards:
+            self.forgotten += len(s.in_flight) + len(s.ready)
+            s.in_flight.clear()
+            s.ready.clear()
+        self.wanted = batches
+
+    def _pass_over_stalled(self) -> None:
+        """With ``wanted``: requests a shard holds (below its min size, or down) use up the round's
+        budget; after ``stall_s`` with no reply they are forgotten and the shard rests for
+        ``busy_backoff_s``, so that the others are asked. Never the last shard answering."""
+        now = time.monotonic()
+        stalled = [s for s in self.shards if s.in_flight and now - s.last_reply > self.stall_s]
+        if not stalled or len(stalled) == len(self.shards):
+            return
+        for s in stalled:
+            self.forgotten += len(s.in_flight)
+            s.in_flight.clear()
+            s.busy_until = now + self.busy_backoff_s
 
     def _outstanding(self) -> int:
         return sum(len(s.in_flight) + len(s.ready) for s in self.shards)
@@ -493,9 +531,8 @@ class SampleClient:
         deadline = time.monotonic() + timeout_s
         self._top_up()
         self._poll(0)
-        # with ``wanted`` a shard may have nothing asked of it: wait on one that has
-        asked = [s for s in self.shards if s.size > 0 and (self.wanted is None or s.in_flight or s.ready)]
-        target = self._choose(asked)
+        # with ``wanted`` the shard was drawn when the batch was asked for: take the first to come
+        target = self._choose([s for s in self.shards if s.size > 0]) if self.wanted is None else None
         while True:
             self._raise()
             if target is not None and target.ready:
@@ -512,6 +549,8 @@ class SampleClient:
                 raise CommTimeout(f"sample from {self.table!r}: no batch from any of {len(self.shards)} replay "
                                   f"shards within {timeout_s:.3g} s")
             self._poll(min(left, 0.1))
+            if self.wanted is not None:
+                self._pass_over_stalled()
             self._top_up()
         batch = shard.ready.popleft()
         if self.wanted is not None:
@@ -618,6 +657,9 @@ class SampleClient:
             self.keys_updated += int(msg["updated"])
         elif msg.type == "info_reply":
             self._infos[ref] = msg["stats"]
+            table = msg["stats"].get("tables", {}).get(self.table) if isinstance(msg["stats"], dict) else None
+            if isinstance(table, dict) and isinstance(table.get("size"), int):
+                shard.size = table["size"]
         elif msg.type == "error":
             if shard.in_flight.pop(ref, None) is not None:
                 if msg["reason"] == "busy":  # too many samples held there: ask again later
