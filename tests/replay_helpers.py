@@ -144,17 +144,19 @@ def writer_main(address: str, index: int, count: int, batch: int, dup_every: int
     client.close()
 
 
-def limited_wal_server_main(directory: str, fsize_limit: int) -> None:
+def limited_wal_server_main(directory: str, fsize_limit: int, kind: str = "uniform") -> None:
     """A wal ReplayServer whose writes past ``fsize_limit`` bytes of a file fail (EFBIG), as on a full
-    disk, until SIGUSR1 lifts the limit."""
+    disk, until SIGUSR1 lifts the limit; SIGUSR2 sets it to the current log segment's size (full now)."""
     import resource
 
     hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing us
     signal.signal(signal.SIGUSR1, lambda *_: resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard)))
+    signal.signal(signal.SIGUSR2, lambda *_: resource.setrlimit(
+        resource.RLIMIT_FSIZE, (max(p.stat().st_size for p in Path(directory).rglob("*") if p.is_file()), hard)))
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, hard))
-    cfg = ReplayConfig(tables=[TableConfig(name="main", kind="uniform", capacity=100_000, min_size=1)],
+    cfg = ReplayConfig(tables=[TableConfig(name="main", kind=kind, capacity=100_000, min_size=1)],  # type: ignore[arg-type]
                        durability="wal", checkpoint_every_s=3600)
     server = ReplayServer(cfg, ServiceMetrics("replay"), "tcp://127.0.0.1:0", directory=directory)
     server.restore()
@@ -168,4 +170,4 @@ if __name__ == "__main__":
         a = sys.argv[2:]
         writer_main(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), float(a[5]))
     elif sys.argv[1] == "limited-wal-server":
-        limited_wal_server_main(sys.argv[2], int(sys.argv[3]))
+        limited_wal_server_main(sys.argv[2], int(sys.argv[3]), *sys.argv[4:5])

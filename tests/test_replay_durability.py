@@ -241,11 +241,12 @@ def test_insert_client_keeps_an_insert_replay_could_not_log_and_resends_it(tmp_p
     assert restored_idx(wal_dir).tolist() == list(range(1100))
 
 
-def limited_wal_server(wal_dir: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+def limited_wal_server(wal_dir: Path, log_path: Path, kind: str = "uniform") -> tuple[subprocess.Popen[bytes], str]:
     """tests/replay_helpers.py's wal server whose files stop growing at 6 records of 100
     transitions (57 bytes each, plus the record's header) until SIGUSR1; and its endpoint."""
     record = 100 * 57 + 300
-    proc = subprocess.Popen([PYTHON, "tests/replay_helpers.py", "limited-wal-server", str(wal_dir), str(6 * record)],
+    args = ["tests/replay_helpers.py", "limited-wal-server", str(wal_dir), str(6 * record), kind]
+    proc = subprocess.Popen([PYTHON, *args],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=open(log_path, "wb"))
     assert proc.stdout is not None
     return proc, proc.stdout.readline().decode().strip()
@@ -258,3 +259,28 @@ def restored_idx(wal_dir: Path) -> np.ndarray:
     with serving(cfg, directory=wal_dir) as server:
         table = server.tables["main"]
         return np.sort(table.columns["idx"][:table.size])
+
+
+def test_a_queue_pop_the_log_refuses_leaves_the_items_queued(tmp_path: Path) -> None:
+    """wal + queue: the pop is logged before items leave; a disk full at that moment answers the
+    sample wal_failed (the client asks again after its back-off) and loses no item."""
+    wal_dir = tmp_path / "wal"
+    proc, endpoint = limited_wal_server(wal_dir, tmp_path / "server.log", kind="queue")
+    try:
+        with InsertClient(endpoint, "a") as ic:
+            ic.insert("main", transitions(0, 0, 300))
+            ic.flush(10)
+        proc.send_signal(signal.SIGUSR2)  # the disk is full from now on
+        with SampleClient([endpoint], "learner", "main", 100, in_flight=1, busy_backoff_s=0.2) as sc:
+            with pytest.raises(CommTimeout):
+                sc.sample(timeout_s=1.5)  # refused, asked again, refused...
+            assert sc.busy >= 2 and proc.poll() is None
+            assert sc.info(0)["tables"]["main"]["size"] == 300
+            proc.send_signal(signal.SIGUSR1)  # room again
+            batch = sc.sample(timeout_s=10)
+            assert sorted(batch.data["idx"].tolist()) == list(range(100))  # the oldest: none was lost
+            stats = sc.info(0)["tables"]["main"]  # (the client asked for the next batch at once)
+            assert stats["size"] + stats["sampled_items"] == 300 and stats["sampled_items"] >= 100
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -662,10 +662,10 @@ class SampleClient:
                 shard.size = table["size"]
         elif msg.type == "error":
             if shard.in_flight.pop(ref, None) is not None:
-                if msg["reason"] == "busy":  # too many samples held there: ask again later
+                if msg["reason"] in ("busy", "wal_failed"):  # too many held, or a queue's pop not logged: later
                     self.busy += 1
                     shard.busy_until = time.monotonic() + self.busy_backoff_s
-                    log.warning("replay shard %d is busy: %s", shard.index, msg["detail"])
+                    log.warning("replay shard %d: %s: %s", shard.index, msg["reason"], msg["detail"])
                 elif msg["reason"] != "timeout":  # a held sample that timed out is simply asked again
                     self._errors.append(RemoteError(msg["reason"], f"replay shard {shard.index}: {msg['detail']}"))
             else:

@@ -473,15 +473,24 @@ class ReplayServer(Server):
 
     def _serve(self, table: Table, h: HeldSample) -> None:
         size = table.size
+        popped = self.wal is not None and isinstance(table, QueueTable)
+        if popped:
+            # the pop goes on disk before the items leave the queue; the log refusing it (disk full)
+            # leaves them queued and the learner is told to ask again
+            assert self.wal is not None
+            try:
+                self.wal.append_pop(table.name, table.oldest_key + min(h.batch_size, size))
+            except WalError as exc:
+                self.reply_error(h.peer, "wal_failed", f"sample not served: {exc}; the items stay queued, ask again "
+                                                       "later", count=False)
+                return
         s = table.sample(h.batch_size, h.beta)
         self.m_samples.labels(table.name).inc(len(s.keys))
         self.m_wait.labels("sample").inc(time.monotonic() - h.since)
         arrays = {"key": s.keys, "probability": s.probability, "weight": s.weight, **s.data}
         body = {"table": table.name, "shard": self.shard, "table_size": size}
         batch = Message("batch", body, arrays)
-        if self.wal is not None and isinstance(table, QueueTable):
-            # the pop must be on disk before the items leave: sent with the burst's acks, after its fsync
-            self.wal.append_pop(table.name, table.oldest_key)
+        if popped:  # sent with the burst's acks, after the fsync of its pop
             self._defer(h.peer, batch)
         else:
             self.reply(h.peer, batch)
