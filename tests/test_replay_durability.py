@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -239,6 +240,35 @@ def test_insert_client_keeps_an_insert_replay_could_not_log_and_resends_it(tmp_p
             proc.kill()
             proc.wait(10)
     assert restored_idx(wal_dir).tolist() == list(range(1100))
+
+
+def test_insert_client_retries_a_refused_insert_without_growing_back_off(tmp_path: Path) -> None:
+    """While replay cannot log, each refused insert is resent every ``resend_after_s`` (replay
+    answers at once, nothing of it is held): once the disk has room the actor goes on within about
+    that, not after a back-off doubled for as long as the disk was full. Full for 4 s here: doubled
+    from 0.05 s, the next resend would be ~2.3 s after room came back; the flush allows 2 s."""
+    wal_dir = tmp_path / "wal"
+    proc, endpoint = limited_wal_server(wal_dir, tmp_path / "server.log")
+    try:
+        with InsertClient(endpoint, "actor", max_unacked=4, resend_after_s=0.05, max_resend_after_s=30) as ic:
+            for i in range(10):  # the log takes 6, the other 4 are refused
+                ic.insert("main", transitions(0, 100 * i, 100), timeout_s=5)
+            full_until = time.monotonic() + 4.0
+            while time.monotonic() < full_until:
+                ic.poll(0.05)
+            refusals = ic.wal_refusals
+            assert ic.acked == 6 and ic.unacked == 4
+            assert refusals >= 4 * 12, f"{refusals} refusals in 4 s: the refused inserts were not resent steadily"
+            proc.send_signal(signal.SIGUSR1)  # room again
+            ic.flush(2.0)
+            assert ic.acked == 10 and ic.items_acked == 1000
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert restored_idx(wal_dir).tolist() == list(range(1000))
 
 
 def limited_wal_server(wal_dir: Path, log_path: Path, kind: str = "uniform") -> tuple[subprocess.Popen[bytes], str]:

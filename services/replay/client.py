@@ -15,8 +15,10 @@ time, and the whole window must not cross the wire every ``resend_after_s``.
 When the connection to replay is re-established (replay restarted and lost
 what it held), every un-acked insert is resent at once and its back-off
 starts over. An insert replay refused with ``wal_failed`` (it could not log it:
-disk full) stays in the window and is resent the same way, so the actor blocks
-until replay can log again. Seqs start at the wall clock in microseconds, so an actor that
+disk full) stays in the window and is resent every ``resend_after_s`` without
+the doubling (replay answered at once, so nothing of it is held there): the actor
+blocks until replay can log again and goes on within ``resend_after_s`` once it can.
+Seqs start at the wall clock in microseconds, so an actor that
 restarts under the same id never reuses a seq; each insert also carries
 ``window_start`` (its lowest un-acked seq) so replay can forget older seqs,
 and ``merge_acks``: replay answers all of a burst's inserts with one ack.
@@ -296,7 +298,12 @@ class InsertClient:
             return 1
         if msg.type == "error" and msg.get("reason") == "wal_failed" and isinstance(ref, int) and ref in self._window:
             # replay could not log it (its disk is full) and stored nothing: it stays in the window and
-            # is resent at its next resend time, so the actor blocks (back-pressure) until replay can log
+            # is resent every resend_after_s, so the actor blocks (back-pressure) until replay can log and
+            # goes on soon after (a doubled back-off would have grown to max_resend_after_s by then)
+            refused = self._window[ref]
+            refused.interval = self.resend_after_s
+            refused.sent_at = time.monotonic()
+            self._check_at = min(self._check_at, refused.due)
             self.wal_refusals += 1
             if self.wal_refusals == 1 or self.wal_refusals % 100 == 0:
                 log.warning("insert client %s: replay at %s could not log insert %d (%d so far), resending it later: "
