@@ -32,10 +32,11 @@ log = logging.getLogger(__name__)
 class RequestError(Exception):
     """A well-formed request that cannot be served; becomes an ``error`` reply."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, *, count: bool = True) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.count = count  # counted in rlfleet_protocol_errors_total (not a service's own trouble)
 
 
 class RemoteError(Exception):
@@ -229,7 +230,7 @@ class Server:
         try:
             handler(peer, msg)
         except RequestError as exc:
-            self.reply_error(peer, exc.reason, exc.detail)
+            self.reply_error(peer, exc.reason, exc.detail, count=exc.count)
         except Exception as exc:  # a failing handler is logged; the loop goes on
             log.exception("%s: handler for %s failed", self.name, msg.type)
             self.reply_error(peer, "internal", f"{type(exc).__name__}: {exc}")

@@ -146,7 +146,8 @@ def writer_main(address: str, index: int, count: int, batch: int, dup_every: int
 
 def limited_wal_server_main(directory: str, fsize_limit: int, kind: str = "uniform") -> None:
     """A wal ReplayServer whose writes past ``fsize_limit`` bytes of a file fail (EFBIG), as on a full
-    disk, until SIGUSR1 lifts the limit; SIGUSR2 sets it to the current log segment's size (full now)."""
+    disk, until SIGUSR1 lifts the limit; SIGUSR2 sets it to the current log segment's size (full now).
+    Stopped by SIGTERM, it prints its metrics (Prometheus text) on stdout after its endpoint."""
     import resource
 
     hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
@@ -163,6 +164,7 @@ def limited_wal_server_main(directory: str, fsize_limit: int, kind: str = "unifo
     print(server.endpoint, flush=True)
     server.serve()
     server.close()
+    sys.stdout.write(server.metrics.exposition().decode())  # after SIGTERM: what Prometheus would scrape
 
 
 if __name__ == "__main__":

@@ -262,12 +262,22 @@ def test_insert_client_retries_a_refused_insert_without_growing_back_off(tmp_pat
             proc.send_signal(signal.SIGUSR1)  # room again
             ic.flush(2.0)
             assert ic.acked == 10 and ic.items_acked == 1000
-        proc.kill()
-        proc.wait(10)
+            refusals = ic.wal_refusals  # each refusal's reply came before its insert's ack
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+    # a disk full is the replay's own trouble, not a client's protocol error: its own counter, and
+    # one log line when it starts and one when it ends (not one per refused record)
+    metrics = out.decode()
+    assert re.search(rf'^rlfleet_replay_wal_failures_total{{[^}}]*op="insert"[^}}]*}} {refusals}\.0$', metrics, re.M), \
+        [line for line in metrics.splitlines() if "wal_failures" in line]
+    assert 'reason="wal_failed"' not in metrics
+    log_text = (tmp_path / "server.log").read_text()
+    assert log_text.count("records are refused") == 1, log_text
+    assert log_text.count(f"takes records again, after refusing {refusals}") == 1, log_text
     assert restored_idx(wal_dir).tolist() == list(range(1000))
 
 

@@ -178,6 +178,10 @@ class ReplayServer(Server):
         self.m_held = m.gauge("rate_limiter_held", "Requests held by the rate limiter now.", ("side",))
         self.m_dropped = m.counter("replay_inserts_dropped", "Inserts dropped unacked: too many held.")
         self.m_snap = m.gauge("replay_snapshot_seconds", "Seconds the last snapshot took to write.")
+        self.m_wal_failed = m.counter("replay_wal_failures", "Records the write-ahead log could not take (disk "
+                                      "full): inserts refused and queue pops not served, by op.", ("op",))
+        for op in ("insert", "pop"):
+            self.m_wal_failed.labels(op)  # exported at 0 from the start
         for name in self.tables:
             self.m_size.labels(name).set(0)
         self._m_inserts = {name: self.m_inserts.labels(name) for name in self.tables}
@@ -256,7 +260,7 @@ class ReplayServer(Server):
                     tail = read_insert_tail(frames[1].bytes, len(fast.prefix))
                     peer = Peer(identity, tail[1] if tail is not None else -1, fast.sender)
                     if isinstance(exc, RequestError):  # e.g. wal_failed: the wal's disk is full
-                        self.reply_error(peer, exc.reason, exc.detail)
+                        self.reply_error(peer, exc.reason, exc.detail, count=exc.count)
                         return
                     self.fast.pop(identity, None)
                     log.exception("%s: insert failed", self.name)
@@ -445,7 +449,7 @@ class ReplayServer(Server):
         try:
             self._commit(table, h.peer, h.arrays, h.priority, h.window_start, h.n, h.merge_acks)
         except RequestError as exc:  # wal_failed: its sender is told, not whoever's request pumped it
-            self.reply_error(h.peer, exc.reason, exc.detail)
+            self.reply_error(h.peer, exc.reason, exc.detail, count=exc.count)
         self._m_wait_insert.inc(time.monotonic() - h.since)
 
     def _commit(self, table: Table, peer: Peer, arrays: dict[str, np.ndarray], priority: np.ndarray | None,
@@ -458,9 +462,10 @@ class ReplayServer(Server):
             logged = arrays if priority is None else {**arrays, "__priority__": priority}
             try:
                 self.wal.append_insert(table.name, table.next_key, logged, peer.sender, peer.seq, window_start)
-            except WalError as exc:
+            except WalError as exc:  # counted in replay_wal_failures, not as a protocol error
+                self.m_wal_failed.labels("insert").inc()
                 raise RequestError("wal_failed", f"insert not stored: {exc}; nothing of it was stored, "
-                                                 "send it again later") from None
+                                                 "send it again later", count=False) from None
         table.insert(arrays, priority, n)
         self._stored(table, peer.identity, peer.seq, peer.sender, window_start, n, merge_acks)
 
@@ -481,6 +486,7 @@ class ReplayServer(Server):
             try:
                 self.wal.append_pop(table.name, table.oldest_key + min(h.batch_size, size))
             except WalError as exc:
+                self.m_wal_failed.labels("pop").inc()
                 self.reply_error(h.peer, "wal_failed", f"sample not served: {exc}; the items stay queued, ask again "
                                                        "later", count=False)
                 return

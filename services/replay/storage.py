@@ -140,6 +140,7 @@ class WriteAheadLog:
         self._dirty = False
         self.syncs = 0
         self.failed_appends = 0
+        self._refused = 0  # appends refused since the last one that succeeded
         self._broken: str | None = None  # why appends are refused (a torn record could not be cut off)
 
     def _open(self) -> None:
@@ -177,8 +178,16 @@ class WriteAheadLog:
                 done += os.write(self._fd, rest)
         except OSError as exc:
             self.failed_appends += 1
+            self._refused += 1
             self._cut(exc)
+            if self._refused == 1 or self._refused % 1000 == 0:  # an operator must free space: say so, not per record
+                log.warning("replay wal: %s: %s; records are refused (nothing stored) until it has room (%d so far)",
+                            self._path(self.segment), exc.strerror or exc, self._refused)
             raise WalError(f"write-ahead log {self._path(self.segment).name}: {exc.strerror or exc}") from exc
+        if self._refused:
+            log.warning("replay wal: %s takes records again, after refusing %d", self._path(self.segment),
+                        self._refused)
+            self._refused = 0
         self._size += total
         self._dirty = True
 
