@@ -321,6 +321,14 @@ def test_a_queue_pop_the_log_refuses_leaves_the_items_queued(tmp_path: Path) -> 
             assert sorted(batch.data["idx"].tolist()) == list(range(100))  # the oldest: none was lost
             stats = sc.info(0)["tables"]["main"]  # (the client asked for the next batch at once)
             assert stats["size"] + stats["sampled_items"] == 300 and stats["sampled_items"] >= 100
-    finally:
+            refused = sc.busy  # only wal_failed answers here: at most one request in flight, none held
         proc.terminate()
-        proc.wait(10)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    metrics = out.decode()
+    assert re.search(rf'^rlfleet_replay_wal_failures_total{{[^}}]*op="pop"[^}}]*}} {refused}\.0$', metrics, re.M), \
+        ([line for line in metrics.splitlines() if "wal_failures" in line], refused)
+    assert 'reason="wal_failed"' not in metrics
