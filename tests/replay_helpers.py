@@ -5,6 +5,8 @@ Run as a script, this is the writer process of the exactly-once test:
 or a wal replay server whose files may not grow beyond FSIZE_LIMIT bytes (RLIMIT_FSIZE) until it
 gets SIGUSR1; it prints its endpoint:
     python tests/replay_helpers.py limited-wal-server DIRECTORY FSIZE_LIMIT
+or the replay service whose next wal fsync fails (EIO) once it gets SIGUSR2:
+    python tests/replay_helpers.py failing-fsync-replay [services.replay.main's options]
 """
 
 from __future__ import annotations
@@ -80,7 +82,9 @@ def transitions(writer: int, start: int, n: int) -> dict[str, np.ndarray]:
 class ReplayProcess:
     """``python -m services.replay.main`` on a fixed port, with its log in a file."""
 
-    def __init__(self, run_dir: Path, port: int | None = None, sets: tuple[str, ...] = ()) -> None:
+    def __init__(self, run_dir: Path, port: int | None = None, sets: tuple[str, ...] = (),
+                 command: tuple[str, ...] = ("-m", "services.replay.main")) -> None:
+        self.command = command  # what the venv's python runs, before the --set options
         self.run_dir = run_dir
         self.port = port or free_tcp_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
@@ -91,7 +95,7 @@ class ReplayProcess:
 
     def start(self) -> ReplayProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        args = [PYTHON, "-m", "services.replay.main"]
+        args = [PYTHON, *self.command]
         for s in self.sets:
             args += ["--set", s]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -167,9 +171,33 @@ def limited_wal_server_main(directory: str, fsize_limit: int, kind: str = "unifo
     sys.stdout.write(server.metrics.exposition().decode())  # after SIGTERM: what Prometheus would scrape
 
 
+def failing_fsync_replay_main(argv: list[str]) -> int:
+    """``services.replay.main`` whose next fsync of a wal segment fails with EIO after SIGUSR2, once:
+    later fsyncs succeed again, as Linux's may after it dropped the lost pages (a real EIO needs a
+    failing disk or device-mapper, which this machine's kernel lacks)."""
+    import errno
+
+    from services.replay import main as replay_main
+
+    real_fsync = os.fsync
+    armed = threading.Event()
+
+    def fsync(fd: int) -> None:
+        if armed.is_set() and os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith("wal-"):
+            armed.clear()
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    os.fsync = fsync
+    signal.signal(signal.SIGUSR2, lambda *_: armed.set())
+    return replay_main.main(argv)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "writer":
         a = sys.argv[2:]
         writer_main(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), float(a[5]))
+    elif sys.argv[1] == "failing-fsync-replay":
+        raise SystemExit(failing_fsync_replay_main(sys.argv[2:]))
     elif sys.argv[1] == "limited-wal-server":
         limited_wal_server_main(sys.argv[2], int(sys.argv[3]), *sys.argv[4:5])

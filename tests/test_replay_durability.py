@@ -166,6 +166,45 @@ def test_queue_batch_leaves_only_after_its_pop_is_on_disk(tmp_path: Path) -> Non
         assert restored.tables["main"].size == 6 and restored.tables["main"].oldest_key == 4
 
 
+def test_a_failed_wal_fsync_stops_replay_without_acking_and_a_restart_loses_nothing(tmp_path: Path) -> None:
+    """An fsync of the log fails (EIO, once; the next would succeed, as Linux's may after dropping
+    the lost pages): the inserts it covered are not acked, not even by the exit path's last flush,
+    no snapshot is written from memory, the service exits 1 saying why; restarted, it restores
+    every acked insert, the writer's resends fill in the rest, each transition once."""
+    sets = (TABLE, "replay.durability=wal", "replay.checkpoint_every_s=3600")
+    failing = ReplayProcess(tmp_path, sets=sets, command=("tests/replay_helpers.py", "failing-fsync-replay"))
+    failing.start()
+    restarted = None
+    try:
+        failing.wait_log("running")
+        client = InsertClient(failing.address, "actor-0", max_unacked=8, resend_after_s=0.5)
+        for b in range(5):
+            client.insert("main", transitions(0, b * BATCH, BATCH), timeout_s=30)
+        client.flush(30)
+        assert failing.proc is not None
+        failing.proc.send_signal(signal.SIGUSR2)  # the next fsync of the log fails
+        time.sleep(0.3)  # the signal is handled when the server's poll wakes (every tick)
+        client.insert("main", transitions(0, 5 * BATCH, BATCH), timeout_s=30)
+        assert failing.proc.wait(30) == 1, failing.log()
+        client.poll(0.2)
+        assert client.acked == 5 and client.unacked == 1, "an insert was acked after its fsync failed"
+        log_text = failing.log()
+        assert "replay cannot go on" in log_text and "fsync failed" in log_text, log_text
+        assert "final snapshot" not in log_text and "Traceback" not in log_text, log_text
+        restarted = ReplayProcess(tmp_path, port=failing.port, sets=sets).start()
+        restarted.wait_log("running")
+        for b in range(6, 8):
+            client.insert("main", transitions(0, b * BATCH, BATCH), timeout_s=30)
+        client.flush(30)
+        client.close()
+        assert restarted.terminate() == 0
+        np.testing.assert_array_equal(snapshot_ids(tmp_path), np.arange(8 * BATCH))  # all, each once
+    finally:
+        failing.cleanup()
+        if restarted is not None:
+            restarted.cleanup()
+
+
 def test_an_insert_the_wal_cannot_log_is_not_stored_and_its_resend_is_stored_once(tmp_path: Path) -> None:
     """A full disk, provoked by a file size limit (RLIMIT_FSIZE) on a real server process: the
     insert whose log record does not fit is refused with ``wal_failed`` and not stored (its resend

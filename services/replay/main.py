@@ -13,9 +13,10 @@ from typing import Any
 
 from common.config import Experiment, load
 from common.metrics import ServiceMetrics
-from common.runtime import ServiceArgs, run_service, setup_logging
+from common.runtime import FatalError, ServiceArgs, run_service, setup_logging
 from common.security import server_curve
 from services.replay.server import ReplayServer
+from services.replay.storage import WalError
 
 log = logging.getLogger("rlfleet.replay")
 
@@ -54,15 +55,24 @@ class ReplayService:
 
     def run(self) -> None:
         log.info("replay shard %d: running", self.shard)
+        failed: WalError | None = None
         try:
             self.server.serve()
+        except WalError as exc:  # an fsync failed: nothing since the last good one may be acked
+            failed = exc
         finally:
-            self.server.flush_acks()
-            if self.cfg.replay.durability != "memory":
-                t0 = time.monotonic()
-                self.server.snapshot(wait=True)
-                log.info("replay shard %d: final snapshot of %d items in %.2f s", self.shard,
-                         sum(t.size for t in self.server.tables.values()), time.monotonic() - t0)
+            if failed is None:
+                self.server.flush_acks()
+                if self.cfg.replay.durability != "memory":
+                    t0 = time.monotonic()
+                    self.server.snapshot(wait=True)
+                    log.info("replay shard %d: final snapshot of %d items in %.2f s", self.shard,
+                             sum(t.size for t in self.server.tables.values()), time.monotonic() - t0)
+        if failed is not None:
+            unacked = sum(len(items) for _, items in self.server.acks.values())
+            raise FatalError(f"{failed}; the acks of the {unacked} inserts since the last good fsync were not sent "
+                             f"(their senders resend them) and no snapshot was written; restart replay: it "
+                             f"restores every acked insert from {self.server.dir}") from None
 
     def stop(self) -> None:
         self.server.stop()

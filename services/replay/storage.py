@@ -20,7 +20,9 @@
   file is cut off again, so the records appended after it stay readable, and
   :class:`WalError` says the insert was not logged. If the cut itself fails,
   the log refuses every further append (a record after a torn one would be
-  lost to replay).
+  lost to replay). If an fsync fails, the log refuses every further append
+  and sync (see :meth:`WriteAheadLog.sync`): the replay service stops
+  without acking what that fsync covered, and a restart recovers from the log.
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ class WriteAheadLog:
         self.syncs = 0
         self.failed_appends = 0
         self._refused = 0  # appends refused since the last one that succeeded
+        self._sync_failed: str | None = None  # why an fsync failed: the log is not trusted after it
         self._broken: str | None = None  # why appends are refused (a torn record could not be cut off)
 
     def _open(self) -> None:
@@ -209,10 +212,25 @@ class WriteAheadLog:
         self._append({"op": "pop", "table": table, "head": head}, [])
 
     def sync(self) -> bool:
-        """Flush and fsync what was appended since the last sync; True if anything was."""
+        """Flush and fsync what was appended since the last sync; True if anything was.
+
+        An fsync that fails (EIO: the disk lost writes) raises :class:`WalError`, and so does every
+        later call: Linux may report such a failure once and then mark the lost pages clean, so a
+        second fsync can succeed without what the first one covered being on disk (PostgreSQL's
+        "fsyncgate", 2018). Nothing synced after it can be trusted: the caller must not ack what
+        it appended since the last good sync, and should restart from the log."""
+        if self._sync_failed is not None:
+            raise WalError(f"write-ahead log {self._path(self.segment).name}: an fsync failed "
+                           f"({self._sync_failed}); what it covered may not be on disk")
         if not self._dirty:
             return False
-        os.fsync(self._fd)
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._sync_failed = exc.strerror or str(exc)
+            self._broken = f"an fsync failed ({self._sync_failed})"
+            raise WalError(f"write-ahead log {self._path(self.segment).name}: fsync failed: "
+                           f"{self._sync_failed}") from exc
         self._dirty = False
         self.syncs += 1
         return True
@@ -234,7 +252,8 @@ class WriteAheadLog:
 
     def close(self) -> None:
         try:
-            self.sync()
+            if self._sync_failed is None:  # after a failed fsync, a new one proves nothing
+                self.sync()
         finally:
             os.close(self._fd)
 
