@@ -189,7 +189,11 @@ def failing_fsync_replay_main(argv: list[str]) -> int:
         real_fsync(fd)
 
     os.fsync = fsync
-    signal.signal(signal.SIGUSR2, lambda *_: armed.set())
+    def arm(*_: Any) -> None:
+        armed.set()
+        os.write(2, b"fsync armed\n")  # for the test to wait on
+
+    signal.signal(signal.SIGUSR2, arm)
     return replay_main.main(argv)
 
 

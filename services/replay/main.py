@@ -62,17 +62,20 @@ class ReplayService:
             failed = exc
         finally:
             if failed is None:
-                self.server.flush_acks()
-                if self.cfg.replay.durability != "memory":
-                    t0 = time.monotonic()
-                    self.server.snapshot(wait=True)
-                    log.info("replay shard %d: final snapshot of %d items in %.2f s", self.shard,
-                             sum(t.size for t in self.server.tables.values()), time.monotonic() - t0)
+                try:
+                    self.server.flush_acks()
+                    if self.cfg.replay.durability != "memory":
+                        t0 = time.monotonic()
+                        self.server.snapshot(wait=True)
+                        log.info("replay shard %d: final snapshot of %d items in %.2f s", self.shard,
+                                 sum(t.size for t in self.server.tables.values()), time.monotonic() - t0)
+                except WalError as exc:  # the same, on the way out (SIGTERM)
+                    failed = exc
         if failed is not None:
-            unacked = sum(len(items) for _, items in self.server.acks.values())
-            raise FatalError(f"{failed}; the acks of the {unacked} inserts since the last good fsync were not sent "
-                             f"(their senders resend them) and no snapshot was written; restart replay: it "
-                             f"restores every acked insert from {self.server.dir}") from None
+            raise FatalError(f"{failed}; the acks (and queue batches) of the inserts and pops since the last "
+                             f"good fsync were not sent, their records cut off the log, and no snapshot was "
+                             f"written; restart replay: it restores every acked insert from {self.server.dir} "
+                             f"and the senders resend the rest") from None
 
     def stop(self) -> None:
         self.server.stop()

@@ -150,6 +150,7 @@ class WriteAheadLog:
         # unbuffered: a record is one writev, and what a failed one left is cut off by size
         self._fd = os.open(self._path(self.segment), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._size = os.fstat(self._fd).st_size
+        self._synced = self._size  # the segment's size at its last good fsync
 
     def _path(self, segment: int) -> Path:
         return self.dir / f"wal-{segment:08d}.log"
@@ -218,7 +219,8 @@ class WriteAheadLog:
         later call: Linux may report such a failure once and then mark the lost pages clean, so a
         second fsync can succeed without what the first one covered being on disk (PostgreSQL's
         "fsyncgate", 2018). Nothing synced after it can be trusted: the caller must not ack what
-        it appended since the last good sync, and should restart from the log."""
+        it appended since the last good sync (cut off again, as far as the kernel lets us), and
+        should restart from the log."""
         if self._sync_failed is not None:
             raise WalError(f"write-ahead log {self._path(self.segment).name}: an fsync failed "
                            f"({self._sync_failed}); what it covered may not be on disk")
@@ -229,8 +231,17 @@ class WriteAheadLog:
         except OSError as exc:
             self._sync_failed = exc.strerror or str(exc)
             self._broken = f"an fsync failed ({self._sync_failed})"
+            # best effort: cut off what that fsync covered, so that a restart on this machine does
+            # not read back, from the page cache, records that may not be on disk: inserts nobody
+            # was told are stored (their resends are stored anew) and pops whose batches never left
+            try:
+                os.ftruncate(self._fd, self._synced)
+            except OSError as cut:
+                log.error("replay wal: %s: records after byte %d could not be cut off (%s)",
+                          self._path(self.segment), self._synced, cut)
             raise WalError(f"write-ahead log {self._path(self.segment).name}: fsync failed: "
                            f"{self._sync_failed}") from exc
+        self._synced = self._size
         self._dirty = False
         self.syncs += 1
         return True
