@@ -15,9 +15,11 @@ time, and the whole window must not cross the wire every ``resend_after_s``.
 When the connection to replay is re-established (replay restarted and lost
 what it held), every un-acked insert is resent at once and its back-off
 starts over. An insert replay refused with ``wal_failed`` (it could not log it:
-disk full) stays in the window and is resent every ``resend_after_s`` without
-the doubling (replay answered at once, so nothing of it is held there): the actor
-blocks until replay can log again and goes on within ``resend_after_s`` once it can.
+disk full) stays in the window; the first such insert is resent every
+``resend_after_s`` without the doubling (replay answered at once, so nothing of it
+is held there), the others on their back-off until it is acked, then all at once:
+the actor blocks until replay can log again and goes on within ``resend_after_s``
+once it can, and the window does not cross the wire every ``resend_after_s``.
 Seqs start at the wall clock in microseconds, so an actor that
 restarts under the same id never reuses a seq; each insert also carries
 ``window_start`` (its lowest un-acked seq) so replay can forget older seqs,
@@ -133,6 +135,8 @@ class InsertClient:
         self.duplicates = 0
         self.resends = 0
         self.wal_refusals = 0  # inserts replay answered wal_failed (kept and resent later)
+        self._refused: set[int] = set()  # seqs of the window replay answered wal_failed
+        self._probe: int | None = None  # the one of them resent every resend_after_s
 
     @classmethod
     def from_config(cls, cfg: Experiment, shard: int, sender: str, curve: CurveConfig | None = None,
@@ -300,10 +304,17 @@ class InsertClient:
             # replay could not log it (its disk is full) and stored nothing: it stays in the window and
             # is resent every resend_after_s, so the actor blocks (back-pressure) until replay can log and
             # goes on soon after (a doubled back-off would have grown to max_resend_after_s by then)
-            refused = self._window[ref]
-            refused.interval = self.resend_after_s
-            refused.sent_at = time.monotonic()
-            self._check_at = min(self._check_at, refused.due)
+            # One refused insert (the probe) is resent every resend_after_s; the others keep their
+            # doubling back-off, so a full window does not cross the wire every resend_after_s for as
+            # long as the disk is full; once the probe is acked, they are all resent at once.
+            self._refused.add(ref)
+            if self._probe not in self._window:
+                self._probe = ref
+            if ref == self._probe:
+                probe = self._window[ref]
+                probe.interval = self.resend_after_s
+                probe.sent_at = time.monotonic()
+                self._check_at = min(self._check_at, probe.due)
             self.wal_refusals += 1
             if self.wal_refusals == 1 or self.wal_refusals % 100 == 0:
                 log.warning("insert client %s: replay at %s could not log insert %d (%d so far), resending it later: "
@@ -320,6 +331,17 @@ class InsertClient:
     def _acked(self, seq: Any, duplicate: Any) -> None:
         self.duplicates += duplicate is True  # counted even when a first ack came before
         entry = self._window.pop(seq, None) if type(seq) is int else None
+        if self._refused and entry is not None:
+            self._refused.discard(seq)
+            if seq == self._probe:  # replay can log again: the other refused inserts go now
+                self._probe = None
+                for refused in self._refused:
+                    waiting = self._window.get(refused)
+                    if waiting is not None:
+                        waiting.interval = self.resend_after_s
+                        waiting.sent_at = 0.0  # due now
+                        self._check_at = 0.0
+                self._refused.clear()
         if entry is not None:
             self.acked += 1
             self.items_acked += entry.items
