@@ -138,6 +138,9 @@ def figures(service: str, now: Reading, before: Reading | None, dt: float) -> st
     errors = g("rlfleet_protocol_errors_total")
     if errors:
         parts.append(f"protocol errors {errors:.0f}")
+    wal_failures = g("rlfleet_replay_wal_failures_total")  # a full or failing disk under a wal replay
+    if wal_failures:
+        parts.append(f"wal failures {wal_failures:.0f}")
     return ", ".join(parts)
 
 

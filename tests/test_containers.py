@@ -97,7 +97,7 @@ def test_grafana_provisioning_points_at_prometheus() -> None:
     exprs = " ".join(dashboard_expressions())
     for needed in ("rlfleet_env_steps_total", "rlfleet_learner_updates_total", "rlfleet_replay_size",
                    "rlfleet_rate_limiter_wait_seconds_total", "rlfleet_eval_return", "rlfleet_weights_staleness",
-                   "rlfleet_protocol_errors_total"):
+                   "rlfleet_protocol_errors_total", "rlfleet_replay_wal_failures_total"):
         assert needed in exprs
 
 

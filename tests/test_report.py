@@ -89,6 +89,15 @@ def test_status_of_a_running_fleet(fleet: dict[str, Any]) -> None:
     assert "updates" in by_service["learner"]["figures"] and "size" in by_service["replay"]["figures"]
 
 
+def test_status_figures_show_wal_failures_only_when_there_are_some() -> None:
+    from common.status import Reading, figures
+
+    calm = Reading(reachable=True, samples={"rlfleet_replay_size": 500.0, "rlfleet_replay_wal_failures_total": 0.0})
+    assert "wal failures" not in figures("replay", calm, None, 0)
+    full = Reading(reachable=True, samples={"rlfleet_replay_size": 500.0, "rlfleet_replay_wal_failures_total": 7.0})
+    assert figures("replay", full, None, 0) == "size 500, inserts -/s, samples -/s, wal failures 7"
+
+
 def test_status_unreachable_and_bad_arguments(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_tcp_port()}"
     res = rlfleet("status", "--url", dead, "--interval", "0", timeout=60)
