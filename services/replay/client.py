@@ -301,12 +301,12 @@ class InsertClient:
                     self._acked(item[0], item[2])
             return 1
         if msg.type == "error" and msg.get("reason") == "wal_failed" and isinstance(ref, int) and ref in self._window:
-            # replay could not log it (its disk is full) and stored nothing: it stays in the window and
-            # is resent every resend_after_s, so the actor blocks (back-pressure) until replay can log and
-            # goes on soon after (a doubled back-off would have grown to max_resend_after_s by then)
-            # One refused insert (the probe) is resent every resend_after_s; the others keep their
-            # doubling back-off, so a full window does not cross the wire every resend_after_s for as
-            # long as the disk is full; once the probe is acked, they are all resent at once.
+            # replay could not log it (its disk is full) and stored nothing: it stays in the window, so
+            # the actor blocks (back-pressure) until replay can log. One refused insert (the probe) is
+            # resent every resend_after_s, so the actor goes on soon after the disk has room (a doubled
+            # back-off would have grown to max_resend_after_s by then); the others keep their back-off,
+            # so the window does not cross the wire every resend_after_s while the disk is full; once
+            # the probe is acked, they are all resent at once.
             self._refused.add(ref)
             if self._probe not in self._window:
                 self._probe = ref
