@@ -55,24 +55,20 @@ class ReplayService:
 
     def run(self) -> None:
         log.info("replay shard %d: running", self.shard)
-        failed: WalError | None = None
         try:
-            self.server.serve()
-        except WalError as exc:  # an fsync failed: nothing since the last good one may be acked
-            failed = exc
-        finally:
-            if failed is None:
-                try:
+            try:
+                self.server.serve()
+            finally:
+                wal = self.server.wal
+                if wal is None or not wal.sync_failed:  # else nothing since the last good fsync may be acked
                     self.server.flush_acks()
                     if self.cfg.replay.durability != "memory":
                         t0 = time.monotonic()
                         self.server.snapshot(wait=True)
                         log.info("replay shard %d: final snapshot of %d items in %.2f s", self.shard,
                                  sum(t.size for t in self.server.tables.values()), time.monotonic() - t0)
-                except WalError as exc:  # the same, on the way out (SIGTERM)
-                    failed = exc
-        if failed is not None:
-            raise FatalError(f"{failed}; the acks (and queue batches) of the inserts and pops since the last "
+        except WalError as exc:  # an fsync failed, while serving or in the last flush (SIGTERM)
+            raise FatalError(f"{exc}; the acks (and queue batches) of the inserts and pops since the last "
                              f"good fsync were not sent, their records cut off the log, and no snapshot was "
                              f"written; restart replay: it restores every acked insert from {self.server.dir} "
                              f"and the senders resend the rest") from None

@@ -212,6 +212,11 @@ class WriteAheadLog:
     def append_pop(self, table: str, head: int) -> None:
         self._append({"op": "pop", "table": table, "head": head}, [])
 
+    @property
+    def sync_failed(self) -> bool:
+        """An fsync failed: nothing appended since the last good one may be acked (see :meth:`sync`)."""
+        return self._sync_failed is not None
+
     def sync(self) -> bool:
         """Flush and fsync what was appended since the last sync; True if anything was.
 
@@ -263,7 +268,7 @@ class WriteAheadLog:
 
     def close(self) -> None:
         try:
-            if self._sync_failed is None:  # after a failed fsync, a new one proves nothing
+            if not self.sync_failed:  # after a failed fsync, a new one proves nothing
                 self.sync()
         finally:
             os.close(self._fd)
