@@ -9,7 +9,7 @@ CartPole, 200 for LunarLander). rlfleet's time runs from launching
 `rlfleet up` (services started from cold) to that evaluation. SB3 runs the
 rl-baselines3-zoo hyperparameters for the env, at its best: envs built with
 render_mode=None (rgb_array leaks LunarLander particles and slows it 4-5x),
-one torch thread (faster than two for these small nets on this machine). A
+one torch thread (faster than two for these small nets on 2 cores). A
 run that never reaches the target within the zoo's step budget counts as the
 wall time it took to spend that budget, and is reported as such. The runs
 alternate (rlfleet seed 0, SB3 seed 0, rlfleet seed 1, ...).

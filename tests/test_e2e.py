@@ -1,7 +1,7 @@
 """The whole fleet over real processes: CartPole is solved in both protocols.
 
 The env-step budgets are ones a correct Ape-X DQN meets with room to spare
-(measured: async 20k-51k in earlier sessions, 46.8k-85.8k in three runs on
+(measured: async 20k-51k in earlier runs, 46.8k-85.8k in three runs on
 2026-11-24; barrier 20k-30k env steps) and a broken learner never meets: a DQN
 whose loss or targets are wrong does not hold a greedy mean of 475 over 10
 episodes. Async runs are not repeatable (timing decides which weights act), and
