@@ -60,17 +60,11 @@ from common.protocol import (
 )
 from common.server import Peer, RequestError, Server
 from common.transport import DEFAULT_HWM, CurveConfig
+from services.replay.columnar import MAX_SAMPLE_BATCH, PackedPlan, Table, TableError
 from services.replay.dedup import Dedup
+from services.replay.priorities import check_priorities
 from services.replay.storage import SNAPSHOT, Snapshotter, WalError, WriteAheadLog, read_snapshot
-from services.replay.tables import (
-    MAX_SAMPLE_BATCH,
-    PackedPlan,
-    QueueTable,
-    Table,
-    TableError,
-    check_priorities,
-    make_table,
-)
+from services.replay.tables import QueueTable, make_table
 
 log = logging.getLogger(__name__)
 
