@@ -14,9 +14,10 @@ from common.protocol import Message
 from common.server import Client, CommTimeout, RemoteError
 from common.transport import free_tcp_port
 from services.paramserver.client import RegistryClient, WeightsPublisher, WeightsReader
+from services.paramserver.coordination import MAX_PARKED_BARRIERS
 from services.paramserver.procs import ShardProcesses, serving
 from services.paramserver.registry import Registry
-from services.paramserver.shard import MAX_PARKED_BARRIERS, ShardServer
+from services.paramserver.shard import ShardServer
 
 LIVENESS_S = 1.0
 

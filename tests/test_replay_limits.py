@@ -12,8 +12,9 @@ from common.config import TableConfig
 from common.protocol import Message, decode, encode
 from common.transport import CommTimeout, make_socket
 from services.replay.client import InsertClient, SampleClient
+from services.replay.priorities import MAX_PRIORITY
 from services.replay.server import MAX_SAMPLE_TIMEOUT_MS
-from services.replay.tables import MAX_PRIORITY, PrioritizedTable
+from services.replay.tables import PrioritizedTable
 from tests.replay_helpers import ask, replay_config, serving, transitions
 
 

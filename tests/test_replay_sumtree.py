@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from common.config import TableConfig
+from services.replay.columnar import TableError
+from services.replay.priorities import importance_weights
 from services.replay.sumtree import SumTree
-from services.replay.tables import PrioritizedTable, QueueTable, TableError, UniformTable, importance_weights
+from services.replay.tables import PrioritizedTable, QueueTable, UniformTable
 
 
 def chi2_critical(df: int, z: float = 3.0902) -> float:

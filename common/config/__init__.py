@@ -1,0 +1,76 @@
+"""The experiment file: one YAML read by every service.
+
+Precedence, lowest first: the file, environment variables, ``--set`` flags.
+
+- Environment: ``RLFLEET_<SECTION>__<FIELD>=value`` (``__`` between levels,
+  list items by index), e.g. ``RLFLEET_REPLAY__DURABILITY=wal`` or
+  ``RLFLEET_REPLAY__TABLES__0__CAPACITY=50000``. Values are parsed as YAML,
+  so ``RLFLEET_NETWORK__REPLAY='[tcp://replay:5550]'`` is a list.
+- CLI: ``--set replay.durability=wal`` (dots between levels).
+
+Validation happens at start-up; every problem is reported with the field, the
+bad value and what is allowed (:class:`ConfigError`).
+
+The modules: :mod:`.sections` holds the pydantic section of each service,
+:mod:`.algorithm` the algorithm's section, :mod:`.experiment` the whole file
+and its cross-section checks, :mod:`.loading` reading, overrides and error
+messages. Import from ``common.config``.
+"""
+
+from common.config.algorithm import AlgorithmConfig, DQNConfig
+from common.config.experiment import Experiment, bind_address
+from common.config.loading import (
+    ENV_PREFIX,
+    ConfigError,
+    cli_overrides,
+    dump,
+    env_overrides,
+    format_errors,
+    load,
+    validate,
+)
+from common.config.sections import (
+    ActorConfig,
+    EnvConfig,
+    EvaluatorConfig,
+    LearnerConfig,
+    MetricsConfig,
+    NetworkConfig,
+    NonNegFloat,
+    ParamServerConfig,
+    PosFloat,
+    PosInt,
+    ReplayConfig,
+    SecurityConfig,
+    Strict,
+    TableConfig,
+)
+
+__all__ = [
+    "ENV_PREFIX",
+    "ActorConfig",
+    "AlgorithmConfig",
+    "ConfigError",
+    "DQNConfig",
+    "EnvConfig",
+    "EvaluatorConfig",
+    "Experiment",
+    "LearnerConfig",
+    "MetricsConfig",
+    "NetworkConfig",
+    "NonNegFloat",
+    "ParamServerConfig",
+    "PosFloat",
+    "PosInt",
+    "ReplayConfig",
+    "SecurityConfig",
+    "Strict",
+    "TableConfig",
+    "bind_address",
+    "cli_overrides",
+    "dump",
+    "env_overrides",
+    "format_errors",
+    "load",
+    "validate",
+]

@@ -1,0 +1,80 @@
+"""The whole experiment file: its sections, and the checks that span several of them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from common.config.algorithm import AlgorithmConfig, DQNConfig
+from common.config.sections import (
+    ActorConfig,
+    EnvConfig,
+    EvaluatorConfig,
+    LearnerConfig,
+    MetricsConfig,
+    NetworkConfig,
+    ParamServerConfig,
+    ReplayConfig,
+    SecurityConfig,
+    Strict,
+)
+
+
+class Experiment(Strict):
+    name: str = Field("experiment", pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = 0
+    sync: Literal["barrier", "async"] = "async"
+    env: EnvConfig = Field(default_factory=lambda: EnvConfig())
+    algorithm: AlgorithmConfig = Field(default_factory=lambda: DQNConfig())
+    actor: ActorConfig = Field(default_factory=lambda: ActorConfig())
+    evaluator: EvaluatorConfig = Field(default_factory=lambda: EvaluatorConfig())
+    replay: ReplayConfig = Field(default_factory=lambda: ReplayConfig())
+    learner: LearnerConfig = Field(default_factory=lambda: LearnerConfig())
+    paramserver: ParamServerConfig = Field(default_factory=lambda: ParamServerConfig())
+    network: NetworkConfig = Field(default_factory=lambda: NetworkConfig())
+    metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())
+    security: SecurityConfig = Field(default_factory=lambda: SecurityConfig())
+    run_dir: str = Field("runs/current", description="where this run writes logs, CSVs and checkpoints")
+
+    @model_validator(mode="after")
+    def _cross(self) -> Experiment:
+        problems = []
+        tables = {t.name: t for t in self.replay.tables}
+        if self.learner.table not in tables:
+            problems.append(f"learner.table={self.learner.table!r}: allowed: one of {sorted(tables)}")
+        if len(self.network.replay) != self.replay.shards:
+            problems.append(
+                f"network.replay has {len(self.network.replay)} addresses but replay.shards="
+                f"{self.replay.shards}; allowed: one address per shard"
+            )
+        if len(self.network.paramserver) != self.paramserver.shards:
+            problems.append(
+                f"network.paramserver has {len(self.network.paramserver)} addresses but "
+                f"paramserver.shards={self.paramserver.shards}; allowed: one address per shard"
+            )
+        table = tables.get(self.learner.table)
+        if self.sync == "barrier" and table is not None and table.samples_per_insert is not None:
+            problems.append(
+                f"replay.tables[{self.learner.table}].samples_per_insert={table.samples_per_insert}"
+                " with sync=barrier: the limiter could hold the learner inside a round while actors"
+                " wait for the next version (deadlock); allowed: null (the round fixes the ratio)"
+            )
+        if self.algorithm.name == "dqn" and table is not None and table.kind == "queue":
+            problems.append(
+                f"replay.tables[{table.name}].kind='queue' with algorithm dqn; allowed: uniform, prioritized"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def bind_address(self, service: Literal["replay", "paramserver"], shard: int) -> str:
+        return bind_address(getattr(self.network, service)[shard], self.network.bind_host)
+
+
+def bind_address(connect: str, bind_host: str = "*") -> str:
+    """The address a server binds for a connect address (tcp: same port on bind_host)."""
+    if connect.startswith("tcp://"):
+        port = connect.rsplit(":", 1)[1]
+        return f"tcp://{bind_host}:{port}"
+    return connect

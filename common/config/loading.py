@@ -1,0 +1,139 @@
+"""Reading the experiment file: YAML, then environment and ``--set`` overrides, then
+validation, with every problem turned into one readable :class:`ConfigError`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from common.config.experiment import Experiment
+
+ENV_PREFIX = "RLFLEET_"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names every bad field."""
+
+
+def _set_path(tree: Any, path: list[str], value: Any, source: str) -> None:
+    node = tree
+    for i, key in enumerate(path):
+        last = i == len(path) - 1
+        if isinstance(node, list):
+            if not key.isdigit() or int(key) >= len(node):
+                raise ConfigError(f"{source}: {'.'.join(path[: i + 1])}: index {key!r} out of range")
+            idx = int(key)
+            if last:
+                node[idx] = value
+            else:
+                node = node[idx]
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"{source}: {'.'.join(path[:i])} is not a section")
+        if last:
+            node[key] = value
+        else:
+            node = node.setdefault(key, {})
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def env_overrides(environ: Mapping[str, str]) -> list[tuple[list[str], Any, str]]:
+    out = []
+    for key, text in sorted(environ.items()):
+        if key.startswith(ENV_PREFIX) and "__" in key[len(ENV_PREFIX):] or key in _TOP_LEVEL_ENV:
+            path = [p.lower() for p in key[len(ENV_PREFIX):].split("__")]
+            out.append((path, _parse_value(text), f"environment {key}"))
+    return out
+
+
+_TOP_LEVEL_ENV = {f"{ENV_PREFIX}{name.upper()}" for name in ("name", "seed", "sync", "run_dir")}
+
+
+def cli_overrides(sets: Iterable[str]) -> list[tuple[list[str], Any, str]]:
+    out = []
+    for item in sets:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected FIELD=VALUE, e.g. --set replay.durability=wal")
+        key, text = item.split("=", 1)
+        out.append((key.strip().split("."), _parse_value(text), f"--set {key}"))
+    return out
+
+
+def load(
+    path: str | Path | None = None,
+    sets: Iterable[str] = (),
+    environ: Mapping[str, str] | None = None,
+    data: Mapping[str, Any] | None = None,
+) -> Experiment:
+    """Read the experiment file, apply env and --set overrides, validate."""
+    tree: dict[str, Any] = dict(data or {})
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
+        tree.update(loaded)
+    environ = os.environ if environ is None else environ
+    for keys, value, source in [*env_overrides(environ), *cli_overrides(sets)]:
+        _set_path(tree, keys, value, source)
+    return validate(tree)
+
+
+def validate(tree: Mapping[str, Any]) -> Experiment:
+    try:
+        return Experiment.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc, tree)) from None
+
+
+def format_errors(exc: ValidationError, tree: Mapping[str, Any]) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+        loc = loc.replace(".dqn", "") if loc.startswith("algorithm.dqn") else loc
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{loc}: unknown field; allowed fields: {_allowed_fields(loc)}")
+        elif err["type"] in ("missing",):
+            lines.append(f"{loc}: required field is missing")
+        elif loc and err["type"] == "value_error" and isinstance(err.get("input"), dict):
+            lines.append(f"{loc}: {msg}")
+        elif loc:
+            lines.append(f"{loc} = {err.get('input')!r}: {msg}")
+        else:
+            lines.append(msg)
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def _allowed_fields(loc: str) -> str:
+    model: Any = Experiment
+    for part in loc.split(".")[:-1]:
+        if part.isdigit():
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            break
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        model = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), model)
+    return ", ".join(sorted(model.model_fields))
+
+
+def dump(cfg: Experiment) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

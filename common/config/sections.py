@@ -1,0 +1,177 @@
+"""The sections of the experiment file that configure the services: every field with
+its default, its bounds and what it means (its description is what ``--help`` and the
+docs show). :class:`Strict` refuses unknown fields, so a misspelt one is an error."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+PosInt = Annotated[int, Field(ge=1)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+
+
+class EnvConfig(Strict):
+    id: str = Field("CartPole-v1", description="gymnasium id, or 'module:Class' for a custom env")
+    num_envs: PosInt = Field(4, description="environments per actor, stepped as one vector env")
+    vectorization: Literal["sync", "async", "threads"] = Field(
+        "sync", description="gymnasium SyncVectorEnv (one process), AsyncVectorEnv (a process per env), or"
+        " threads (one process, the envs step at once in a thread each: for envs that wait, not compute)"
+    )
+    step_latency_ms: NonNegFloat = Field(
+        0.0, description="fixed extra latency per env step: what a remote simulator or robot costs"
+    )
+    max_episode_steps: PosInt | None = Field(None, description="override the env's time limit")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to gymnasium.make")
+
+
+class ActorConfig(Strict):
+    count: PosInt = Field(2, description="actors the local launcher starts (compose: --scale)")
+    insert_batch: PosInt = Field(64, description="transitions per insert message")
+    max_unacked: Annotated[int, Field(ge=1, le=4096)] = Field(
+        32, description="insert messages in flight before the actor waits (replay remembers 4,096 per actor);"
+        " also how far (in inserts) an actor runs ahead of a rate limiter that holds its acks"
+    )
+    max_unacked_bytes: PosInt = Field(
+        64 << 20, description="bound on the bytes of un-acked inserts kept for resending while replay is away;"
+        " when reached the actor blocks (no env steps) until replay acks again"
+    )
+    resend_after_s: PosFloat = Field(2.0, description="resend an un-acked insert after this long")
+    poll_every: PosInt = Field(200, description="async: env steps (per env) between weight polls")
+    steps_per_round: PosInt = Field(250, description="barrier: env steps (per env) per round")
+    heartbeat_s: PosFloat = Field(1.0, description="seconds between registry heartbeats")
+    torch_threads: PosInt = Field(1, description="torch intra-op threads for policy inference")
+    acked_log: bool = Field(
+        False, description="append every insert replay acked (seq, items) to RUN_DIR/acked/<actor id>.csv"
+    )
+
+
+class EvaluatorConfig(Strict):
+    enabled: bool = Field(True, description="start an evaluator")
+    episodes: PosInt = Field(10, description="greedy episodes per evaluation")
+    every_s: NonNegFloat = Field(2.0, description="at most one evaluation this often (when every_steps is null)")
+    every_steps: PosInt | None = Field(
+        None, description="evaluate each time the fleet's env steps pass a multiple of this (e.g. 5000)"
+    )
+    epsilon: Annotated[float, Field(ge=0, lt=1)] = Field(0.0, description="exploration while evaluating")
+    vectorization: Literal["sync", "async", "threads"] | None = Field(
+        None, description="the evaluation's vector env (one slot per episode); null: env.vectorization. async"
+        " (a process per episode) and threads (a thread per episode) step every episode at once: with a slow"
+        " simulator (env.step_latency_ms) an evaluation then costs one episode's latency instead of the sum"
+        " of all; threads at a fraction of async's CPU"
+    )
+
+
+class TableConfig(Strict):
+    name: str = Field("main", min_length=1, max_length=64)
+    kind: Literal["uniform", "prioritized", "queue"] = "prioritized"
+    capacity: PosInt = 100_000
+    alpha: Annotated[float, Field(ge=0)] = Field(0.6, description="prioritized: priority exponent")
+    min_size: PosInt = Field(1000, description="items needed before sampling starts")
+    samples_per_insert: PosFloat | None = Field(
+        None, description="rate limiter: sampled items per inserted item; null = min size only"
+    )
+    error_buffer: PosFloat | None = Field(
+        None, description="rate limiter slack in items; default 100 x max(1, samples_per_insert)"
+    )
+
+    @model_validator(mode="after")
+    def _limiter(self) -> TableConfig:
+        if self.samples_per_insert is not None and self.error_buffer is not None:
+            need = 2 * max(1.0, self.samples_per_insert)
+            if self.error_buffer < need:
+                raise ValueError(
+                    f"error_buffer={self.error_buffer} is narrower than 2 x max(1, samples_per_insert)"
+                    f" = {need}: the limiter could deadlock; allowed: error_buffer >= {need}"
+                )
+        if self.min_size > self.capacity:
+            raise ValueError(f"min_size={self.min_size} exceeds capacity={self.capacity}: sampling never starts")
+        return self
+
+    @property
+    def effective_error_buffer(self) -> float:
+        spi = self.samples_per_insert or 1.0
+        return self.error_buffer if self.error_buffer is not None else 100.0 * max(1.0, spi)
+
+
+class ReplayConfig(Strict):
+    shards: PosInt = Field(1, description="independent replay servers; actors stick to one")
+    tables: list[TableConfig] = Field(default_factory=lambda: [TableConfig()], min_length=1)
+    durability: Literal["memory", "checkpoint", "wal"] = "memory"
+    checkpoint_every_s: PosFloat = Field(60.0, description="checkpoint durability: snapshot period")
+    dir: str = Field("replay", description="snapshots and logs (relative to the run directory)")
+
+    @model_validator(mode="after")
+    def _unique(self) -> ReplayConfig:
+        names = [t.name for t in self.tables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"table names must be unique, got {names}")
+        return self
+
+
+class LearnerConfig(Strict):
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present")
+    table: str = Field("main", description="replay table to train from")
+    torch_threads: PosInt = Field(
+        1, description="torch intra-op threads on CPU; small nets train fastest on one, beside other services"
+    )
+    samples_in_flight: PosInt = Field(
+        4, description="sample requests kept in flight per shard; the next one goes out before each update, so 1 "
+        "already overlaps replay with the update, and more draw from older priorities (barrier: at most the "
+        "round's remaining updates, none across a barrier)"
+    )
+    publish_every: PosInt = Field(20, description="async: updates between published versions")
+    updates_per_round: PosInt = Field(125, description="barrier: updates per round")
+    checkpoint_every_s: PosFloat = Field(30.0, description="seconds between learner checkpoints")
+    dir: str = Field("learner", description="checkpoints (relative to the run directory)")
+
+
+class ParamServerConfig(Strict):
+    shards: PosInt = Field(1, description="servers the weights are split across")
+    liveness_timeout_s: PosFloat = Field(5.0, description="an actor silent this long leaves the registry")
+
+
+class NetworkConfig(Strict):
+    """Connect addresses, one per shard. A server binds the port of its own address
+    on ``bind_host`` (tcp), or the address itself (ipc, inproc)."""
+
+    replay: list[str] = Field(default_factory=lambda: ["tcp://127.0.0.1:5550"], min_length=1)
+    paramserver: list[str] = Field(default_factory=lambda: ["tcp://127.0.0.1:5560"], min_length=1)
+    bind_host: str = Field("*", description="interface servers bind to ('*' = all)")
+    timeout_s: PosFloat = Field(10.0, description="give up on a peer after this long at start-up")
+
+
+class MetricsConfig(Strict):
+    host: str = Field("0.0.0.0", description="interface /metrics and /healthz bind to")
+    port: Annotated[int, Field(ge=0, le=65535)] = Field(9100, description="0 picks a free port")
+
+
+class SecurityConfig(Strict):
+    """CurveZMQ on every ZeroMQ socket (common/security.py; keys from ``rlfleet keys``).
+
+    Servers (replay, paramserver) need ``server_secret_key`` and
+    ``allowed_clients``; clients (learner, actors, evaluator) need
+    ``server_key`` and ``client_key``. A path left null is the file
+    ``rlfleet keys`` writes into ``keys_dir``. Files are checked when a
+    service starts: an error names the field, the file and what is wrong.
+    """
+
+    mode: Literal["none", "curve"] = Field("none", description="none: plain TCP; curve: CurveZMQ + allowlist")
+    keys_dir: str = Field("keys", description="what 'rlfleet keys --dir' wrote; the default for the paths below")
+    server_key: str | None = Field(None, description="servers' public key (default <keys_dir>/server.key)")
+    server_secret_key: str | None = Field(
+        None, description="servers' key pair, replay and paramserver only (default <keys_dir>/server.key_secret)"
+    )
+    allowed_clients: str | None = Field(
+        None, description="directory of allowlisted client public keys, *.key (default <keys_dir>/clients)"
+    )
+    client_key: str | None = Field(
+        None, description="this client's key pair (default <keys_dir>/<learner|actor|evaluator>.key_secret)"
+    )

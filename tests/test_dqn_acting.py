@@ -1,0 +1,84 @@
+"""DQN acting: Ape-X epsilons and beta, the epsilon schedule, epsilon-greedy actions, numpy and torch
+Q-values alike, evaluation alike on every vector env."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.algorithms.dqn import ALGORITHM, DQNLearner, DQNPolicy, apex_epsilon, beta_schedule, scheduled_epsilon
+from common.config import DQNConfig
+from tests.dqn_helpers import ACT_SPACE, OBS_SPACE
+
+
+def test_apex_epsilon_and_beta() -> None:
+    assert apex_epsilon(0, 1, 0.4, 7.0) == 0.4
+    assert apex_epsilon(0, 8, 0.4, 7.0) == pytest.approx(0.4)
+    assert apex_epsilon(7, 8, 0.4, 7.0) == pytest.approx(0.4**8)
+    assert apex_epsilon(2, 5, 0.4, 7.0) == pytest.approx(0.4**4.5)
+    with pytest.raises(ValueError):
+        apex_epsilon(3, 3, 0.4, 7.0)
+    assert ALGORITHM.exploration(DQNConfig(epsilon=0.5, epsilon_alpha=3.0), 1, 2) == pytest.approx(0.5**4)
+    assert beta_schedule(0, 0.4, 100) == pytest.approx(0.4)
+    assert beta_schedule(50, 0.4, 100) == pytest.approx(0.7)
+    assert beta_schedule(500, 0.4, 100) == 1.0
+    learner = DQNLearner(DQNConfig(beta_start=0.5, beta_updates=10), OBS_SPACE, ACT_SPACE, device="cpu")
+    assert learner.beta() == 0.5 and learner.beta(5) == pytest.approx(0.75)
+
+
+def test_epsilon_schedule_over_fleet_steps() -> None:
+    assert scheduled_epsilon(0.05, 0, 1.0, None) == 0.05  # no schedule: the Ape-X value from the start
+    assert scheduled_epsilon(0.05, 0, 1.0, 1000) == 1.0
+    assert scheduled_epsilon(0.05, 500, 1.0, 1000) == pytest.approx(0.525)
+    assert scheduled_epsilon(0.05, 1000, 1.0, 1000) == 0.05
+    assert scheduled_epsilon(0.05, 10**9, 1.0, 1000) == 0.05
+    cfg = DQNConfig(epsilon=0.4, epsilon_alpha=7.0, epsilon_decay_steps=10_000, epsilon_start=0.9)
+    for index in range(4):  # every actor starts at epsilon_start and ends at its own Ape-X value
+        final = apex_epsilon(index, 4, 0.4, 7.0)
+        assert ALGORITHM.exploration(cfg, index, 4, 0) == pytest.approx(0.9)
+        assert ALGORITHM.exploration(cfg, index, 4, 5_000) == pytest.approx((0.9 + final) / 2)
+        assert ALGORITHM.exploration(cfg, index, 4, 20_000) == pytest.approx(final)
+
+
+def test_epsilon_greedy_acting() -> None:
+    policy = DQNPolicy(DQNConfig(hidden=[8]), OBS_SPACE, ACT_SPACE)
+    obs = np.random.default_rng(0).normal(size=(2000, 4)).astype(np.float32)
+    greedy = policy.q_values(obs).argmax(axis=1)
+    actions = policy.act(obs, 0.0, np.random.default_rng(1))
+    assert actions.dtype == np.int64 and actions.shape == (2000,)
+    np.testing.assert_array_equal(actions, greedy)
+    random = policy.act(obs, 1.0, np.random.default_rng(1))
+    assert 0.4 < (random == greedy).mean() < 0.6  # uniform over 2 actions
+
+
+@pytest.mark.parametrize("hidden,dueling", [([32, 16], True), ([16], False), ([], True)])
+def test_numpy_q_values_match_torch(hidden: list[int], dueling: bool) -> None:
+    """Few rows (acting) go through numpy, many through torch: the same Q-values either way."""
+    from common.algorithms.dqn import NUMPY_ROWS
+
+    policy = DQNPolicy(DQNConfig(hidden=hidden, dueling=dueling), OBS_SPACE, ACT_SPACE, seed=5)
+    obs = np.random.default_rng(2).normal(size=(NUMPY_ROWS + 1, 4)).astype(np.float32) * 3
+    by_torch = policy.q_values(obs)  # above NUMPY_ROWS: torch
+    by_numpy = np.concatenate([policy.q_values(obs[:NUMPY_ROWS]), policy.q_values(obs[NUMPY_ROWS:])])
+    assert by_numpy.dtype == np.float32 and by_numpy.shape == (NUMPY_ROWS + 1, 2)
+    np.testing.assert_allclose(by_numpy, by_torch, rtol=1e-5, atol=1e-5)
+    assert np.abs(by_torch).max() > 1e-3  # not trivially zero
+
+
+def test_evaluation_same_on_sync_async_and_reused_envs() -> None:
+    from common import config as config_mod
+    from services.actor.evaluator import eval_envs, evaluate
+
+    cfg = config_mod.load(data={"env": {"max_episode_steps": 60}, "algorithm": {"name": "dqn", "hidden": [16]}},
+                          environ={})
+    policy = DQNPolicy(cfg.algorithm, OBS_SPACE, ACT_SPACE, seed=1)
+    fresh = evaluate(policy, cfg, 3, 0.2, seed=7)
+    assert fresh.shape == (3,) and (fresh > 0).all()
+    for mode in ("async", "threads"):
+        on = cfg.model_copy(update={"evaluator": cfg.evaluator.model_copy(update={"vectorization": mode})})
+        envs = eval_envs(on, 3, seed=7)
+        try:
+            for _ in range(2):  # kept open across evaluations: every slot is reset with its seed each time
+                np.testing.assert_array_equal(evaluate(policy, on, 3, 0.2, seed=7, envs=envs), fresh)
+        finally:
+            envs.close()
