@@ -31,6 +31,11 @@ else:
     AlgorithmConfig = Annotated[Union[tuple(config_classes())], Field(discriminator="name")]  # noqa: UP007
 
 
+def algorithm_class(name: str) -> Any:
+    """The config class of algorithm ``name`` (None if there is none): for error messages."""
+    return next((cls for cls in config_classes() if cls.model_fields["name"].default == name), None)
+
+
 def default_algorithm() -> Any:
     """The algorithm section when the file has none: DQN with its defaults."""
     return get("dqn").config()
