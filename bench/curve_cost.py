@@ -41,7 +41,7 @@ CONFIG = ROOT / "configs" / "cartpole-dqn.yaml"
 
 def start(name: str, sets: list[str], log: Path) -> subprocess.Popen[bytes]:
     port = free_tcp_port()
-    cmd = [sys.executable, "-m", "common.cli", "service", name, "--config", str(CONFIG), "--log-level", "WARNING",
+    cmd = [sys.executable, "-m", "cli", "service", name, "--config", str(CONFIG), "--log-level", "WARNING",
            "--set", "metrics.host=127.0.0.1", "--set", f"metrics.port={port}"]
     for s in sets:
         cmd += ["--set", s]

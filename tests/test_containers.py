@@ -64,8 +64,8 @@ def test_torch_free_images_can_start_their_services() -> None:
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name.split('.')[0] == 'torch': raise ImportError('torch is not in this image')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import importlib, common.cli, common.runtime\n"
-        "for s in ('replay', 'paramserver'): importlib.import_module(common.runtime.SERVICES[s])\n"
+        "import importlib, cli.main, cli.dispatch, common.roles\n"
+        "for s in ('replay', 'paramserver'): importlib.import_module(common.roles.role(s).entry)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.interfaces import VariableSource
 from common.partition import Layout, fingerprint, tensor_specs
 from common.protocol import DEFAULT_LIMITS, Limits, Message, ProtocolError, decode
 from common.server import Client, CommTimeout, RemoteError
@@ -270,7 +269,7 @@ class WeightsPublisher:
         self.shards.close()
 
 
-class WeightsReader(VariableSource):
+class WeightsReader:
     """The actors' side: one consistent version across all shards, never a mix."""
 
     def __init__(

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(ns.log_level)
     try:
         cfg = load(ns.config, ns.sets)
-        return run_service(cfg, ServiceArgs("paramserver", shard=ns.shard))
+        return run_service(cfg, ServiceArgs("paramserver", shard=ns.shard), build)
     except ConfigError as exc:
         print(f"paramserver: {exc}", file=sys.stderr)
         return 2

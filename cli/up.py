@@ -1,7 +1,7 @@
 """The `rlfleet up` command: its options, and its fork servers started before anything heavy is imported.
 
-The work itself is common/launcher.py's :func:`~common.launcher.run_fleet`. This
-module imports only click and common/forkserver.py (the standard library) at
+The work itself is cli/launcher.py's :func:`~cli.launcher.run_fleet`. This
+module imports only click and cli/forkserver.py (the standard library) at
 the top, so the zygotes begin importing torch within ~0.1 s of the command,
 while the launcher loads the config and checks the env on the other core.
 """
@@ -14,7 +14,7 @@ import sys
 
 import click
 
-from common.forkserver import ForkServers
+from cli.forkserver import ForkServers
 
 
 @click.command()
@@ -39,8 +39,8 @@ def up(
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     forkservers = None if inproc or no_fork_server else ForkServers.start_if_enabled()
     try:
+        from cli.launcher import EXIT_CONFIG, run_fleet
         from common import config as config_mod
-        from common.launcher import EXIT_CONFIG, run_fleet
         from common.runtime import LOG_FORMAT
 
         logging.basicConfig(level="INFO", format=LOG_FORMAT)

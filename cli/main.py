@@ -1,4 +1,7 @@
-"""The `rlfleet` command: run the fleet locally, run one service, inspect a config."""
+"""The `rlfleet` command: run the fleet locally, run one service, inspect a config.
+
+`rlfleet service` and `rlfleet config` are here; the other commands each live in a module of their own
+(:attr:`LazyGroup.LAZY`)."""
 
 from __future__ import annotations
 
@@ -8,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import click
 
+from common.roles import NAMES
+
 if TYPE_CHECKING:
     from common.config import Experiment
 
-# common.runtime.SERVICES, spelled out so that `rlfleet up` imports nothing heavy before its fork servers
-# start (tests/test_forkserver.py checks that both agree).
-SERVICE_NAMES = ("actor", "evaluator", "learner", "paramserver", "replay")
+SERVICE_NAMES = tuple(sorted(NAMES))
 
 CONFIG_HELP = "experiment file (YAML); RLFLEET_* env vars and --set override it"
 
@@ -32,8 +35,9 @@ class LazyGroup(click.Group):
     """Subcommands imported when they run: `rlfleet service replay` never imports torch or gymnasium,
     and `rlfleet up` starts its fork servers before it imports what the launcher needs."""
 
-    LAZY = {"up": ("common.upcmd", "up"), "report": ("common.report", "report"),
-            "eval": ("common.evalcmd", "eval_checkpoint"), "status": ("common.status", "status")}
+    LAZY = {"up": ("cli.up", "up"), "report": ("cli.report", "report"),
+            "eval": ("cli.evaluate", "eval_checkpoint"), "status": ("cli.status", "status"),
+            "keys": ("cli.keys", "keys")}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
@@ -66,14 +70,15 @@ def service(
     """Run one service in the foreground (what a container runs)."""
     import os
 
-    from common.runtime import ServiceArgs, run_service, setup_logging
+    from cli.dispatch import run
+    from common.runtime import ServiceArgs, setup_logging
 
     setup_logging(log_level)
     cfg = load_or_exit(config_path, sets)
     if shard is None:
         shard = int(os.environ.get("RLFLEET_SHARD", "0"))
     actor_id = actor_id or os.environ.get("RLFLEET_ACTOR_ID")
-    sys.exit(run_service(cfg, ServiceArgs(name=name, shard=shard, actor_id=actor_id)))
+    sys.exit(run(cfg, ServiceArgs(name=name, shard=shard, actor_id=actor_id)))
 
 
 @main.command("check-env", hidden=True)
@@ -102,37 +107,6 @@ def show_config(config_path: str | None, sets: tuple[str, ...]) -> None:
     from common import config as config_mod
 
     click.echo(config_mod.dump(load_or_exit(config_path, sets)), nl=False)
-
-
-@main.command()
-@click.option("--dir", "directory", default="keys", show_default=True, type=click.Path(file_okay=False),
-              help="where the keys go (the config's security.keys_dir)")
-@click.option("--client", "clients", multiple=True, metavar="NAME",
-              help="a client key pair to make (repeatable; default: learner, actor, evaluator)")
-@click.option("--no-server", is_flag=True, help="only client pairs: add clients to an existing set")
-@click.option("--force", is_flag=True, help="replace keys that exist")
-def keys(directory: str, clients: tuple[str, ...], no_server: bool, force: bool) -> None:
-    """Make CurveZMQ key pairs for security.mode=curve (ZeroMQ certificate files)."""
-    from pathlib import Path
-
-    from common import security
-
-    try:
-        written = security.make_keys(directory, clients or security.DEFAULT_CLIENTS, server=not no_server,
-                                     force=force)
-    except (FileExistsError, ValueError) as exc:
-        click.echo(f"rlfleet keys: {exc}", err=True)
-        sys.exit(2)
-    where = {True: "secret, mode 0600", False: "public"}
-    width = max(len(str(k.path)) for k in written)
-    for k in written:
-        click.echo(f"{str(k.path):<{width}}  {k.name:<12} {where[k.secret]:<17}  fingerprint {k.fingerprint}")
-    root = Path(directory)
-    click.echo(
-        f"\ncopy to replay and paramserver hosts: {root / 'server.key_secret'}, {root / 'clients'}/\n"
-        f"copy to every client host: {root / 'server.key'} and that client's NAME.key_secret\n"
-        f"then run with security.mode=curve and security.keys_dir={directory} (see README, Security)"
-    )
 
 
 if __name__ == "__main__":

@@ -105,10 +105,10 @@ def record_gif(cfg: Experiment, policy: Any, seed: int, path: str | Path, max_fr
     import gymnasium as gym
     from PIL import Image
 
-    from common.envs import _custom_class
+    from common.envs import custom_env_class
 
     kw = dict(cfg.env.kwargs)
-    cls = _custom_class(cfg.env.id)
+    cls = custom_env_class(cfg.env.id)
     if cls is not None:
         env: gym.Env = cls(render_mode="rgb_array", **kw)  # type: ignore[type-arg, call-arg]
         if cfg.env.max_episode_steps:

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from common.fleetview import _fetch
+from cli.fleetview import fetch
 
 
 class StatusError(ValueError):
@@ -51,11 +51,11 @@ def read(url: str, timeout_s: float = 2.0) -> Reading:
     """Health and metrics of one endpoint; unreachable is a reading, not an error."""
     out = Reading()
     try:
-        code, body = _fetch(url.rstrip("/") + "/healthz", timeout_s)
+        code, body = fetch(url.rstrip("/") + "/healthz", timeout_s)
         out.reachable = True
         out.health = json.loads(body or b"{}")
         out.healthy = code == 200 and bool(out.health.get("ok"))
-        _, text = _fetch(url.rstrip("/") + "/metrics", timeout_s)
+        _, text = fetch(url.rstrip("/") + "/metrics", timeout_s)
         for family in text_string_to_metric_families(text.decode()):
             for s in family.samples:
                 out.samples[s.name] = out.samples.get(s.name, 0.0) + s.value

@@ -25,20 +25,22 @@ from typing import Any
 
 import click
 
+from cli.dispatch import build
+from cli.fleetview import FleetView, Scrape, scrape
+from cli.forkserver import ForkedProcess, ForkServerError, ForkServers, reap_orphans
 from common import config as config_mod
 from common import security
 from common.config import Experiment
 from common.envs import EnvError, probe_env
-from common.fleetview import FleetView, Scrape, scrape
-from common.forkserver import ForkedProcess, ForkServerError, ForkServers, reap_orphans
 from common.metrics import MetricsServer
-from common.runtime import FatalError, ServiceArgs, build, setup_logging
+from common.roles import NAMES, ROLES, role
+from common.runtime import FatalError, ServiceArgs, setup_logging
 from common.transport import free_tcp_port
 
 log = logging.getLogger("rlfleet.up")
 
-# Stop order: those who produce first, those who store last.
-STOP_ORDER = ("evaluator", "actor", "learner", "paramserver", "replay")
+# Stop order: those who produce first, those who store last (the roles' start order, reversed).
+STOP_ORDER = tuple(reversed(NAMES))
 
 EXIT_TARGET, EXIT_STOPPED, EXIT_FAILED, EXIT_TIMEOUT, EXIT_CONFIG = 0, 130, 1, 3, 2
 
@@ -60,7 +62,7 @@ class Member:
 
     @property
     def label(self) -> str:
-        return self.name if self.name in ("learner", "evaluator") else f"{self.name}-{self.shard}"
+        return self.name if role(self.name).single else f"{self.name}-{self.shard}"
 
     @property
     def url(self) -> str:
@@ -99,12 +101,15 @@ def plan(cfg: Experiment, actors: int, run_dir: Path, inproc: bool) -> tuple[Exp
     data["run_dir"] = str(run_dir)
     data["metrics"]["host"] = "127.0.0.1"
     resolved = config_mod.validate(data)
-    members = [Member("replay", i) for i in range(cfg.replay.shards)]
-    members += [Member("paramserver", i) for i in range(cfg.paramserver.shards)]
-    members.append(Member("learner"))
-    members += [Member("actor", i, actor_id=f"actor-{i}") for i in range(actors)]
-    if cfg.evaluator.enabled:
-        members.append(Member("evaluator", 0, actor_id="evaluator"))
+    count = {"replay": cfg.replay.shards, "paramserver": cfg.paramserver.shards, "learner": 1, "actor": actors,
+             "evaluator": int(cfg.evaluator.enabled)}
+    members: list[Member] = []
+    for r in ROLES:  # in start order
+        for i in range(count[r.name]):
+            m = Member(r.name, i)
+            if r.registers:  # its stable id in the paramserver's registry: actor-0, ..., evaluator
+                m.actor_id = m.label
+            members.append(m)
     for m in members:
         m.metrics_port = free_tcp_port()
     return resolved, members
@@ -117,7 +122,7 @@ class Fleet:
         self, cfg: Experiment, members: list[Member], run_dir: Path, inproc: bool,
         forkservers: ForkServers | None | bool = True,
     ) -> None:
-        """``forkservers``: zygotes that fork the members (common/forkserver.py); True: start them here
+        """``forkservers``: zygotes that fork the members (cli/forkserver.py); True: start them here
         (unless RLFLEET_FORKSERVER=0 or not on Linux), False/None: every member a fresh interpreter."""
         self.cfg = cfg
         self.members = members
@@ -164,7 +169,7 @@ class Fleet:
                 log.warning("%s: %s; starting it as a fresh process (and every member after it)", m.label, exc)
                 self.forkservers.close()
                 self.forkservers = None
-        cmd = [sys.executable, "-m", "common.cli", *argv]
+        cmd = [sys.executable, "-m", "cli", *argv]
         with open(m.log_path, "ab") as out:
             # Own process group: Ctrl-C in the terminal reaches only the launcher,
             # which then stops the fleet in order.

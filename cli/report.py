@@ -6,11 +6,11 @@ Figures (PNG, FIG_SIZE pixels each), runs overlaid and labelled "N actors, sync"
   return (band: +- std over the evaluation's episodes) against env steps and wall seconds;
 - ``throughput.png``: env steps/s and learner updates/s over time (5 s moving average);
 - ``replay_staleness.png``: replay size, and weights staleness in versions (see
-  :func:`common.rundata.staleness`);
+  :func:`cli.rundata.staleness`);
 - ``speedup.png`` (runs with two actor counts or more): time to target of the fewest
   actors divided by the time of N, and the same for env steps/s, beside the ideal N/N0.
 
-``report.md`` beside them has every run's figures (:class:`common.rundata.Summary`).
+``report.md`` beside them has every run's figures (:class:`cli.rundata.Summary`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from statistics import median
 import click
 import numpy as np
 
-from common.rundata import Run, RunError, Summary, default_target, load_run, staleness, summarize
+from cli.rundata import Run, RunError, Summary, default_target, load_run, staleness, summarize
 
 FIG_SIZE = (960, 600)  # pixels of every figure
 _DPI = 100
