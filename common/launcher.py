@@ -33,7 +33,7 @@ from common.fleetview import FleetView, Scrape, scrape
 from common.forkserver import ForkedProcess, ForkServerError, ForkServers, reap_orphans
 from common.metrics import MetricsServer
 from common.runtime import FatalError, ServiceArgs, build, setup_logging
-from common.transport import free_tcp_port
+from common.wire.transport import free_tcp_port
 
 log = logging.getLogger("rlfleet.up")
 

@@ -27,7 +27,7 @@ import zmq.auth
 from zmq.utils import z85
 
 from common.config import ConfigError, Experiment, SecurityConfig, validate
-from common.transport import CurveConfig, fingerprint
+from common.wire.transport import CurveConfig, fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -48,18 +48,12 @@ import zmq
 
 from common.config import ReplayConfig
 from common.metrics import ServiceMetrics
-from common.protocol import (
-    DEFAULT_LIMITS,
-    DTYPES,
-    Limits,
-    Message,
-    PackedLayout,
-    encode_header,
-    insert_header_prefix,
-    read_insert_tail,
-)
-from common.server import Peer, RequestError, Server
-from common.transport import DEFAULT_HWM, CurveConfig
+from common.wire.codec import DEFAULT_LIMITS, DTYPES, Limits, Message, encode_header
+from common.wire.decoder import PackedLayout
+from common.wire.errors import RequestError
+from common.wire.inserts import insert_header_prefix, read_insert_tail
+from common.wire.server import Peer, Server
+from common.wire.transport import DEFAULT_HWM, CurveConfig
 from services.replay.dedup import Dedup
 from services.replay.storage import SNAPSHOT, Snapshotter, WalError, WriteAheadLog, read_snapshot
 from services.replay.tables import (
