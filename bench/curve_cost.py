@@ -30,10 +30,11 @@ from typing import Any
 import numpy as np
 
 from common import config
+from common.clients.replay_insert import InsertClient
+from common.clients.weights_publisher import WeightsPublisher
+from common.clients.weights_reader import WeightsReader
 from common.security import client_curve, make_keys
-from common.transport import free_tcp_port
-from services.paramserver.client import WeightsPublisher, WeightsReader
-from services.replay.client import InsertClient
+from common.wire.transport import free_tcp_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole-dqn.yaml"

@@ -35,7 +35,7 @@ from common.envs import EnvError, probe_env
 from common.metrics import MetricsServer
 from common.roles import NAMES, ROLES, role
 from common.runtime import FatalError, ServiceArgs, setup_logging
-from common.transport import free_tcp_port
+from common.wire.transport import free_tcp_port
 
 log = logging.getLogger("rlfleet.up")
 

@@ -28,7 +28,7 @@ from zmq.utils import z85
 
 from common.config import ConfigError, Experiment, SecurityConfig, validate
 from common.roles import CLIENTS
-from common.transport import CurveConfig, fingerprint
+from common.wire.transport import CurveConfig, fingerprint
 
 log = logging.getLogger(__name__)
 

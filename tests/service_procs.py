@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CARTPOLE = ROOT / "configs" / "cartpole-dqn.yaml"
 sys.path.insert(0, str(ROOT))
 
-from common.transport import free_tcp_port  # noqa: E402
+from common.wire.transport import free_tcp_port  # noqa: E402
 
 
 class ServiceProcess:

@@ -36,8 +36,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.clients.registry import Welcome
 from services.actor.actor import fleet_size
-from services.paramserver.client import Welcome
 from services.replay.storage import read_segment
 from tests import netns
 from tests.fleet_helpers import CONFIGS, ROOT

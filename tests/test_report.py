@@ -27,7 +27,7 @@ from PIL import Image
 
 from cli.main import main
 from cli.report import FIG_SIZE, FIGURES
-from common.transport import free_tcp_port
+from common.wire.transport import free_tcp_port
 
 RUN_SECONDS = 15
 FAST = [  # small and quick: evaluations every 2 s, checkpoint at stop
@@ -206,7 +206,7 @@ def test_report_refuses_what_is_not_a_run(fleet: dict[str, Any], tmp_path: Path)
 
 def _evaluator_score(cfg_text: str, weights: dict[str, np.ndarray], version: int, tmp: Path) -> float:
     """What the real evaluator service reports for ``weights`` published as ``version``."""
-    from services.paramserver.client import WeightsPublisher
+    from common.clients.weights_publisher import WeightsPublisher
 
     cfg = yaml.safe_load(cfg_text)
     ps = f"tcp://127.0.0.1:{free_tcp_port()}"

@@ -18,7 +18,7 @@ from common.config import ConfigError, Experiment, load
 from common.metrics import ServiceMetrics
 from common.runtime import ServiceArgs, run_service, setup_logging
 from common.security import server_curve
-from common.transport import CurveConfig
+from common.wire.transport import CurveConfig
 from services.paramserver.shard import ShardServer
 
 

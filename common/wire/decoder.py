@@ -1,291 +1,33 @@
-"""The rlfleet wire protocol: one msgpack header frame plus raw array frames.
+"""The only decoder of the wire protocol (docs/protocol.md): it trusts nothing.
 
-docs/protocol.md is the authority; this module is the only encoder and
-decoder. A message on the wire is one ZeroMQ multipart message:
-
-    [ROUTER identity frames] header payload_0 payload_1 ...
-
-The header is a msgpack map ``{v, type, sender, seq, arrays, body}`` where
-``arrays`` lists ``[name, dtype, shape]`` for each payload frame, in order.
-Every payload frame holds the raw bytes of one C-contiguous little-endian
-array. Nothing is pickled, ever.
-
-The decoder trusts nothing: every rejection is a :class:`ProtocolError` with a
-machine-readable ``reason`` (one of :data:`REASONS`), and no other exception
-escapes :func:`decode`.
+Every rejection is a :class:`~common.wire.codec.ProtocolError` with a
+machine-readable ``reason``, checked before anything is built: the frame count
+and sizes against :class:`~common.wire.codec.Limits`, the header's msgpack, its
+envelope, the body against :data:`~common.wire.schema.MESSAGES`, each array's
+descriptor against its frame. A sender repeats the same array layout in every
+message, so a layout that passed once is remembered and compared whole.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import numpy as np
 import zmq
 
-from common.messages import MESSAGES, FieldSpec, MessageSpec
-
-PROTOCOL_VERSION = 1
-
-#: in a packed message, every array starts at a multiple of this many bytes of the payload frame
-PACK_ALIGN = 8
-
-#: dtype names allowed on the wire (always little-endian on the wire).
-DTYPES: dict[str, np.dtype[Any]] = {
-    name: np.dtype(name).newbyteorder("<")
-    for name in (
-        "bool", "int8", "int16", "int32", "int64",
-        "uint8", "uint16", "uint32", "uint64",
-        "float16", "float32", "float64",
-    )
-}
-_DTYPE_NAMES = {np.dtype(name): name for name in DTYPES}
-
-#: every reason a ProtocolError can carry; also the ``reason`` label values of
-#: ``rlfleet_protocol_errors_total``.
-REASONS = (
-    "empty_message",
-    "too_many_frames",
-    "message_too_large",
-    "header_too_large",
-    "bad_msgpack",
-    "bad_header",
-    "version_mismatch",
-    "unknown_type",
-    "missing_field",
-    "bad_field",
-    "bad_array_descriptor",
-    "bad_dtype",
-    "bad_shape",
-    "too_many_elements",
-    "frame_count_mismatch",
-    "frame_length_mismatch",
-    "missing_array",
-    "unexpected_array",
+from common.wire.codec import (
+    DEFAULT_LIMITS,
+    DTYPE_NAMES,
+    DTYPES,
+    PACK_ALIGN,
+    PROTOCOL_VERSION,
+    Limits,
+    Message,
+    ProtocolError,
 )
-
-
-class ProtocolError(Exception):
-    """A message that cannot be accepted. ``reason`` is machine-readable."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        assert reason in REASONS, reason
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds the decoder enforces before it builds anything."""
-
-    max_frames: int = 64
-    max_header_bytes: int = 64 * 1024
-    max_message_bytes: int = 512 * 1024 * 1024
-    max_array_elements: int = 1 << 28
-    max_ndim: int = 8
-    max_name_chars: int = 128
-    max_header_items: int = 256
-
-
-DEFAULT_LIMITS = Limits()
-
-
-@dataclass
-class Message:
-    """One decoded (or to-be-encoded) message."""
-
-    type: str
-    body: dict[str, Any] = field(default_factory=dict)
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
-    sender: str = ""
-    seq: int = 0
-    version: int = PROTOCOL_VERSION
-    #: set by decode for packed messages: one object per layout (array names, dtypes and shapes)
-    #: the decoder has checked, the same for every message of that layout while it is cached; a
-    #: receiver may remember what it checked of a layout by it (``is``, never ``==``)
-    layout: Any = field(default=None, repr=False, compare=False)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.body[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.body.get(key, default)
-
-
-def wire_dtype_name(dtype: np.dtype[Any]) -> str:
-    """The wire name of ``dtype``; raises ProtocolError if it is not allowed."""
-    name = _DTYPE_NAMES.get(dtype)  # fast path: native little-endian dtypes
-    if name is None:
-        name = _DTYPE_NAMES.get(np.dtype(dtype).newbyteorder("<"))
-    if name is None:
-        raise ProtocolError("bad_dtype", f"dtype {dtype} is not allowed; allowed: {sorted(DTYPES)}")
-    return name
-
-
-def encode(msg: Message, *, packed: bool = False) -> list[Any]:
-    """Frames for ``msg``: the header bytes, then one flat uint8 view per array.
-
-    Array frames share memory with the arrays, so pyzmq sends them without a
-    copy when called with ``copy=False``. ``len(frame)`` is its size in bytes.
-    Non-contiguous arrays are copied to C order, big-endian ones converted.
-
-    With ``packed`` every array is copied into one payload frame (bytes), each
-    at an offset that is a multiple of 8 (docs/protocol.md, "Packed
-    messages"): two frames instead of one per array, which costs a sender and
-    a receiver less than a frame per column of a small batch.
-    """
-    if msg.type not in MESSAGES:
-        raise ProtocolError("unknown_type", f"message type {msg.type!r} is not defined")
-    descriptors = []
-    payloads = []
-    for name, array in msg.arrays.items():
-        arr = array if isinstance(array, np.ndarray) else np.asarray(array)
-        dname = wire_dtype_name(arr.dtype)
-        if arr.dtype is not DTYPES[dname] and arr.dtype != DTYPES[dname]:
-            arr = arr.astype(DTYPES[dname])  # big-endian in, little-endian out
-        if not arr.flags.c_contiguous:
-            arr = arr.copy(order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
-        descriptors.append([name, dname, list(arr.shape)])
-        payloads.append(arr if packed else arr.reshape(-1).view(np.uint8))
-    if packed:
-        return [encode_header(msg.type, msg.body, msg.sender, msg.seq, descriptors, msg.version, packed=True),
-                pack_arrays(payloads)]
-    return [encode_header(msg.type, msg.body, msg.sender, msg.seq, descriptors, msg.version), *payloads]
-
-
-_PAD = bytes(PACK_ALIGN - 1)
-
-
-def pack_arrays(arrays: Sequence[np.ndarray]) -> bytes:
-    """The payload frame of a packed message: C-contiguous little-endian ``arrays`` back to back,
-    each starting at a multiple of 8 bytes (zero bytes between), nothing after the last."""
-    parts: list[Any] = []
-    offset = 0
-    for arr in arrays:
-        pad = -offset % PACK_ALIGN
-        if pad:
-            parts.append(_PAD[:pad])
-            offset += pad
-        parts.append(arr)  # bytes.join takes any C-contiguous buffer: one copy in all
-        offset += arr.nbytes
-    return b"".join(parts)
-
-
-def encode_header(
-    mtype: str, body: dict[str, Any], sender: str, seq: int, descriptors: list[Any] | None = None,
-    version: int = PROTOCOL_VERSION, *, packed: bool = False,
-) -> bytes:
-    """The header frame alone: all of a message without arrays (an ack), with no Message to build."""
-    header = {
-        "v": version,
-        "type": mtype,
-        "sender": sender,
-        "seq": seq,
-        "arrays": [] if descriptors is None else descriptors,
-        "body": body,
-    }
-    if packed:
-        header["packed"] = True
-    return msgpack.packb(header, use_bin_type=True)
-
-
-# -- inserts as InsertClient sends them ----------------------------------------------
-# A sender repeats everything of its inserts but seq and window_start, so InsertEncoder keeps
-# the header's bytes up to window_start's value (the "prefix") for a layout and packs the two
-# ints after it; a receiver that fully decoded one insert of a prefix may take the next ones
-# of that prefix by reading the two ints alone (read_insert_tail).
-
-_SEQ_KEY = b"\xa3seq"
-_CF_SEQ_KEY = _SEQ_KEY + b"\xcf"  # the key, then a uint64's marker
-_TWO_U64 = struct.Struct(">Q5xQ")  # uint64, the 5 bytes above, uint64 (msgpack is big-endian)
-
-
-def _packb(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
-
-
-def insert_header_prefix(table: str, sender: str, descriptors: list[Any]) -> bytes:
-    """The header bytes of a packed insert with ``merge_acks`` up to its ``window_start`` value:
-    a map of 7 whose last key is ``seq``, its body a map of 3 whose last key is ``window_start``."""
-    return b"".join((
-        b"\x87",
-        *map(_packb, ("v", PROTOCOL_VERSION, "type", "insert", "sender", sender, "arrays", descriptors,
-                      "packed", True, "body")),
-        b"\x83",
-        *map(_packb, ("table", table, "merge_acks", True, "window_start")),
-    ))
-
-
-def read_insert_tail(header: bytes, start: int) -> tuple[int, int] | None:
-    """(window_start, seq) if ``header[start:]`` is exactly what :func:`insert_header_prefix`'s
-    header ends with (an int, the key ``seq``, an int in [0, 2**64)); None for anything else."""
-    if len(header) - start == 22 and header[start] == 0xCF and header[start + 9:start + 14] == _CF_SEQ_KEY:
-        # the usual form (InsertClient's seqs are microseconds since 1970): two uint64s, no decoder
-        ws, seq = _TWO_U64.unpack_from(header, start + 1)
-        return ws, seq
-    if len(header) - start > 32:  # two ints of at most 9 bytes and the key
-        return None
-    try:
-        tail = msgpack.unpackb(b"\x93" + header[start:], raw=False, max_ext_len=0)  # the 3 as one array
-    except Exception:  # anything but the usual form: the caller decodes the whole message
-        return None
-    if type(tail) is not list:
-        return None
-    ws, key, seq = tail
-    if type(ws) is not int or key != "seq" or type(seq) is not int or not 0 <= seq < 1 << 64:
-        return None
-    return ws, seq
-
-
-class InsertEncoder:
-    """Encodes inserts as InsertClient sends them: a header and one packed payload frame.
-
-    The header's bytes are kept for the last layout (table, sender, column names, dtypes and
-    shapes; :func:`insert_header_prefix`) and only ``window_start`` and ``seq`` are packed per
-    insert; the payload is :func:`pack_arrays`. Anything the kept layout does not cover (other
-    columns, non-contiguous or non-wire dtypes) takes :func:`encode`. Both give a message this
-    module's :func:`decode` reads (header keys in another order).
-    """
-
-    def __init__(self) -> None:
-        self._key: list[Any] | None = None
-        self._prefix = b""
-        self._pack = msgpack.Packer(use_bin_type=True).pack  # packb builds a Packer per call
-
-    def frames(self, table: str, arrays: Mapping[str, np.ndarray], sender: str, seq: int,
-               window_start: int) -> list[Any]:
-        values = list(arrays.values())
-        key = [table, sender, *arrays, *[a.dtype for a in values], *[a.shape for a in values]]
-        if key != self._key and not self._learn(key, table, arrays, sender):
-            return self._general(table, arrays, sender, seq, window_start)
-        for arr in values:
-            if not arr.flags.c_contiguous:
-                return self._general(table, arrays, sender, seq, window_start)
-        pack = self._pack
-        return [b"".join((self._prefix, pack(window_start), _SEQ_KEY, pack(seq))), pack_arrays(values)]
-
-    @staticmethod
-    def _general(table: str, arrays: Mapping[str, np.ndarray], sender: str, seq: int,
-                 window_start: int) -> list[Any]:
-        body = {"table": table, "window_start": window_start, "merge_acks": True}
-        return encode(Message("insert", body, dict(arrays), sender, seq), packed=True)
-
-    def _learn(self, key: list[Any], table: str, arrays: Mapping[str, np.ndarray], sender: str) -> bool:
-        """Keep the header bytes of this layout; False if it needs the general encoder."""
-        descriptors = []
-        for name, arr in arrays.items():
-            dname = _DTYPE_NAMES.get(arr.dtype)  # native little-endian dtypes only
-            if dname is None or arr.dtype != DTYPES[dname]:  # e.g. big-endian: encode() converts it
-                self._key = None
-                return False
-            descriptors.append([name, dname, list(arr.shape)])
-        self._prefix = insert_header_prefix(table, sender, descriptors)
-        self._key = key
-        return True
+from common.wire.schema import MESSAGES, FieldSpec, MessageSpec
 
 
 def _buffer(frame: Any) -> Any:
@@ -565,7 +307,7 @@ def _check_arrays(spec: MessageSpec, arrays: Mapping[str, np.ndarray]) -> None:
                 raise ProtocolError("missing_array", f"{spec.name} needs array {name!r}")
             continue
         arr = arrays[name]
-        if aspec.dtypes and _DTYPE_NAMES[arr.dtype] not in aspec.dtypes:
+        if aspec.dtypes and DTYPE_NAMES[arr.dtype] not in aspec.dtypes:
             raise ProtocolError(
                 "bad_dtype", f"{spec.name}.{name} must have dtype in {list(aspec.dtypes)}, got {arr.dtype}"
             )

@@ -1,4 +1,4 @@
-"""The request loop every server runs, and the request/reply client.
+"""The request loop every server runs (the client side is common/wire/connection.py).
 
 A :class:`Server` owns a ROUTER socket: it decodes each message, dispatches
 it by type to a handler, and replies. It never dies of a message: a message
@@ -15,37 +15,27 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
 from common.metrics import ServiceMetrics
-from common.protocol import DEFAULT_LIMITS, Limits, Message, ProtocolError, decode, encode
-from common.transport import DEFAULT_HWM, CommTimeout, CurveConfig, make_socket, recv, send
+from common.wire.codec import DEFAULT_LIMITS, Limits, Message, ProtocolError, encode
+from common.wire.decoder import decode
+from common.wire.errors import RequestError
+from common.wire.transport import (
+    DEFAULT_HWM,
+    NOBLOCK,
+    SNDMORE_NOBLOCK,
+    CurveConfig,
+    make_socket,
+    recv_frames,
+    send_parts,
+)
 
 log = logging.getLogger(__name__)
-
-
-class RequestError(Exception):
-    """A well-formed request that cannot be served; becomes an ``error`` reply."""
-
-    def __init__(self, reason: str, detail: str, *, count: bool = True) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-        self.count = count  # counted in rlfleet_protocol_errors_total (not a service's own trouble)
-
-
-class RemoteError(Exception):
-    """The server answered a request with an ``error`` message."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -58,44 +48,6 @@ class Peer:
 
 
 Handler = Callable[[Peer, Message], None]
-
-_NOBLOCK = int(zmq.NOBLOCK)  # plain ints: pyzmq's enum flags cost a Python call per use
-_SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
-
-
-_SNDMORE = int(zmq.SNDMORE)
-# the compiled send: pyzmq's Python-level Socket.send only adds the draft routing_id/group
-# arguments, and costs ~0.6 us a frame
-_send = zmq.backend.Socket.send
-
-
-def send_parts(sock: zmq.Socket[Any], frames: Sequence[Any], flags: int = 0) -> None:
-    """``send_multipart(frames, flags)`` at half the cost (plain int flags, pyzmq's compiled send).
-
-    Every frame is copied into its ZeroMQ message, also large ones: without a copy ZeroMQ
-    reads a buffer after this returns, possibly much later (a slow peer's queue), and a
-    paramserver reply's arrays may be views of a shared-memory file that is reused for a
-    later version once dropped. Small frames (the usual replies, inserts) cost less copied.
-    """
-    last = len(frames) - 1
-    more = flags | _SNDMORE
-    for i, frame in enumerate(frames):
-        _send(sock, frame, more if i < last else flags, True)
-
-
-def recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
-    """One whole multipart message without waiting (zmq.Again if none is queued).
-
-    The same as ``recv_multipart(NOBLOCK, copy=False)`` at half the cost:
-    each Frame says whether more follow, so no RCVMORE query per frame.
-    """
-    frame = sock.recv(_NOBLOCK, copy=False)
-    frames = [frame]
-    while frame.more:
-        frame = sock.recv(_NOBLOCK, copy=False)
-        frames.append(frame)
-    return frames
-
 
 class _Traffic:
     """Messages and bytes of one (type, direction) not yet added to the Prometheus counters."""
@@ -172,8 +124,8 @@ class Server:
         try:
             # ROUTER refuses a message at its identity frame (peer gone, or its queue full
             # with ROUTER_MANDATORY), so nothing is half sent when this raises
-            self.sock.send(peer.identity, _SNDMORE_NOBLOCK)
-            send_parts(self.sock, frames, _NOBLOCK)
+            self.sock.send(peer.identity, SNDMORE_NOBLOCK)
+            send_parts(self.sock, frames, NOBLOCK)
         except (zmq.Again, zmq.ZMQError) as exc:  # peer gone (EHOSTUNREACH) or queue full
             self.replies_dropped.inc()
             log.debug("%s: reply %s to %r dropped: %s", self.name, mtype, peer.sender, exc)
@@ -265,68 +217,3 @@ class Server:
 
     def close(self) -> None:
         self.sock.close(linger=0)
-
-
-class Client:
-    """A DEALER connection to one server, with request/reply matching by seq."""
-
-    def __init__(
-        self,
-        address: str,
-        sender: str,
-        *,
-        curve: CurveConfig | None = None,
-        hwm: int = DEFAULT_HWM,
-        limits: Limits = DEFAULT_LIMITS,
-        ctx: zmq.Context[Any] | None = None,
-        identity: bytes | None = None,
-    ) -> None:
-        self.address = address
-        self.sender = sender
-        self.limits = limits
-        self.sock = make_socket(zmq.DEALER, connect=address, hwm=hwm, curve=curve, ctx=ctx, identity=identity)
-        self._seq = itertools.count(1)
-
-    def next_seq(self) -> int:
-        return next(self._seq)
-
-    def send(self, msg: Message, seq: int | None = None) -> int:
-        """Send without waiting; returns the seq the reply will reference."""
-        msg.sender = self.sender
-        msg.seq = self.next_seq() if seq is None else seq
-        send(self.sock, msg)
-        return msg.seq
-
-    def recv(self, timeout_s: float) -> Message:
-        return recv(self.sock, timeout_s, self.limits)
-
-    def request(self, msg: Message, timeout_s: float) -> Message:
-        """Send and wait for the reply to this request (older replies are dropped).
-
-        Raises CommTimeout, RemoteError for an ``error`` reply, ProtocolError
-        for a reply that does not decode.
-        """
-        seq = self.send(msg)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise CommTimeout(f"{msg.type} to {self.address}: no reply within {timeout_s:.3g} s")
-            reply = self.recv(left)
-            if reply.get("ref_seq") not in (seq, -1):
-                continue  # a late reply to an earlier request
-            if reply.type == "error":
-                raise RemoteError(reply["reason"], reply["detail"])
-            return reply
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-__all__ = ["Server", "Client", "Peer", "RequestError", "RemoteError", "CommTimeout"]

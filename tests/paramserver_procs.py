@@ -1,5 +1,8 @@
-"""Start paramserver shards as local processes (tests, benchmarks, the local launcher),
-or one shard's loop in a thread of this process (tests that need the server object)."""
+"""Start paramserver shards as local processes, or one shard's loop in a thread of this process.
+
+For tests and benchmarks only (bench/weight_sync.py imports it from here, as
+bench/faults.py and bench/containers.py import their fleet helpers from tests/).
+"""
 
 from __future__ import annotations
 
@@ -15,12 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from common.protocol import Message
-from common.server import Client, CommTimeout
-from common.transport import free_tcp_port
+from common.wire.codec import Message
+from common.wire.connection import Connection
+from common.wire.errors import CommTimeout
+from common.wire.transport import free_tcp_port
 from services.paramserver.shard import ShardServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 S = TypeVar("S", bound=ShardServer)
 
 
@@ -65,7 +69,7 @@ class ShardProcesses:
         """Block until every shard answers ``info``."""
         deadline = time.monotonic() + timeout_s
         for shard, addr in enumerate(self.addresses):
-            with Client(addr, "launcher") as c:
+            with Connection(addr, "launcher") as c:
                 while True:
                     if self.procs[shard].poll() is not None:
                         raise RuntimeError(f"paramserver shard {shard} exited with {self.procs[shard].returncode}")
