@@ -86,6 +86,19 @@ def test_compose_file_scales_and_is_a_valid_stack() -> None:
         assert override["services"][name]["profiles"] == ["monitoring"]
 
 
+def test_compose_builds_the_targets_of_the_one_dockerfile() -> None:
+    """Every image is a target of ./Dockerfile; torch-free targets come before the torch stage, so the
+    legacy builder (which builds every stage above the target) never installs torch for them."""
+    stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", (ROOT / "Dockerfile").read_text(), re.M | re.I)
+    assert not list(ROOT.glob("services/*/Dockerfile"))
+    files = [yaml.safe_load((ROOT / f).read_text()) for f in ("docker-compose.yml", "docker-compose.gpu.yml")]
+    for name, svc in [(n, s) for f in files for n, s in f["services"].items() if "build" in s]:
+        assert svc["build"]["target"] == name and "dockerfile" not in svc["build"], name
+    for name in ("replay", "paramserver", "learner", "actor"):
+        assert name in stages, f"the Dockerfile has no target {name}"
+    assert max(stages.index("replay"), stages.index("paramserver")) < stages.index("deps-torch")
+
+
 def dashboard_expressions() -> list[str]:
     dash = json.loads((ROOT / "deploy/grafana/dashboards/rlfleet.json").read_text())
     return [t["expr"] for p in dash["panels"] for t in p["targets"]]
