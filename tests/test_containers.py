@@ -101,6 +101,18 @@ def test_compose_builds_the_targets_of_the_one_dockerfile() -> None:
     assert max(stages.index("replay"), stages.index("paramserver")) < stages.index("deps-torch")
 
 
+def test_the_images_hold_the_packages_their_entry_point_needs() -> None:
+    """The source stage copies each package the .dockerignore lets in, the entry point's among them."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = re.findall(r"^COPY (\w+)/ /app/\1/$", dockerfile, re.M)
+    allowed = (ROOT / ".dockerignore").read_text().splitlines()
+    assert copied and all(f"!{pkg}/" in allowed for pkg in copied), (copied, allowed)
+    module = re.search(r'^ENTRYPOINT \["python", "-m", "([\w.]+)"\]$', dockerfile, re.M)
+    assert module and module[1].split(".")[0] in copied
+    path = ROOT / module[1].replace(".", "/")
+    assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), module[1]
+
+
 def test_grafana_provisioning_points_at_prometheus() -> None:
     ds = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
     assert ds["datasources"][0]["url"] == "http://prometheus:9090"
