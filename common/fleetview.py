@@ -30,7 +30,8 @@ class Endpoint:
     samples: dict[str, float] = field(default_factory=dict)  # name{labels} summed over label sets
 
 
-def _fetch(url: str, timeout_s: float) -> tuple[int, bytes]:
+def fetch(url: str, timeout_s: float) -> tuple[int, bytes]:
+    """GET ``url``: its status and body, an HTTP error status included (connection errors raise)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
             return r.status, r.read()
@@ -42,11 +43,11 @@ def scrape(base_url: str, health_only: bool = False, timeout_s: float = 2.0) -> 
     """Health and metrics of one service; an unreachable one is unhealthy, not an error."""
     out = Endpoint()
     try:
-        code, body = _fetch(base_url + "/healthz", timeout_s)
+        code, body = fetch(base_url + "/healthz", timeout_s)
         out.health = json.loads(body or b"{}")
         out.healthy = code == 200 and bool(out.health.get("ok"))
         if not health_only:
-            _, text = _fetch(base_url + "/metrics", timeout_s)
+            _, text = fetch(base_url + "/metrics", timeout_s)
             for family in text_string_to_metric_families(text.decode()):
                 for s in family.samples:
                     out.samples[s.name] = out.samples.get(s.name, 0.0) + s.value

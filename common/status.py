@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from common.fleetview import _fetch
+from common.fleetview import fetch
 
 
 class StatusError(ValueError):
@@ -62,11 +62,11 @@ def read(url: str, timeout_s: float = 2.0) -> Reading:
     """Health and metrics of one endpoint; unreachable is a reading, not an error."""
     out = Reading()
     try:
-        code, body = _fetch(url.rstrip("/") + "/healthz", timeout_s)
+        code, body = fetch(url.rstrip("/") + "/healthz", timeout_s)
         out.reachable = True
         out.health = json.loads(body or b"{}")
         out.healthy = code == 200 and bool(out.health.get("ok"))
-        _, text = _fetch(url.rstrip("/") + "/metrics", timeout_s)
+        _, text = fetch(url.rstrip("/") + "/metrics", timeout_s)
         for family in text_string_to_metric_families(text.decode()):
             for s in family.samples:
                 out.samples[s.name] = out.samples.get(s.name, 0.0) + s.value
@@ -82,10 +82,10 @@ def read_prometheus(url: str, timeout_s: float = 2.0) -> Reading:
     (samples ``targets_up`` and ``targets``, and ``down_jobs`` in health)."""
     out = Reading(service="prometheus")
     try:
-        code, _ = _fetch(url.rstrip("/") + "/-/ready", timeout_s)
+        code, _ = fetch(url.rstrip("/") + "/-/ready", timeout_s)
         out.reachable = True
         out.healthy = code == 200
-        _, body = _fetch(url.rstrip("/") + "/api/v1/targets?state=active", timeout_s)
+        _, body = fetch(url.rstrip("/") + "/api/v1/targets?state=active", timeout_s)
         active = json.loads(body)["data"]["activeTargets"]
         up = [t for t in active if t.get("health") == "up"]
         out.samples = {"targets_up": float(len(up)), "targets": float(len(active))}
@@ -100,7 +100,7 @@ def read_grafana(url: str, timeout_s: float = 2.0) -> Reading:
     """A Grafana server: healthy when /api/health answers 200 (its database is reachable)."""
     out = Reading(service="grafana")
     try:
-        code, body = _fetch(url.rstrip("/") + "/api/health", timeout_s)
+        code, body = fetch(url.rstrip("/") + "/api/health", timeout_s)
         out.reachable = True
         out.health = dict(json.loads(body or b"{}"))
         out.healthy = code == 200
