@@ -34,7 +34,8 @@ lint: setup
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
 
-# Every container image (replay, paramserver, learner, actor, prometheus). Where
+# Every container image: the targets replay, paramserver, learner, actor of
+# ./Dockerfile, and prometheus (deploy/prometheus/Dockerfile). Where
 # python:3.11-slim cannot be pulled, the base is made with debootstrap (cached);
 # deps come from a wheelhouse made on the host. See deploy/build-images.sh.
 images: setup

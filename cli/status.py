@@ -7,10 +7,16 @@ the project's running containers, by the ``com.docker.compose.project`` label,
 scraped on their container IP at ``--port``, default 9100). Scrapes twice,
 ``--interval`` apart, to show rates. Exit code 0 when every member is healthy,
 1 otherwise, 2 when no member could be found.
+
+A compose project's Prometheus and Grafana (profile ``monitoring``) have no
+rlfleet /healthz: each is read on its own port, Prometheus (9090) healthy when
+/-/ready answers 200, with how many of its scrape targets are up
+(/api/v1/targets), Grafana (3000) when /api/health answers 200.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import sys
 import time
@@ -30,11 +36,16 @@ class StatusError(ValueError):
     """No fleet to look at: the message says why."""
 
 
+#: Compose services that are not rlfleet services, by name: the port they listen on in their container.
+MONITORING_PORTS = {"prometheus": 9090, "grafana": 3000}
+
+
 @dataclass
 class Target:
     label: str
     url: str
     service: str = ""  # filled from the metrics' service label when unknown
+    kind: str = "rlfleet"  # or "prometheus", "grafana": see read_monitoring()
 
 
 @dataclass
@@ -66,6 +77,51 @@ def read(url: str, timeout_s: float = 2.0) -> Reading:
     return out
 
 
+def read_prometheus(url: str, timeout_s: float = 2.0) -> Reading:
+    """A Prometheus server: healthy when /-/ready answers 200; its active targets counted by health
+    (samples ``targets_up`` and ``targets``, and ``down_jobs`` in health)."""
+    out = Reading(service="prometheus")
+    try:
+        code, _ = fetch(url.rstrip("/") + "/-/ready", timeout_s)
+        out.reachable = True
+        out.healthy = code == 200
+        _, body = fetch(url.rstrip("/") + "/api/v1/targets?state=active", timeout_s)
+        active = json.loads(body)["data"]["activeTargets"]
+        up = [t for t in active if t.get("health") == "up"]
+        out.samples = {"targets_up": float(len(up)), "targets": float(len(active))}
+        down = sorted({t.get("labels", {}).get("job", "?") for t in active if t.get("health") != "up"})
+        out.health = {"ok": out.healthy, "down_jobs": down}
+    except (OSError, ValueError, KeyError, TypeError, http.client.HTTPException):
+        out.healthy = False
+    return out
+
+
+def read_grafana(url: str, timeout_s: float = 2.0) -> Reading:
+    """A Grafana server: healthy when /api/health answers 200 (its database is reachable)."""
+    out = Reading(service="grafana")
+    try:
+        code, body = fetch(url.rstrip("/") + "/api/health", timeout_s)
+        out.reachable = True
+        out.health = dict(json.loads(body or b"{}"))
+        out.healthy = code == 200
+    except (OSError, ValueError, TypeError, http.client.HTTPException):
+        out.healthy = False
+    return out
+
+
+def read_monitoring(t: Target) -> tuple[Reading, str]:
+    """The reading and key figures of a Prometheus or Grafana target."""
+    if t.kind == "grafana":
+        now = read_grafana(t.url)
+        return now, f"version {now.health.get('version', '-')}, database {now.health.get('database', '-')}"
+    now = read_prometheus(t.url)
+    if "targets" not in now.samples:
+        return now, "ready" if now.healthy else "not ready"
+    text = f"targets up {now.samples['targets_up']:.0f}/{now.samples['targets']:.0f}"
+    down = now.health.get("down_jobs") or []
+    return now, text + (f" (down: {', '.join(down)})" if down else "")
+
+
 def targets_from_run(run_dir: str | Path) -> list[Target]:
     path = Path(run_dir) / "fleet.json"
     if not path.is_file():
@@ -93,7 +149,11 @@ def targets_from_compose(project: str, port: int) -> list[Target]:
         number = labels.get("com.docker.compose.container-number", "1")
         networks = (c.attrs.get("NetworkSettings") or {}).get("Networks") or {}
         ip = next((n.get("IPAddress") for n in networks.values() if n.get("IPAddress")), None)
-        if ip:
+        if not ip:
+            continue
+        if service in MONITORING_PORTS:
+            out.append(Target(f"{service}-{number}", f"http://{ip}:{MONITORING_PORTS[service]}", service, service))
+        else:
             out.append(Target(f"{service}-{number}", f"http://{ip}:{port}", service))
     if not out:
         raise StatusError(f"compose project {project!r} has no running container with an IP")
@@ -146,16 +206,21 @@ def figures(service: str, now: Reading, before: Reading | None, dt: float) -> st
 
 def collect_status(targets: list[Target], interval_s: float) -> list[dict[str, Any]]:
     """One row per target: label, service, url, reachable, healthy, figures."""
-    first = [read(t.url) for t in targets] if interval_s > 0 else [None] * len(targets)
-    if interval_s > 0:
+    first: list[Reading | None] = [None] * len(targets)
+    if interval_s > 0:  # rates of rlfleet services only
+        first = [read(t.url) if t.kind == "rlfleet" else None for t in targets]
         time.sleep(interval_s)
     rows = []
     for t, before in zip(targets, first, strict=True):
-        now = read(t.url)
+        if t.kind != "rlfleet":
+            now, text = read_monitoring(t)
+        else:
+            now = read(t.url)
+            text = figures(t.service or now.service, now, before, interval_s)
         service = t.service or now.service
         rows.append({"label": t.label, "service": service, "url": t.url, "reachable": now.reachable,
-                     "healthy": now.healthy, "figures": figures(service, now, before, interval_s) if now.reachable
-                     else "unreachable", "health": now.health})
+                     "healthy": now.healthy, "figures": text if now.reachable else "unreachable",
+                     "health": now.health})
     return rows
 
 
