@@ -28,13 +28,14 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not e2e and not container and not chaos"
 
 lint: setup
-	$(BIN)/ruff check common services tests bench
-	$(BIN)/mypy common services bench
+	$(BIN)/ruff check common services tests bench cli
+	$(BIN)/mypy common services bench cli
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
 
-# Every container image (replay, paramserver, learner, actor, prometheus). Where
+# Every container image: the targets replay, paramserver, learner, actor of
+# ./Dockerfile, and prometheus (deploy/prometheus/Dockerfile). Where
 # python:3.11-slim cannot be pulled, the base is made with debootstrap (cached);
 # deps come from a wheelhouse made on the host. See deploy/build-images.sh.
 images: setup

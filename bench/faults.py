@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from bench.replay_ingest import run_case
-from common.fleetview import scrape
-from common.launcher import Fleet
+from cli.fleetview import scrape
+from cli.launcher import Fleet
 from tests.chaos_helpers import acked, kill9, lost, member, start_fleet, stored, wait_for
 from tests.fleet_helpers import CONFIGS
 

@@ -59,8 +59,8 @@ import zmq
 
 from common.config import ActorConfig, ReplayConfig, TableConfig
 from common.metrics import ServiceMetrics
-from common.protocol import InsertEncoder
-from common.transport import make_socket
+from common.wire.inserts import InsertEncoder
+from common.wire.transport import make_socket
 
 CTX = mp.get_context("spawn")
 CAPACITY = 1_000_000  # of the server's table; the warm-up lap fills it once
@@ -118,7 +118,7 @@ def _writer(mode: str, addr: str, index: int, n_warm: int, n_msgs: int, batch: i
         sock.close()
         result_q.put(time.time())
         return
-    from services.replay.client import InsertClient
+    from common.clients.replay_insert import InsertClient
 
     client = InsertClient(addr, f"w{index}-{time.time_ns()}", max_unacked=ActorConfig().max_unacked)
     priorities = np.random.default_rng(index).uniform(0.1, 2.0, batch) if mode == "prioritized" else None

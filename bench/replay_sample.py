@@ -67,7 +67,8 @@ def _server(addr_q: Any, stop: Any) -> None:
 
 
 def over_socket(seconds: float, in_flight: int) -> tuple[float, dict[str, Any]]:
-    from services.replay.client import InsertClient, SampleClient
+    from common.clients.replay_insert import InsertClient
+    from common.clients.replay_sample import SampleClient
 
     addr_q, stop = CTX.Queue(), CTX.Event()
     proc = CTX.Process(target=_server, args=(addr_q, stop))

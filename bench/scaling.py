@@ -40,10 +40,10 @@ from typing import Any
 
 import numpy as np
 
+from cli.report import write_report
+from cli.rundata import load_run, summarize, weights_time_to_target
 from common import config as config_mod
 from common.envs import make_vector_env
-from common.report import write_report
-from common.rundata import load_run, summarize, weights_time_to_target
 
 CONFIG = "configs/cartpole-dqn.yaml"
 # The learner must keep up with 8 latency-bound actors on 2 cores (~3,700 env steps/s at
@@ -87,7 +87,7 @@ def median_or_none(values: list[Any]) -> float | None:
 
 def run_one(actors: int, seed: int, args: argparse.Namespace, runs: Path) -> Path:
     root = runs / f"actors-{actors}" / f"seed-{seed}"
-    cmd = [sys.executable, "-m", "common.cli", "up", "--config", args.config, "--actors", str(actors),
+    cmd = [sys.executable, "-m", "cli", "up", "--config", args.config, "--actors", str(actors),
            "--sync", "async", "--until-return", str(args.target), "--max-seconds", str(args.max_seconds),
            "--runs", str(root), "--set", f"env.step_latency_ms={args.latency_ms}", "--set", f"seed={seed}"]
     for s in args.set:

@@ -19,7 +19,7 @@ zmq"``, and ``floor_parallel_s`` = as many of them at once as the fleet has
 members that run torch (learner, actors, evaluator) on the same cores.
 
 Modes (``--modes``, both by default, interleaved run by run): ``fork``, the
-members forked by the launcher's fork servers (common/forkserver.py, the
+members forked by the launcher's fork servers (cli/forkserver.py, the
 default); ``fresh``, every member a fresh interpreter (``RLFLEET_FORKSERVER=0``,
 what `rlfleet up` did before the fork servers). ``--root`` runs the `rlfleet up`
 of another checkout (e.g. an older commit) with this benchmark.
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.fleetview import scrape
+from cli.fleetview import scrape
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.02
@@ -62,14 +62,14 @@ def floor(parallel: int) -> float:
 
 
 def health(url: str) -> dict[str, Any] | None:
-    """A member's /healthz answer if it says ok (common.fleetview.scrape, health only)."""
+    """A member's /healthz answer if it says ok (cli.fleetview.scrape, health only)."""
     got = scrape(url, health_only=True, timeout_s=1.0)
     return got.health if got.healthy else None
 
 
 def one_run(config: str, actors: int, timeout_s: float, root: Path = ROOT, fork: bool = True) -> dict[str, Any]:
     runs = Path(tempfile.mkdtemp(prefix="startup-"))
-    cmd = [sys.executable, "-m", "common.cli", "up", "--config", str(root / config), "--actors", str(actors),
+    cmd = [sys.executable, "-m", "cli", "up", "--config", str(root / config), "--actors", str(actors),
            "--runs", str(runs), "--max-seconds", str(timeout_s)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFLEET_FORKSERVER": "1" if fork else "0"}
     start = time.perf_counter()

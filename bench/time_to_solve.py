@@ -62,7 +62,7 @@ EVAL_EVERY, EVAL_EPISODES = 5000, 10
 def run_rlfleet(env_id: str, seed: int, actors: int, budget: int, extra: list[str]) -> dict[str, Any]:
     runs = Path(tempfile.mkdtemp(prefix="tts-"))
     cmd = [
-        sys.executable, "-m", "common.cli", "up", "--config", str(ROOT / CONFIGS[env_id]),
+        sys.executable, "-m", "cli", "up", "--config", str(ROOT / CONFIGS[env_id]),
         "--actors", str(actors), "--until-return", str(TARGETS[env_id]), "--max-env-steps", str(budget),
         "--runs", str(runs), "--set", f"seed={seed}", "--set", f"evaluator.every_steps={EVAL_EVERY}",
         "--set", f"evaluator.episodes={EVAL_EPISODES}", *extra,

@@ -41,9 +41,10 @@ import msgpack
 import numpy as np
 import zmq
 
-from common.transport import free_tcp_port
-from services.paramserver.client import WeightsPublisher, WeightsReader
-from services.paramserver.procs import ShardProcesses
+from common.clients.weights_publisher import WeightsPublisher
+from common.clients.weights_reader import WeightsReader
+from common.wire.transport import free_tcp_port
+from tests.paramserver_procs import ShardProcesses
 
 READERS = 4
 

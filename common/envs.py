@@ -38,7 +38,7 @@ class StepLatency(gym.Wrapper):  # type: ignore[type-arg]
         return self.env.step(action)
 
 
-def _custom_class(env_id: str) -> type[gym.Env] | None:  # type: ignore[type-arg]
+def custom_env_class(env_id: str) -> type[gym.Env] | None:  # type: ignore[type-arg]
     """``module:Class`` naming a gymnasium.Env subclass, or None for a registered id."""
     if ":" not in env_id:
         return None
@@ -55,7 +55,7 @@ def _custom_class(env_id: str) -> type[gym.Env] | None:  # type: ignore[type-arg
 
 def env_factory(cfg: EnvConfig) -> Callable[[], gym.Env]:  # type: ignore[type-arg]
     """A thunk that makes one env as configured (render_mode None: no rendering cost)."""
-    cls = _custom_class(cfg.id)
+    cls = custom_env_class(cfg.id)
 
     def make() -> gym.Env:  # type: ignore[type-arg]
         if cls is not None:

@@ -1,18 +1,18 @@
 """Running one service: logging, signals, the metrics endpoint, a clean stop.
 
-Every service module (``services/<name>/main.py``) exposes
-``build(cfg, args) -> Service``. :func:`run_service` runs it in the
-foreground (``rlfleet service NAME``, what containers run); the local
-launcher runs several in threads for ``--inproc``.
+Every service module (``services/<name>/main.py``, named by its role in
+common/roles.py) exposes ``build(cfg, args) -> Service``. :func:`run_service`
+runs one in the foreground (``rlfleet service NAME``, what containers run);
+the local launcher runs several in threads for ``--inproc``.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,14 +21,6 @@ from common.config import ConfigError, Experiment
 from common.metrics import MetricsServer, ServiceMetrics
 
 log = logging.getLogger("rlfleet")
-
-SERVICES = {
-    "replay": "services.replay.main",
-    "paramserver": "services.paramserver.main",
-    "learner": "services.learner.main",
-    "actor": "services.actor.main",
-    "evaluator": "services.actor.main",
-}
 
 
 class FatalError(RuntimeError):
@@ -60,9 +52,8 @@ class Service(Protocol):
     def close(self) -> None: ...
 
 
-def build(cfg: Experiment, args: ServiceArgs) -> Service:
-    module = importlib.import_module(SERVICES[args.name])
-    return module.build(cfg, args)  # type: ignore[no-any-return]
+Builder = Callable[[Experiment, ServiceArgs], Service]
+"""A service module's ``build``."""
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -76,8 +67,8 @@ def setup_logging(level: str = "INFO", file: str | Path | None = None) -> None:
     logging.basicConfig(level=level, format=LOG_FORMAT, handlers=handlers, force=True)
 
 
-def run_service(cfg: Experiment, args: ServiceArgs) -> int:
-    """Run one service in the foreground until SIGTERM/SIGINT; 0 on a clean stop."""
+def run_service(cfg: Experiment, args: ServiceArgs, build: Builder) -> int:
+    """Run the service ``build`` makes in the foreground until SIGTERM/SIGINT; 0 on a clean stop."""
     from common.envs import EnvError
 
     try:

@@ -27,13 +27,14 @@ import zmq.auth
 from zmq.utils import z85
 
 from common.config import ConfigError, Experiment, SecurityConfig, validate
-from common.transport import CurveConfig, fingerprint
+from common.roles import CLIENTS
+from common.wire.transport import CurveConfig, fingerprint
 
 log = logging.getLogger(__name__)
 
 SERVER = "server"
 CLIENTS_DIR = "clients"
-DEFAULT_CLIENTS = ("learner", "actor", "evaluator")
+DEFAULT_CLIENTS = CLIENTS  # every client role: learner, actor, evaluator
 PUBLIC, SECRET = ".key", ".key_secret"
 
 _BANNER = """#   ****  Generated on {now} by rlfleet keys  ****
@@ -226,4 +227,4 @@ def local_keys(cfg: Experiment, run_dir: Path) -> tuple[Experiment, list[KeyFile
 
 def fleet_roles(cfg: Experiment) -> tuple[str, ...]:
     """The client roles of a local fleet."""
-    return ("learner", "actor", "evaluator") if cfg.evaluator.enabled else ("learner", "actor")
+    return tuple(name for name in CLIENTS if name != "evaluator" or cfg.evaluator.enabled)

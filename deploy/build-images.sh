@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make images`: build every rlfleet image (replay, paramserver, learner, actor,
-# prometheus) the same way here and in CI.
+# `make images`: build every rlfleet image (replay, paramserver, learner, actor:
+# the targets of ./Dockerfile; prometheus: deploy/prometheus/Dockerfile) the same
+# way here and in CI.
 #
 # Base image (BASE_IMAGE):
 #   unset   python:3.11-slim if it is present or can be pulled; otherwise a
@@ -106,21 +107,22 @@ fi
 T_WHEELS=$(now)
 
 # -- images -----------------------------------------------------------------
-build() {  # name dockerfile [extra args...]
-    local name=$1 file=$2; shift 2
+build() {  # name [docker build args...]
+    local name=$1; shift
     local t
     t=$(now)
-    if ! docker build -q --build-arg "BASE_IMAGE=$BASE_IMAGE" -f "$file" -t "rlfleet/$name:$TAG" "$@" . \
+    if ! docker build -q --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "rlfleet/$name:$TAG" "$@" . \
             >"$CACHE/build-$name.log" 2>&1; then
         tail -30 "$CACHE/build-$name.log" >&2; log "build of rlfleet/$name failed"; exit 1
     fi
     log "rlfleet/$name:$TAG built in $(( $(now) - t )) s"
 }
 mkdir -p "$CACHE"
-for name in replay paramserver actor learner; do
-    build "$name" "services/$name/Dockerfile"
+# One Dockerfile, a target a service; the torch-free ones first (see the Dockerfile).
+for name in replay paramserver learner actor; do
+    build "$name" --target "$name"
 done
-build prometheus deploy/prometheus/Dockerfile
+build prometheus -f deploy/prometheus/Dockerfile
 
 log "done in $(( $(now) - T0 )) s (base $(( T_BASE - T0 )) s, wheelhouse $(( T_WHEELS - T_BASE )) s," \
     "images $(( $(now) - T_WHEELS )) s); BASE_IMAGE=$BASE_IMAGE"

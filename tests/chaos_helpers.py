@@ -1,7 +1,7 @@
 """Killing and restarting members of a local fleet, and reading what they acked and stored.
 
 Used by tests/test_chaos.py and bench/faults.py. The fleet is the launcher's
-own (common.launcher.Fleet, one process per service), so a killed member is
+own (cli.launcher.Fleet, one process per service), so a killed member is
 restarted with exactly the command the launcher used.
 """
 
@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cli.fleetview import scrape
+from cli.launcher import Fleet, Member, make_run_dir, plan
 from common import config as config_mod
 from common.config import Experiment
-from common.fleetview import scrape
-from common.launcher import Fleet, Member, make_run_dir, plan
 from services.replay.main import shard_dir
 from services.replay.storage import read_segment
 from tests.fleet_helpers import wait_for

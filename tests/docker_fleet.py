@@ -18,9 +18,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from common.roles import NAMES
+
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ("replay", "paramserver", "actor", "learner", "prometheus")
-SERVICES = ("replay", "paramserver", "learner", "actor", "evaluator")
+SERVICES = NAMES  # every role is a compose service
 
 # A short run: small table, quick sampling, quick evaluations.
 SHORT_ENV = {

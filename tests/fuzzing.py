@@ -5,7 +5,7 @@ Two kinds, told apart by the local decoder (the server's own):
 - malformed on the wire: random frames, truncated and byte-flipped valid
   messages, valid headers with one envelope/body/array field broken, random
   msgpack headers, too many frames, oversized headers. Each candidate is run
-  through :func:`common.protocol.decode` here and kept only if it raises
+  through :func:`common.wire.decoder.decode` here and kept only if it raises
   ProtocolError, so the server's decoder refuses it too (once, before any
   handler: ``rlfleet_messages_total{type="undecodable"}``).
 - well-formed but refused by the server: a type it does not serve, an
@@ -26,9 +26,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from common.partition import Layout
-from common.protocol import Message, ProtocolError, decode, encode
-from services.paramserver.client import tensor_specs
+from common.tensor_shards import Layout, tensor_specs
+from common.wire.codec import Message, ProtocolError, encode
+from common.wire.decoder import decode
 
 #: error reasons a server does not count as protocol errors: a fuzz message must never get one
 UNCOUNTED = frozenset({"busy", "timeout", "version_gone"})

@@ -31,8 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 from common.config import ReplayConfig, TableConfig  # noqa: E402
 from common.metrics import ServiceMetrics  # noqa: E402
-from common.protocol import Message, decode, encode  # noqa: E402
-from common.transport import free_tcp_port, make_socket  # noqa: E402
+from common.wire.codec import Message, encode  # noqa: E402
+from common.wire.decoder import decode  # noqa: E402
+from common.wire.transport import free_tcp_port, make_socket  # noqa: E402
 from services.replay.server import ReplayServer  # noqa: E402
 
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
@@ -130,7 +131,7 @@ class ReplayProcess:
 
 
 def writer_main(address: str, index: int, count: int, batch: int, dup_every: int, resend_after_s: float) -> None:
-    from services.replay.client import InsertClient
+    from common.clients.replay_insert import InsertClient
 
     client = InsertClient(address, f"writer-{index}", max_unacked=8, resend_after_s=resend_after_s)
     sent = 0

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from common.fleetview import scrape
+from cli.fleetview import scrape
 from tests.chaos_helpers import Watcher, acked, kill9, lost, member, restart, start_fleet, stored
 from tests.fleet_helpers import CONFIGS, read_csv, wait_for
 

@@ -37,6 +37,8 @@ from tests.docker_fleet import (
     wait_for,
     write_env_file,
 )
+from tests.grafana_dashboards import empty_queries
+from tests.grafana_dashboards import queries as dashboard_queries
 
 STARTUP_S = 300  # first start on a loaded 2-core machine: torch import in 5 containers at once
 
@@ -64,8 +66,8 @@ def test_torch_free_images_can_start_their_services() -> None:
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name.split('.')[0] == 'torch': raise ImportError('torch is not in this image')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import importlib, common.cli, common.runtime\n"
-        "for s in ('replay', 'paramserver'): importlib.import_module(common.runtime.SERVICES[s])\n"
+        "import importlib, cli.main, cli.dispatch, common.roles\n"
+        "for s in ('replay', 'paramserver'): importlib.import_module(common.roles.role(s).entry)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -86,15 +88,35 @@ def test_compose_file_scales_and_is_a_valid_stack() -> None:
         assert override["services"][name]["profiles"] == ["monitoring"]
 
 
-def dashboard_expressions() -> list[str]:
-    dash = json.loads((ROOT / "deploy/grafana/dashboards/rlfleet.json").read_text())
-    return [t["expr"] for p in dash["panels"] for t in p["targets"]]
+def test_compose_builds_the_targets_of_the_one_dockerfile() -> None:
+    """Every image is a target of ./Dockerfile; torch-free targets come before the torch stage, so the
+    legacy builder (which builds every stage above the target) never installs torch for them."""
+    stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", (ROOT / "Dockerfile").read_text(), re.M | re.I)
+    assert not list(ROOT.glob("services/*/Dockerfile"))
+    files = [yaml.safe_load((ROOT / f).read_text()) for f in ("docker-compose.yml", "docker-compose.gpu.yml")]
+    for name, svc in [(n, s) for f in files for n, s in f["services"].items() if "build" in s]:
+        assert svc["build"]["target"] == name and "dockerfile" not in svc["build"], name
+    for name in ("replay", "paramserver", "learner", "actor"):
+        assert name in stages, f"the Dockerfile has no target {name}"
+    assert max(stages.index("replay"), stages.index("paramserver")) < stages.index("deps-torch")
+
+
+def test_the_images_hold_the_packages_their_entry_point_needs() -> None:
+    """The source stage copies each package the .dockerignore lets in, the entry point's among them."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = re.findall(r"^COPY (\w+)/ /app/\1/$", dockerfile, re.M)
+    allowed = (ROOT / ".dockerignore").read_text().splitlines()
+    assert copied and all(f"!{pkg}/" in allowed for pkg in copied), (copied, allowed)
+    module = re.search(r'^ENTRYPOINT \["python", "-m", "([\w.]+)"\]$', dockerfile, re.M)
+    assert module and module[1].split(".")[0] in copied
+    path = ROOT / module[1].replace(".", "/")
+    assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), module[1]
 
 
 def test_grafana_provisioning_points_at_prometheus() -> None:
     ds = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
     assert ds["datasources"][0]["url"] == "http://prometheus:9090"
-    exprs = " ".join(dashboard_expressions())
+    exprs = " ".join(q for _, _, q in dashboard_queries())
     for needed in ("rlfleet_env_steps_total", "rlfleet_learner_updates_total", "rlfleet_replay_size",
                    "rlfleet_rate_limiter_wait_seconds_total", "rlfleet_eval_return", "rlfleet_weights_staleness",
                    "rlfleet_protocol_errors_total", "rlfleet_replay_wal_failures_total"):
@@ -224,16 +246,31 @@ def test_prometheus_scrapes_every_service_and_dashboard_metrics_exist(project: C
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(f"tcp://{ip}:5550")
     sock.send_multipart([b"\xc1 not a header", b"junk"])
-    names_needed = set()
-    for expr in dashboard_expressions():
-        names_needed |= set(re.findall(r"rlfleet_[a-z_]+", expr))
     try:
-        names = wait_for(lambda: set(prometheus_get(port, "/api/v1/label/__name__/values")),
-                         lambda have: names_needed <= have, STARTUP_S, "every dashboard metric scraped")
+        wait_for(lambda: empty_queries(f"http://127.0.0.1:{port}"), lambda empty: not empty, STARTUP_S,
+                 "every query of every dashboard panel returns a series")
     finally:
         sock.close()
-    assert names_needed <= names
     assert healthz(replay)["ok"]
+
+
+@pytest.mark.container
+def test_status_of_the_compose_project_reads_prometheus_on_its_own_port(project: ComposeProject) -> None:
+    """`rlfleet status --compose` as a user runs it: Prometheus healthy with every target up, not
+    'down unreachable' (it listens on 9090 and has no rlfleet /healthz)."""
+    wait_for(lambda: target_health(prometheus_port(project)), all_up_with(3), STARTUP_S, "every target up, 3 actors")
+    cmd = [sys.executable, "-m", "cli", "status", "--compose", project.name, "--json", "--interval", "0"]
+
+    def status() -> tuple[int, list[dict[str, Any]]]:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        return proc.returncode, json.loads(proc.stdout or "[]")
+
+    code, rows = wait_for(status, lambda r: r[0] == 0, 60, "rlfleet status exits 0 (every member healthy)")
+    prometheus = [r for r in rows if r["service"] == "prometheus"]
+    assert len(prometheus) == 1 and prometheus[0]["healthy"], rows
+    assert prometheus[0]["url"].endswith(":9090") and prometheus[0]["figures"] == "targets up 7/7", prometheus
+    assert sorted(r["service"] for r in rows if r["service"] != "grafana") == sorted(
+        ["replay", "paramserver", "learner", "evaluator", "prometheus", *["actor"] * 3])
 
 
 @pytest.mark.container

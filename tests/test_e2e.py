@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from cli.fleetview import scrape
+from cli.launcher import Fleet, make_run_dir, plan
 from common import config as config_mod
-from common.fleetview import scrape
-from common.launcher import Fleet, make_run_dir, plan
 from tests.fleet_helpers import CONFIGS, episodes, only_run_dir, read_csv, rlfleet, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -129,7 +129,7 @@ def test_ctrl_c_stops_the_whole_fleet_cleanly(tmp_path: Path) -> None:
     from tests.fleet_helpers import ROOT
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "common.cli", "up", "--config", str(CONFIGS / "cartpole-dqn.yaml"),
+        [sys.executable, "-m", "cli", "up", "--config", str(CONFIGS / "cartpole-dqn.yaml"),
          "--actors", "1", "--runs", str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -19,14 +19,16 @@ import numpy as np
 import pytest
 import zmq
 
+from common.clients.replay_insert import InsertClient
+from common.clients.replay_sample import SampleClient
+from common.clients.version_probe import VersionProbe
+from common.clients.weights_publisher import WeightsPublisher
 from common.config import ReplayConfig, TableConfig
 from common.metrics import ServiceMetrics
-from common.transport import CommTimeout, free_tcp_port
-from services.learner.probe import VersionProbe
-from services.paramserver.client import WeightsPublisher
-from services.paramserver.procs import ShardProcesses
-from services.replay.client import InsertClient, SampleClient
+from common.wire.errors import CommTimeout
+from common.wire.transport import free_tcp_port
 from services.replay.server import ReplayServer
+from tests.paramserver_procs import ShardProcesses
 from tests.replay_helpers import replay_config, serving, transitions
 
 
@@ -80,8 +82,8 @@ def test_sample_client_asks_again_at_once_after_replay_restarts() -> None:
 def test_version_probe_tells_restarted_live_and_gone_shards_apart() -> None:
     weights = {"w": np.ones((10, 10), np.float32), "b": np.zeros(10, np.float32)}
     with ShardProcesses(2) as ps:
-        probe = VersionProbe(ps.addresses, "learner-probe", every_s=0.0, timeout_s=1.0)
         publisher = WeightsPublisher(ps.addresses)
+        probe = VersionProbe(publisher.shards, every_s=0.0, timeout_s=1.0)  # the learner's: on the same connections
         try:
             assert until_done(probe) == ("answered", [-1, -1])  # fresh (restarted) shards hold nothing
             publisher.publish(3, weights, timeout_s=10)
@@ -94,7 +96,6 @@ def test_version_probe_tells_restarted_live_and_gone_shards_apart() -> None:
             assert probe.step()[0] in ("waiting", "silent")
             assert until_done(probe)[0] == "silent"
         finally:
-            probe.close()
             publisher.close()
 
 

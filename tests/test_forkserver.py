@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from cli.fleetview import scrape
+from cli.forkserver import ForkedProcess, ForkServerError, ForkServers, Zygote
+from cli.launcher import Fleet, Member, make_run_dir, plan
+from cli.main import SERVICE_NAMES
 from common import config as config_mod
-from common import runtime
-from common.cli import SERVICE_NAMES
-from common.fleetview import scrape
-from common.forkserver import ForkedProcess, ForkServerError, ForkServers, Zygote
-from common.launcher import Fleet, Member, make_run_dir, plan
+from common.roles import NAMES
 from tests.fleet_helpers import CONFIGS, ROOT, wait_for
 
 CARTPOLE = CONFIGS / "cartpole-dqn.yaml"
@@ -53,7 +53,7 @@ def tagged(tag: str) -> list[int]:
 
 
 def test_cli_lists_every_service() -> None:
-    assert tuple(sorted(runtime.SERVICES)) == SERVICE_NAMES
+    assert set(SERVICE_NAMES) == set(NAMES)
 
 
 def test_forked_command_has_its_own_pid_session_log_and_exit_code(tmp_path: Path) -> None:
@@ -150,7 +150,7 @@ def run_up_and_interrupt(tmp_path: Path, when: str) -> tuple[int, str, list[int]
     """`rlfleet up` in a session of its own; SIGINT to its process group (what Ctrl-C does) at ``when``."""
     tag = uuid.uuid4().hex
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFLEET_TEST_TAG": tag}
-    cmd = [sys.executable, "-m", "common.cli", "up", "--config", str(CARTPOLE), "--actors", "2",
+    cmd = [sys.executable, "-m", "cli", "up", "--config", str(CARTPOLE), "--actors", "2",
            "--runs", str(tmp_path), "--max-seconds", "120"]
     launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -185,7 +185,7 @@ def test_ctrl_c_leaves_no_process(tmp_path: Path, when: str) -> None:
 REAP_SCRIPT = r"""
 import os, sys, time, subprocess
 from pathlib import Path
-from common.forkserver import become_subreaper, reap_orphans
+from cli.forkserver import become_subreaper, reap_orphans
 
 def state(pid):
     try:

@@ -21,10 +21,12 @@ import pytest
 import zmq
 
 from common import config
-from common.protocol import decode
-from common.transport import free_tcp_port, make_socket
-from services.paramserver.client import WeightsPublisher, WeightsReader
-from services.replay.client import InsertClient, SampleClient
+from common.clients.replay_insert import InsertClient
+from common.clients.replay_sample import SampleClient
+from common.clients.weights_publisher import WeightsPublisher
+from common.clients.weights_reader import WeightsReader
+from common.wire.decoder import decode
+from common.wire.transport import free_tcp_port, make_socket
 from tests.fleet_helpers import CONFIGS
 from tests.fuzzing import UNCOUNTED, Fuzzer, rows
 from tests.service_procs import ServiceProcess
@@ -93,7 +95,7 @@ def test_malformed_messages_are_refused_and_counted_once(service: str, tmp_path:
         assert fuzzer.undecodable + fuzzer.handler_refused == MESSAGES
         assert fuzzer.handler_refused > 1000 and len(reasons) >= 10, reasons  # both kinds, many reasons
 
-        # Traffic counters are added after each burst the server reads (common/server.py count()),
+        # Traffic counters are added after each burst the server reads (common/wire/server.py count()),
         # so the last burst's may land just after its replies: wait for them to settle, then compare.
         undecodable = ("rlfleet_messages_total", frozenset({("type", "undecodable"), ("direction", "in")}))
         deadline = time.monotonic() + 10

@@ -36,8 +36,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.clients.registry import Welcome
 from services.actor.actor import fleet_size
-from services.paramserver.client import Welcome
 from services.replay.storage import read_segment
 from tests import netns
 from tests.fleet_helpers import CONFIGS, ROOT
@@ -99,7 +99,7 @@ class Fleet:
         ]
 
     def start(self, name: str, host: netns.Host, service: str, port: int, *extra: str) -> netns.Proc:
-        argv = [sys.executable, "-m", "common.cli", "service", service, "--config",
+        argv = [sys.executable, "-m", "cli", "service", service, "--config",
                 str(CONFIGS / "cartpole-dqn.yaml"), *[a for s in self.sets for a in ("--set", s)],
                 "--set", f"metrics.port={port}", *extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}

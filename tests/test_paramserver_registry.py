@@ -9,21 +9,24 @@ import time
 import numpy as np
 import pytest
 
+from common.clients.registry import RegistryClient
+from common.clients.weights_publisher import WeightsPublisher
+from common.clients.weights_reader import WeightsReader
 from common.metrics import ServiceMetrics
-from common.protocol import Message
-from common.server import Client, CommTimeout, RemoteError
-from common.transport import free_tcp_port
-from services.paramserver.client import RegistryClient, WeightsPublisher, WeightsReader
+from common.wire.codec import Message
+from common.wire.connection import Connection
+from common.wire.errors import CommTimeout, RemoteError
+from common.wire.transport import free_tcp_port
 from services.paramserver.coordination import MAX_PARKED_BARRIERS
-from services.paramserver.procs import ShardProcesses, serving
 from services.paramserver.registry import Registry
 from services.paramserver.shard import ShardServer
+from tests.paramserver_procs import ShardProcesses, serving
 
 LIVENESS_S = 1.0
 
 
 def members(address: str) -> dict[str, int]:
-    with Client(address, "probe") as c:
+    with Connection(address, "probe") as c:
         stats = c.request(Message("info"), 5.0)["stats"]
     return {actor_id: index for actor_id, _role, index in stats["actors"]}
 
@@ -153,7 +156,7 @@ def test_shard0_registry_and_barrier_edges() -> None:
         assert a.hello().fleet_env_steps == 0
         assert a.heartbeat(-1, env_steps=400).fleet_env_steps == 400
         assert a.heartbeat(-1, env_steps=30).fleet_env_steps == 430  # a restarted
-        with Client(addr, "z") as c:
+        with Connection(addr, "z") as c:
             for actor_id in ("", "x" * 300):
                 with pytest.raises(RemoteError, match="bad_actor_id"):
                     c.request(Message("hello", {"actor_id": actor_id, "role": "actor"}), 5.0)
@@ -176,7 +179,7 @@ def test_shard0_registry_and_barrier_edges() -> None:
         t.join(20)
         assert result["got"][0] == 1  # type: ignore[index]
         # At most MAX_PARKED_BARRIERS barriers wait at once; the next one is refused with busy.
-        with Client(addr, "learner") as c:
+        with Connection(addr, "learner") as c:
             seqs = [c.send(Message("barrier", {"round": 5, "timeout_ms": 60_000}))
                     for _ in range(MAX_PARKED_BARRIERS + 1)]
             reply = c.recv(10.0)

@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 import zmq
 
-from common.partition import Layout
-from common.protocol import Message
-from common.server import Client, RemoteError
-from common.transport import make_socket
-from services.paramserver.client import WeightsPublisher, WeightsReader
-from services.paramserver.procs import ShardProcesses
+from common.clients.weights_publisher import WeightsPublisher
+from common.clients.weights_reader import WeightsReader
+from common.tensor_shards import Layout
+from common.wire.codec import Message
+from common.wire.connection import Connection
+from common.wire.errors import RemoteError
+from common.wire.transport import make_socket
+from tests.paramserver_procs import ShardProcesses
 
 
 def model(version: int) -> dict[str, np.ndarray]:
@@ -28,7 +30,7 @@ def raw_publish(address: str, layout: Layout, shard: int, version: int, arrays: 
                 **body: Any) -> Message:
     msg = {"version": version, "num_shards": layout.num_shards, "layout": layout.fingerprint,
            "tensors": layout.to_wire(), **body}
-    with Client(address, "raw") as c:
+    with Connection(address, "raw") as c:
         try:
             return c.request(Message("publish", msg, arrays), 5.0)
         except RemoteError as exc:
@@ -68,7 +70,7 @@ def test_long_poll_and_exact_versions(shards: ShardProcesses) -> None:
         raw_publish(addrs[0], layout, 0, v, layout.slice(model(v), 0))
     assert reader.get(-1) is None
     with pytest.raises(RemoteError, match="version_gone"):
-        Client(addrs[0], "x").request(Message("get", {"have_version": -1, "version": 2}), 5.0)
+        Connection(addrs[0], "x").request(Message("get", {"have_version": -1, "version": 2}), 5.0)
     pub.publish(5, model(5))
     version, tensors = reader.wait(3, 5.0)
     assert version == 5 and all((v == 5).all() for v in tensors.values())
@@ -125,7 +127,7 @@ def test_bad_messages_get_errors_and_the_shard_keeps_serving(shards: ShardProces
 
 
 def info(address: str) -> dict[str, Any]:
-    with Client(address, "probe") as c:
+    with Connection(address, "probe") as c:
         return dict(c.request(Message("info"), 5.0)["stats"])
 
 
@@ -181,7 +183,7 @@ def test_a_new_wait_ends_the_earlier_one_even_when_answered_at_once(shards: Shar
     base = reader.get(-1)
     v = 0 if base is None else base[0] + 1000
     pub.publish(v, model(v))
-    with Client(addrs[0], "same-dealer") as c:
+    with Connection(addrs[0], "same-dealer") as c:
         first = c.send(Message("wait", {"min_version": v + 1, "timeout_ms": 60_000}))
         wait_until(lambda: info(addrs[0])["waits_parked"] >= 1)
         second = c.send(Message("wait", {"min_version": v, "timeout_ms": 60_000}))  # answered at once

@@ -12,14 +12,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from common import weights_shm as shmlib
+from common.clients.weights_publisher import WeightsPublisher
+from common.clients.weights_reader import WeightsReader
 from common.metrics import ServiceMetrics
-from common.protocol import Message
-from common.server import Client
-from common.transport import free_tcp_port
-from services.paramserver import shm as shmlib
-from services.paramserver.client import WeightsPublisher, WeightsReader
-from services.paramserver.procs import ShardProcesses, serving
+from common.wire.codec import Message
+from common.wire.connection import Connection
+from common.wire.transport import free_tcp_port
 from services.paramserver.shard import Held, ShardServer
+from tests.paramserver_procs import ShardProcesses, serving
 
 
 def model(version: int) -> dict[str, np.ndarray]:
@@ -127,7 +128,7 @@ def shard_server(cls: type[ShardServer] = ShardServer, **kw: Any) -> ShardServer
 
 
 def parked(address: str) -> int:
-    with Client(address, "probe") as c:
+    with Connection(address, "probe") as c:
         return int(c.request(Message("info"), 5.0)["stats"]["waits_parked"])
 
 
@@ -144,7 +145,7 @@ def test_a_failing_shm_write_serves_frames_to_parked_and_later_readers(
         pub = WeightsPublisher([addr])
         reader = WeightsReader([addr], "reader")
         assert reader.use_shm == [True]
-        with Client(addr, "parked-reader") as c:
+        with Connection(addr, "parked-reader") as c:
             seq = c.send(Message("wait", {"min_version": 1, "timeout_ms": 60_000, "shm": True}))
             deadline = time.monotonic() + 15
             while parked(addr) < 1:

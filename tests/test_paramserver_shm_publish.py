@@ -10,15 +10,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+from common import weights_shm as shmlib
+from common.clients.weights_publisher import WeightsPublisher
+from common.clients.weights_reader import WeightsReader
 from common.metrics import ServiceMetrics
-from common.partition import Layout
-from common.protocol import Message
-from common.server import Client, RemoteError
-from common.transport import free_tcp_port
-from services.paramserver import shm as shmlib
-from services.paramserver.client import WeightsPublisher, WeightsReader
-from services.paramserver.procs import serving
+from common.tensor_shards import Layout
+from common.wire.codec import Message
+from common.wire.connection import Connection
+from common.wire.errors import RemoteError
+from common.wire.transport import free_tcp_port
 from services.paramserver.shard import ShardServer
+from tests.paramserver_procs import serving
 
 
 def model(version: int) -> dict[str, np.ndarray]:
@@ -107,7 +109,7 @@ def test_bad_shared_memory_publishes_get_errors_and_the_shard_keeps_serving() ->
         body = {"version": 1, "num_shards": 1, "layout": lay.fingerprint, "tensors": lay.to_wire()}
         link = f"{writer.base}999"
         os.symlink(good["path"], link)
-        with serving(shard_server()) as server, Client(server.endpoint, "mallory") as c:
+        with serving(shard_server()) as server, Connection(server.endpoint, "mallory") as c:
             cases = [
                 ({"path": "/etc/passwd", "arrays": good["arrays"]}, {}, "bad_shm"),
                 ({"path": "/dev/shm/rlfleet-ps-1-probe", "arrays": good["arrays"]}, {}, "bad_shm"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.partition import Layout, fingerprint, partition, tensor_specs
+from common.tensor_shards import Layout, fingerprint, partition, tensor_specs
 
 
 def model() -> dict[str, np.ndarray]:

@@ -9,20 +9,9 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.protocol import (
-    DTYPES,
-    PACK_ALIGN,
-    PROTOCOL_VERSION,
-    REASONS,
-    InsertEncoder,
-    Limits,
-    Message,
-    ProtocolError,
-    decode,
-    encode,
-    insert_header_prefix,
-    read_insert_tail,
-)
+from common.wire.codec import DTYPES, PACK_ALIGN, PROTOCOL_VERSION, REASONS, Limits, Message, ProtocolError, encode
+from common.wire.decoder import decode
+from common.wire.inserts import InsertEncoder, insert_header_prefix, read_insert_tail
 
 
 def wire(msg: Message) -> list[bytes]:

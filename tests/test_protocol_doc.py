@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from common.messages import MESSAGES
-from common.protocol import DTYPES, PROTOCOL_VERSION, REASONS
+from common.wire.codec import DTYPES, PROTOCOL_VERSION, REASONS
+from common.wire.schema import MESSAGES
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
 

@@ -8,10 +8,11 @@ from typing import Any
 
 import zmq
 
+from common.clients.replay_insert import InsertClient
 from common.metrics import ServiceMetrics
-from common.protocol import Message, decode, encode
-from common.transport import make_socket
-from services.replay.client import InsertClient
+from common.wire.codec import Message, encode
+from common.wire.decoder import decode
+from common.wire.transport import make_socket
 from services.replay.server import ReplayServer
 from tests.replay_helpers import replay_config, transitions
 

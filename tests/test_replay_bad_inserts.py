@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import zmq
 
-from common.protocol import Limits, Message, decode, encode
-from common.transport import make_socket
-from services.replay.client import InsertClient
+from common.clients.replay_insert import InsertClient
+from common.wire.codec import Limits, Message, encode
+from common.wire.decoder import decode
+from common.wire.transport import make_socket
 from tests.replay_helpers import replay_config, serving, transitions
 
 

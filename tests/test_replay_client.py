@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import time
+from pathlib import Path
 
 import numpy as np
 import zmq
 
-from common.protocol import Message, decode, encode
-from common.transport import free_tcp_port
-from services.replay.client import InsertClient, InsertEncoder, SampleClient
+from common.clients.replay_insert import InsertClient
+from common.clients.replay_sample import SampleClient
+from common.wire.codec import Message, encode
+from common.wire.decoder import decode
+from common.wire.inserts import InsertEncoder
+from common.wire.transport import free_tcp_port
 from services.replay.tables import importance_weights
 from tests.replay_helpers import replay_config, serving, transitions
 
@@ -73,7 +78,7 @@ def test_a_reconnection_resends_the_window_at_once() -> None:
             np.testing.assert_array_equal(np.sort(server.tables["main"].columns["idx"][:20]), np.arange(20, 40))
 
 
-def test_server_weights_are_used_unless_beta_changed() -> None:
+def test_the_servers_weights_come_back_unchanged_for_the_beta_of_their_request() -> None:
     cfg = replay_config(kind="prioritized", capacity=200, alpha=1.0)
     with serving(cfg) as server:
         with InsertClient(server.endpoint, "actor") as ic:
@@ -85,14 +90,22 @@ def test_server_weights_are_used_unless_beta_changed() -> None:
                 assert b.beta == 0.4
                 np.testing.assert_allclose(b.weights, importance_weights(b.probabilities, b.table_size, 0.4),
                                            rtol=1e-5)
-            assert sc.weights_recomputed == 0  # the server's weights, as sent
+                assert not b.weights.flags.writeable  # a view of the received frame: not computed here
+            betas = []
             for _ in range(6):
                 b = sc.sample(beta=0.7, timeout_s=10)
-                assert b.beta == 0.7
-                np.testing.assert_allclose(b.weights, importance_weights(b.probabilities, b.table_size, 0.7),
+                betas.append(b.beta)
+                np.testing.assert_allclose(b.weights, importance_weights(b.probabilities, b.table_size, b.beta),
                                            rtol=1e-5)
-            # only the requests sent ahead with beta 0.4 were recomputed
-            assert 1 <= sc.weights_recomputed <= 2
+            # requests sent ahead with beta 0.4 keep its weights (at most in_flight of them); then 0.7
+            assert betas[-1] == 0.7 and betas.count(0.4) <= 2 and set(betas) <= {0.4, 0.7}
+            assert betas == sorted(betas)
+
+
+def test_the_clients_import_nothing_of_the_services() -> None:
+    root = Path(__file__).resolve().parent.parent / "common"
+    for path in [*root.glob("wire/*.py"), *root.glob("clients/*.py"), *root.glob("weights_shm/*.py")]:
+        assert not re.search(r"^\s*(from|import) services\b", path.read_text(), re.M), path
 
 
 def test_the_caller_may_reuse_its_buffers_at_once() -> None:

@@ -12,11 +12,14 @@ import numpy as np
 import pytest
 import zmq
 
+from common.clients.replay_insert import InsertClient
+from common.clients.replay_sample import SampleClient
 from common.config import ReplayConfig, TableConfig
 from common.metrics import ServiceMetrics
-from common.protocol import Message, decode, encode
-from common.transport import CommTimeout, make_socket
-from services.replay.client import InsertClient, SampleClient
+from common.wire.codec import Message, encode
+from common.wire.decoder import decode
+from common.wire.errors import CommTimeout
+from common.wire.transport import make_socket
 from services.replay.server import ReplayServer
 from services.replay.storage import SNAPSHOT, read_segment, read_snapshot
 from tests.replay_helpers import PYTHON, ROOT, ReplayProcess, ask, replay_config, serving, transitions

@@ -8,7 +8,7 @@ import subprocess
 
 import numpy as np
 
-from services.replay.client import SampleClient
+from common.clients.replay_sample import SampleClient
 from services.replay.dedup import WINDOW, Dedup
 from tests.replay_helpers import PYTHON, ROOT, replay_config, serving
 

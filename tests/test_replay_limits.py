@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 import zmq
 
+from common.clients.replay_insert import InsertClient
+from common.clients.replay_sample import SampleClient
 from common.config import TableConfig
-from common.protocol import Message, decode, encode
-from common.transport import CommTimeout, make_socket
-from services.replay.client import InsertClient, SampleClient
+from common.wire.codec import Message, encode
+from common.wire.decoder import decode
+from common.wire.errors import CommTimeout
+from common.wire.transport import make_socket
 from services.replay.priorities import MAX_PRIORITY
 from services.replay.server import MAX_SAMPLE_TIMEOUT_MS
 from services.replay.tables import PrioritizedTable

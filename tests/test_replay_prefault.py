@@ -81,7 +81,7 @@ def test_writes_racing_the_prefaulter_are_kept() -> None:
 
 def test_a_filling_table_is_prefaulted_and_its_data_intact() -> None:
     with serving(replay_config(capacity=200_000)) as server:
-        from services.replay.client import InsertClient
+        from common.clients.replay_insert import InsertClient
 
         with InsertClient(server.endpoint, "a") as ic:
             for i in range(20):

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.clients.replay_insert import InsertClient
+from common.clients.replay_sample import SampleClient
 from common.config import ActorConfig, ConfigError, validate
-from common.protocol import Message
-from common.server import RemoteError
-from common.transport import CommTimeout
-from services.replay.client import InsertClient, SampleClient
+from common.wire.codec import Message
+from common.wire.errors import CommTimeout, RemoteError
 from services.replay.ratelimiter import RateLimiter, RateLimiterError
 from tests.replay_helpers import ask, replay_config, serving, transitions
 

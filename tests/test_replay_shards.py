@@ -7,10 +7,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from common.clients.replay_insert import InsertClient
+from common.clients.replay_sample import SampleClient
 from common.config import validate
 from common.runtime import ServiceArgs
-from common.transport import free_tcp_port
-from services.replay.client import InsertClient, SampleClient
+from common.wire.transport import free_tcp_port
 from services.replay.main import build
 from services.replay.server import ReplayServer
 from tests.replay_helpers import replay_config, serving, transitions

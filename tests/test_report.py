@@ -25,9 +25,9 @@ from click.testing import CliRunner, Result
 from fleet_helpers import CONFIGS, ROOT, read_csv
 from PIL import Image
 
-from common.cli import main
-from common.report import FIG_SIZE, FIGURES
-from common.transport import free_tcp_port
+from cli.main import main
+from cli.report import FIG_SIZE, FIGURES
+from common.wire.transport import free_tcp_port
 
 RUN_SECONDS = 15
 FAST = [  # small and quick: evaluations every 2 s, checkpoint at stop
@@ -42,7 +42,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     runs = tmp_path_factory.mktemp("runs")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "common.cli", "up", "--config", str(CONFIGS / "cartpole-dqn.yaml"), "--actors", "2",
+        [sys.executable, "-m", "cli", "up", "--config", str(CONFIGS / "cartpole-dqn.yaml"), "--actors", "2",
          "--max-seconds", str(RUN_SECONDS), "--runs", str(runs), *FAST],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
@@ -90,7 +90,7 @@ def test_status_of_a_running_fleet(fleet: dict[str, Any]) -> None:
 
 
 def test_status_figures_show_wal_failures_only_when_there_are_some() -> None:
-    from common.status import Reading, figures
+    from cli.status import Reading, figures
 
     calm = Reading(reachable=True, samples={"rlfleet_replay_size": 500.0, "rlfleet_replay_wal_failures_total": 0.0})
     assert "wal failures" not in figures("replay", calm, None, 0)
@@ -206,7 +206,7 @@ def test_report_refuses_what_is_not_a_run(fleet: dict[str, Any], tmp_path: Path)
 
 def _evaluator_score(cfg_text: str, weights: dict[str, np.ndarray], version: int, tmp: Path) -> float:
     """What the real evaluator service reports for ``weights`` published as ``version``."""
-    from services.paramserver.client import WeightsPublisher
+    from common.clients.weights_publisher import WeightsPublisher
 
     cfg = yaml.safe_load(cfg_text)
     ps = f"tcp://127.0.0.1:{free_tcp_port()}"
@@ -218,7 +218,7 @@ def _evaluator_score(cfg_text: str, weights: dict[str, np.ndarray], version: int
     procs = []
     try:
         for name in ("paramserver", "evaluator"):
-            cmd = [sys.executable, "-m", "common.cli", "service", name, "--config", str(tmp / "config.yaml"),
+            cmd = [sys.executable, "-m", "cli", "service", name, "--config", str(tmp / "config.yaml"),
                    "--set", "metrics.port=0"]
             log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
             procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -244,7 +244,7 @@ def _evaluator_score(cfg_text: str, weights: dict[str, np.ndarray], version: int
 
 
 def test_eval_matches_the_evaluator_for_the_same_weights(fleet: dict[str, Any], tmp_path: Path) -> None:
-    from common.evalcmd import load_for_eval
+    from cli.evaluate import load_for_eval
 
     ckpt = fleet["run_dir"] / "learner" / "checkpoint.pt"
     gif = tmp_path / "episode.gif"

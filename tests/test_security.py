@@ -22,10 +22,12 @@ import zmq
 import zmq.auth
 
 from common import config, security
-from common.protocol import Message, encode
-from common.transport import CurveConfig, fingerprint, free_tcp_port, make_socket
-from services.paramserver.client import WeightsPublisher, WeightsReader
-from services.replay.client import InsertClient, SampleClient
+from common.clients.replay_insert import InsertClient
+from common.clients.replay_sample import SampleClient
+from common.clients.weights_publisher import WeightsPublisher
+from common.clients.weights_reader import WeightsReader
+from common.wire.codec import Message, encode
+from common.wire.transport import CurveConfig, fingerprint, free_tcp_port, make_socket
 from tests.fleet_helpers import CONFIGS, only_run_dir, read_csv, rlfleet
 from tests.replay_helpers import transitions
 from tests.service_procs import ServiceProcess

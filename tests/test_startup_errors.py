@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from common import config as config_mod
+from common.clients.replay_insert import InsertClient
+from common.clients.weights_publisher import WeightsPublisher
 from common.envs import EnvError, make_vector_env, probe_env
 from common.runtime import FatalError, ServiceArgs
 from services.actor.actor import ActorService
-from services.paramserver.client import WeightsPublisher
 from services.paramserver.main import build as build_paramserver
-from services.replay.client import InsertClient
 from services.replay.main import build as build_replay
 from tests.fleet_helpers import CONFIGS, rlfleet
 

@@ -12,9 +12,11 @@ import pytest
 import zmq
 
 from common.metrics import ServiceMetrics
-from common.protocol import Message, encode
-from common.server import Client, Peer, RemoteError, RequestError, Server
-from common.transport import CommTimeout, CurveConfig, rejected_clients
+from common.wire.codec import Message, encode
+from common.wire.connection import Connection
+from common.wire.errors import CommTimeout, RemoteError, RequestError
+from common.wire.server import Peer, Server
+from common.wire.transport import CurveConfig, rejected_clients
 
 
 class EchoServer(Server):
@@ -66,7 +68,7 @@ def endpoints(tmp: Path) -> list[str]:
 def test_request_reply_over_every_transport(kind: str, tmp_path: Path, serve) -> None:
     bind = {e.split(":")[0]: e for e in endpoints(tmp_path)}[kind]
     server = serve(EchoServer(bind))
-    with Client(server.endpoint, "tester") as client:
+    with Connection(server.endpoint, "tester") as client:
         reply = client.request(Message("info"), timeout_s=5)
         assert reply.type == "info_reply" and reply["stats"] == {"from": "tester"}
         arrays = {"a": np.arange(10), "b": np.ones((3, 3), np.float32)}
@@ -75,18 +77,18 @@ def test_request_reply_over_every_transport(kind: str, tmp_path: Path, serve) ->
 
 def test_timeouts_become_comm_timeout(serve) -> None:
     server = serve(EchoServer("tcp://127.0.0.1:0"))
-    with Client(server.endpoint, "tester") as client:
+    with Connection(server.endpoint, "tester") as client:
         with pytest.raises(CommTimeout):
             client.request(Message("get", {"have_version": 0}), timeout_s=0.2)
         # and the server still answers the next request
         assert client.request(Message("info"), 5).type == "info_reply"
-    with Client("tcp://127.0.0.1:1", "nobody") as client, pytest.raises(CommTimeout):
+    with Connection("tcp://127.0.0.1:1", "nobody") as client, pytest.raises(CommTimeout):
         client.request(Message("info"), timeout_s=0.2)
 
 
 def test_server_survives_garbage_failing_handlers_and_unknown_types(serve) -> None:
     server = serve(EchoServer("tcp://127.0.0.1:0"))
-    with Client(server.endpoint, "tester") as client:
+    with Connection(server.endpoint, "tester") as client:
         client.sock.send_multipart([b"\x00garbage", b"more"])
         err = client.recv(5)
         assert err.type == "error" and err["reason"] == "bad_msgpack"
@@ -114,7 +116,7 @@ def test_a_flood_from_a_client_that_never_reads_does_not_block_the_server(serve)
     try:
         for _ in range(5000):
             rude.send(b"junk")
-        with Client(server.endpoint, "polite") as client:
+        with Connection(server.endpoint, "polite") as client:
             assert client.request(Message("info"), 10).type == "info_reply"
     finally:
         rude.close(0)
@@ -130,14 +132,14 @@ def test_curve_accepts_allowlisted_clients_and_rejects_strangers(serve) -> None:
     server_keys.allowed_clients = [friend.public_key]
     server = serve(EchoServer("tcp://127.0.0.1:0", curve=server_keys))
     friend.server_key = stranger.server_key = server_keys.public_key
-    with Client(server.endpoint, "friend", curve=friend) as client:
+    with Connection(server.endpoint, "friend", curve=friend) as client:
         assert client.request(Message("info"), 5).type == "info_reply"
-    with Client(server.endpoint, "stranger", curve=stranger) as client:
+    with Connection(server.endpoint, "stranger", curve=stranger) as client:
         with pytest.raises(CommTimeout):
             client.request(Message("info"), timeout_s=0.5)
     assert sum(rejected_clients().values()) >= 1
     # a plain-text client is not served either
-    with Client(server.endpoint, "plain") as client, pytest.raises(CommTimeout):
+    with Connection(server.endpoint, "plain") as client, pytest.raises(CommTimeout):
         client.request(Message("info"), timeout_s=0.5)
 
 
@@ -150,7 +152,7 @@ def test_curve_servers_open_and_close_in_a_row_in_one_process(serve) -> None:
     for _ in range(500):  # collided within a few hundred before the monitor had an address of its own
         EchoServer("tcp://127.0.0.1:0", curve=keys).close()
     server = serve(EchoServer("tcp://127.0.0.1:0", curve=keys))
-    with Client(server.endpoint, "friend", curve=friend) as client:
+    with Connection(server.endpoint, "friend", curve=friend) as client:
         assert client.request(Message("info"), 5).type == "info_reply"
 
 

@@ -1,13 +1,18 @@
 #!/bin/sh
-# Build stage of every rlfleet image: a venv in $1 with the pinned deps and,
-# per $2 (cpu | cuda | none), torch.
+# Dependency stages of the Dockerfile: a venv in $1 (made unless it is there)
+# with the pinned deps and, per $2 (cpu | cuda | none), torch. strip-venv.sh
+# then removes what no service runs.
 # With wheels in /tmp/wheelhouse (made by `make images`, or copied in for an
 # air-gapped build) nothing is fetched: pip runs with --no-index. Otherwise
 # packages come from the index (PyPI; the CPU torch build from PyTorch's).
 set -eu
 venv=$1
 torch=$2
-python3 -m venv "$venv"
+case "$torch" in
+    cpu|cuda|none) ;;
+    *) echo "TORCH=$torch: allowed: cpu, cuda, none" >&2; exit 2 ;;
+esac
+[ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
 pip="$venv/bin/pip --no-cache-dir --disable-pip-version-check"
 if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then
     echo "installing from the wheelhouse only"
@@ -21,10 +26,5 @@ else
                  --extra-index-url https://pypi.org/simple torch==2.13.0 ;;
         cuda) $pip install torch==2.13.0 ;;
         none) ;;
-        *) echo "TORCH=$torch: allowed: cpu, cuda, none" >&2; exit 2 ;;
     esac
 fi
-# What a service never runs: headers, pip itself, caches.
-site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-rm -rf "$site/torch/include" "$site/torch/share/cmake" "$site"/pip "$site"/pip-*.dist-info "$venv/bin/pip"*
-find "$venv" -name '__pycache__' -path '*/tests/*' -prune -exec rm -rf {} + 2>/dev/null || true

@@ -19,14 +19,14 @@ import numpy as np
 import torch
 
 from common import algorithms
+from common.clients.fleet_links import FleetLinks
+from common.clients.registry import Welcome
+from common.clients.replay_insert import InsertClient
 from common.config import Experiment
 from common.envs import acting_policy, make_vector_env
 from common.metrics import ServiceMetrics
 from common.runtime import FatalError
-from common.server import CommTimeout, RemoteError
-from services.actor.links import FleetLinks
-from services.paramserver.client import Welcome
-from services.replay.client import InsertClient
+from common.wire.errors import CommTimeout, RemoteError
 
 log = logging.getLogger("rlfleet.actor")
 

@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from gymnasium.vector import VectorEnv
 
+from common.clients.fleet_links import FleetLinks
 from common.config import Experiment
 from common.envs import acting_policy, make_vector_env
 from common.metrics import ServiceMetrics
-from common.server import CommTimeout, RemoteError
 from common.tboard import ScalarWriter
-from services.actor.links import FleetLinks
+from common.wire.errors import CommTimeout, RemoteError
 
 log = logging.getLogger("rlfleet.evaluator")
 

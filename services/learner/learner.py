@@ -16,7 +16,8 @@ next round's inserts, and a fixed seed would no longer give the same run. Checkp
 every ``learner.checkpoint_every_s`` and on stop, and resumed on start.
 
 Faults: a restarted learner resumes from its checkpoint and publishes a
-version newer than any the paramserver holds. Every ``REPUBLISH_CHECK_S`` the
+version newer than any the paramserver holds (asked with ``info``, not by
+fetching the weights). Every ``REPUBLISH_CHECK_S`` the
 learner asks each paramserver shard which versions it holds; a shard that
 lost them (it restarted) gets the current version again at once, so actors
 that (re)start meanwhile need not wait for the next update or round. While
@@ -35,16 +36,16 @@ import torch
 
 from common import algorithms
 from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
+from common.clients.replay_sample import SampleClient
+from common.clients.version_probe import VersionProbe
+from common.clients.weights_publisher import WeightsPublisher
 from common.config import Experiment, dump
 from common.envs import probe_env
 from common.metrics import ServiceMetrics
 from common.runtime import FatalError, StartupError
 from common.security import client_curve, refused_hint
-from common.server import CommTimeout, RemoteError
 from common.tboard import ScalarWriter
-from services.learner.probe import VersionProbe
-from services.paramserver.client import WeightsPublisher, WeightsReader
-from services.replay.client import SampleClient
+from common.wire.errors import CommTimeout, RemoteError
 
 log = logging.getLogger("rlfleet.learner")
 
@@ -82,11 +83,12 @@ class LearnerService:
         self.tb = ScalarWriter(cfg.run_dir, "learner")  # RUN_DIR/tensorboard/learner; a no-op without tensorboard
         self._tb_last = 0.0
         self.published: dict[str, Any] = {}  # arrays of self.version, checkpointed for `rlfleet eval`
+        # one paramserver client: publishes, barriers and version probes share its connections
         self.publisher = WeightsPublisher(cfg.network.paramserver, "learner", curve=client_curve(cfg, "learner"))
         self.table = next(t for t in cfg.replay.tables if t.name == cfg.learner.table)
         self.last_ckpt = time.monotonic()
-        self.probe = VersionProbe(cfg.network.paramserver, "learner-probe", every_s=REPUBLISH_CHECK_S,
-                                  timeout_s=min(5.0, cfg.network.timeout_s), curve=client_curve(cfg, "learner"))
+        self.probe = VersionProbe(self.publisher.shards, every_s=REPUBLISH_CHECK_S,
+                                  timeout_s=min(5.0, cfg.network.timeout_s))
         self._ps_failing = False
         self._replay_reconnects = 0
         self.m_updates.inc(self.core.num_updates)
@@ -187,19 +189,19 @@ class LearnerService:
         self.m_republish.inc()
 
     def first_version(self) -> int:
-        """Continue after whatever the paramserver holds (a restarted learner never goes back)."""
-        reader = WeightsReader(self.cfg.network.paramserver, "learner-probe", timeout_s=self.cfg.network.timeout_s,
-                               curve=client_curve(self.cfg, "learner"))
+        """Continue after whatever the paramserver holds (a restarted learner never goes back).
+
+        Asked with ``info`` (the versions each shard holds), not by fetching the
+        weights; the newest version any shard holds counts, since a shard
+        refuses a version that is not newer than its own (``stale_version``).
+        """
         try:
-            got = reader.get(-1)
+            held = max(self.probe.newest(self.cfg.network.timeout_s))
         except (CommTimeout, RemoteError) as exc:
             raise StartupError(
                 f"paramserver at {self.cfg.network.paramserver} did not answer within "
                 f"{self.cfg.network.timeout_s:g} s (network.paramserver): {exc}{refused_hint(self.cfg, 'learner')}"
             ) from None
-        finally:
-            reader.close()
-        held = got[0] if got else -1
         return max(self.version, held + 1) if held >= 0 else self.version
 
     def checkpoint(self) -> None:
@@ -262,7 +264,12 @@ class LearnerService:
         """Some shard at or above the table's min size: it serves while the others hold samples.
 
         (With fewer actors than shards some shards stay empty: requiring all would stall.)
+        The sizes come with every batch (``table_size``), and tables do not shrink: once a
+        shard is known to be at its min size no shard is asked. Only until then (start-up,
+        or after a round that got no batch: replay restarted) is each shard asked ``info``.
         """
+        if any(s.size >= self.table.min_size for s in self.sampler.shards):
+            return True
         for shard in range(len(self.cfg.network.replay)):
             try:
                 stats = self.sampler.info(shard, timeout_s=self.cfg.network.timeout_s)
@@ -293,6 +300,8 @@ class LearnerService:
                     if self.update_once(timeout_s=1.0):
                         done += 1
                         deadline = time.monotonic() + self.cfg.network.timeout_s
+                if done == 0:
+                    self.sampler.forget_sizes()  # e.g. replay restarted empty: ask it again next round
                 if done < cfg.updates_per_round and not self._stopping:
                     log.warning("learner: round %d ended after %d of %d updates: no batch for %.0f s",
                                 self.version, done, cfg.updates_per_round, self.cfg.network.timeout_s)
@@ -318,5 +327,4 @@ class LearnerService:
         finally:
             self.sampler.close()
             self.publisher.close()
-            self.probe.close()
             self.tb.close()

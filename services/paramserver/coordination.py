@@ -20,8 +20,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from common.protocol import Message
-from common.server import Peer, RequestError, Server
+from common.wire.codec import Message
+from common.wire.errors import RequestError
+from common.wire.server import Peer, Server
 from services.paramserver.registry import BadMember, Registry
 
 if TYPE_CHECKING:

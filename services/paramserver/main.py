@@ -18,7 +18,7 @@ from common.config import ConfigError, Experiment, load
 from common.metrics import ServiceMetrics
 from common.runtime import ServiceArgs, run_service, setup_logging
 from common.security import server_curve
-from common.transport import CurveConfig
+from common.wire.transport import CurveConfig
 from services.paramserver.shard import ShardServer
 
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(ns.log_level)
     try:
         cfg = load(ns.config, ns.sets)
-        return run_service(cfg, ServiceArgs("paramserver", shard=ns.shard))
+        return run_service(cfg, ServiceArgs("paramserver", shard=ns.shard), build)
     except ConfigError as exc:
         print(f"paramserver: {exc}", file=sys.stderr)
         return 2

@@ -21,9 +21,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from common.roles import REGISTERED
+
 log = logging.getLogger(__name__)
 
-ROLES = ("actor", "evaluator")
+ROLES = REGISTERED  # actor, evaluator
 MAX_ACTOR_ID = 256
 
 

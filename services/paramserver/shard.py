@@ -4,7 +4,7 @@ also the actor registry and the round barrier (services/paramserver/coordination
 The shard keeps the last two versions of its slice. Stored tensors are the
 read-only views of the frames the publish arrived in (or of the publisher's
 shared-memory file, which the shard then serves as that version's file): no
-copy on the way in; replies copy them into each message (common.server.send_parts:
+copy on the way in; replies copy them into each message (common.wire.transport.send_parts:
 a file's buffer is reused once its version is dropped).
 
 Expected outcomes (a barrier's timeout, ``version_gone`` while publishes race
@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from common import weights_shm as shmlib
 from common.metrics import ServiceMetrics
-from common.partition import Layout
-from common.protocol import Message
-from common.server import Peer, RequestError
-from services.paramserver import shm as shmlib
+from common.tensor_shards import Layout
+from common.wire.codec import Message
+from common.wire.errors import RequestError
+from common.wire.server import Peer
 from services.paramserver.coordination import MAX_WAIT_MS, CoordinatingServer, ParkedBarrier
 from services.paramserver.registry import Registry
 

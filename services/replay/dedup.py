@@ -3,7 +3,7 @@
 Per sender we keep ``floor`` (every seq <= floor is stored or forgotten on
 purpose) and the set of stored seqs above it. The floor advances over
 contiguous seqs, and also to ``window_start - 1`` when the sender says so:
-every insert of :class:`~services.replay.client.InsertClient` carries
+every insert of :class:`~common.clients.replay_insert.InsertClient` carries
 ``window_start``, the lowest seq still un-acked on its side, so seqs below it
 will never be resent. The set therefore holds at most the sender's window.
 Whether or not the sender says, the floor also never trails the highest seq

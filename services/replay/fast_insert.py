@@ -15,8 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from common.protocol import DTYPES, PackedLayout, insert_header_prefix, read_insert_tail
-from common.server import Peer, RequestError
+from common.wire.codec import DTYPES
+from common.wire.decoder import PackedLayout
+from common.wire.errors import RequestError
+from common.wire.inserts import insert_header_prefix, read_insert_tail
+from common.wire.server import Peer
 from services.replay.columnar import PackedPlan, Table, TableError
 from services.replay.held_requests import HeldRequestServer
 from services.replay.priorities import check_priorities

@@ -39,8 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from common.protocol import Message, encode_header
-from common.server import Peer, RequestError, Server
+from common.wire.codec import Message, encode_header
+from common.wire.errors import RequestError
+from common.wire.server import Peer, Server
 from services.replay.columnar import Table
 from services.replay.dedup import Dedup
 from services.replay.storage import WalError, WriteAheadLog

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     cfg = load(a.config, a.sets)
-    return run_service(cfg, ServiceArgs("replay", shard=a.shard))
+    return run_service(cfg, ServiceArgs("replay", shard=a.shard), build)
 
 
 if __name__ == "__main__":

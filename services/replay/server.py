@@ -33,9 +33,11 @@ import zmq
 
 from common.config import ReplayConfig
 from common.metrics import ServiceMetrics
-from common.protocol import DEFAULT_LIMITS, Limits, Message, PackedLayout
-from common.server import Peer, RequestError
-from common.transport import DEFAULT_HWM, CurveConfig
+from common.wire.codec import DEFAULT_LIMITS, Limits, Message
+from common.wire.decoder import PackedLayout
+from common.wire.errors import RequestError
+from common.wire.server import Peer
+from common.wire.transport import DEFAULT_HWM, CurveConfig
 from services.replay.columnar import MAX_SAMPLE_BATCH, Table, TableError
 from services.replay.dedup import Dedup
 from services.replay.fast_insert import FastInsert, FastInsertServer

@@ -1,0 +1,176 @@
+"""`rlfleet eval --checkpoint PATH`: score a learner checkpoint with no service running.
+
+The experiment config travels inside the checkpoint. Evaluation is the
+evaluator's own code path (``services.actor.evaluator.evaluate``) with its
+defaults: ``evaluator.episodes`` episodes, ``evaluator.epsilon``, seeds from
+``seed + EVAL_SEED_OFFSET``; so the mean matches what the evaluator reported
+for the same weights. ``--video out.gif`` also records the first of those
+episodes (same seed) as an animated GIF.
+
+Which weights: a checkpoint that holds ``weights`` (the arrays of the published
+``version``, what actors and the evaluator received) is scored with those; an
+older one is scored with the learner's online net, which can be a few updates
+past ``version``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import yaml
+
+from common import algorithms
+from common import config as config_mod
+from common.config import Experiment
+
+
+class CheckpointError(ValueError):
+    """Not a learner checkpoint, or one whose config no longer validates."""
+
+
+@dataclass
+class Loaded:
+    cfg: Experiment
+    version: int
+    updates: int
+    weights: dict[str, np.ndarray]
+    exact: bool  # True: the published version's own arrays; False: the online net at checkpoint time
+
+
+def load_for_eval(path: str | Path) -> Loaded:
+    """Config, version and acting weights of a learner checkpoint (weights_only load)."""
+    from common.algorithms.checkpoint import load_checkpoint  # torch: not in the replay/paramserver images
+
+    try:
+        state = load_checkpoint(path)
+    except Exception as exc:  # torch refuses non-weights content, truncated files, ...
+        raise CheckpointError(f"{path}: cannot be read as a checkpoint ({type(exc).__name__}: {exc})") from None
+    if state is None:
+        raise CheckpointError(f"{path}: no such file")
+    if not {"core", "version", "config"} <= set(state):
+        raise CheckpointError(f"{path}: not an rlfleet learner checkpoint (needs core, version, config; "
+                              f"has {sorted(state)})")
+    try:
+        cfg = config_mod.validate(yaml.safe_load(state["config"]) or {})
+    except (config_mod.ConfigError, yaml.YAMLError) as exc:
+        raise CheckpointError(f"{path}: its config does not validate: {exc}") from None
+    published = state.get("weights")
+    updates = int(state["core"].get("num_updates", -1)) if isinstance(state["core"], Mapping) else -1
+    if isinstance(published, Mapping) and published:
+        weights = {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v, np.float32) for k, v in published.items()}
+        return Loaded(cfg, int(state["version"]), updates, weights, exact=True)
+    from common.envs import probe_env
+
+    obs_space, act_space = probe_env(cfg)
+    core = algorithms.get(cfg.algorithm.name).make_learner(cfg.algorithm, obs_space, act_space, device="cpu",
+                                                           seed=cfg.seed)
+    try:
+        core.load_state(state["core"])
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: learner state does not load: {exc}") from None
+    return Loaded(cfg, int(state["version"]), updates, core.weights(), exact=False)
+
+
+def make_policy(cfg: Experiment, weights: Mapping[str, np.ndarray]) -> Any:
+    """The acting policy the evaluator builds, with ``weights`` loaded."""
+    from common.envs import acting_policy
+
+    policy = acting_policy(cfg)
+    policy.load_weights(weights)
+    return policy
+
+
+def evaluate_weights(cfg: Experiment, weights: Mapping[str, np.ndarray], episodes: int | None = None,
+                     seed: int | None = None) -> np.ndarray:
+    """Returns of the evaluator's evaluation of ``weights`` (its episodes, epsilon and seeds by default)."""
+    from services.actor.evaluator import EVAL_SEED_OFFSET, evaluate
+
+    episodes = episodes or cfg.evaluator.episodes
+    seed = cfg.seed + EVAL_SEED_OFFSET if seed is None else seed
+    return evaluate(make_policy(cfg, weights), cfg, episodes, cfg.evaluator.epsilon, seed)
+
+
+def record_gif(cfg: Experiment, policy: Any, seed: int, path: str | Path, max_frames: int = 2000) -> float:
+    """Play one episode (the env reset with ``seed``, as evaluate()'s first slot) and write it as a GIF.
+
+    Returns the episode's return."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen
+    import gymnasium as gym
+    from PIL import Image
+
+    from common.envs import custom_env_class
+
+    kw = dict(cfg.env.kwargs)
+    cls = custom_env_class(cfg.env.id)
+    if cls is not None:
+        env: gym.Env = cls(render_mode="rgb_array", **kw)  # type: ignore[type-arg, call-arg]
+        if cfg.env.max_episode_steps:
+            env = gym.wrappers.TimeLimit(env, cfg.env.max_episode_steps)
+    else:
+        if cfg.env.max_episode_steps:
+            kw["max_episode_steps"] = cfg.env.max_episode_steps
+        env = gym.make(cfg.env.id, render_mode="rgb_array", **kw)
+    rng = np.random.default_rng(seed)
+    frames: list[Image.Image] = []
+    total = 0.0
+    try:
+        obs, _ = env.reset(seed=seed)
+        done = False
+        while not done:
+            frame = env.render()
+            if frame is not None and len(frames) < max_frames:
+                frames.append(Image.fromarray(np.asarray(frame, np.uint8)))
+            action = policy.act(np.asarray(obs)[None], cfg.evaluator.epsilon, rng)[0]
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = bool(terminated or truncated)
+        fps = int(env.metadata.get("render_fps") or 30)
+    finally:
+        env.close()
+    if not frames:
+        raise CheckpointError(f"env {cfg.env.id!r} rendered no rgb_array frames")
+    frames = [f.quantize(colors=32, method=Image.Quantize.FASTOCTREE) for f in frames]  # 5x faster than median cut
+    duration = max(20, round(1000 / fps / 10) * 10)  # GIF delays are centiseconds; < 20 ms plays slowly
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=duration, loop=0, optimize=False)
+    return total
+
+
+@click.command("eval")
+@click.option("--checkpoint", "checkpoint", required=True, type=click.Path(dir_okay=False),
+              help="learner checkpoint (RUN_DIR/learner/checkpoint.pt)")
+@click.option("--episodes", type=click.IntRange(min=1), default=None,
+              help="greedy episodes (default: the config's evaluator.episodes)")
+@click.option("--seed", type=int, default=None, help="first episode's seed (default: seed + EVAL_SEED_OFFSET, "
+              "the evaluator's)")
+@click.option("--video", type=click.Path(dir_okay=False), default=None, help="write the first episode as a GIF")
+def eval_checkpoint(checkpoint: str, episodes: int | None, seed: int | None, video: str | None) -> None:
+    """Score a learner checkpoint greedily, as the evaluator does, with no service running."""
+    from services.actor.evaluator import EVAL_SEED_OFFSET
+
+    if video is not None and not video.lower().endswith(".gif"):
+        click.echo("rlfleet eval: --video writes a GIF; give a file name ending in .gif", err=True)
+        sys.exit(2)
+    try:
+        loaded = load_for_eval(checkpoint)
+        cfg = loaded.cfg
+        seed = cfg.seed + EVAL_SEED_OFFSET if seed is None else seed
+        episodes = episodes or cfg.evaluator.episodes
+        returns = evaluate_weights(cfg, loaded.weights, episodes, seed)
+    except CheckpointError as exc:
+        click.echo(f"rlfleet eval: {exc}", err=True)
+        sys.exit(2)
+    which = "published weights" if loaded.exact else f"online net after update {loaded.updates}"
+    click.echo(f"checkpoint {checkpoint}: {cfg.env.id}, {cfg.algorithm.name}, version {loaded.version} ({which})")
+    click.echo(f"eval over {episodes} episodes (seeds {seed}..{seed + episodes - 1}): "
+               f"mean {returns.mean():.2f} std {returns.std():.2f}")
+    if video is not None:
+        ret = record_gif(cfg, make_policy(cfg, loaded.weights), seed, video)
+        click.echo(f"video: {video} (episode with seed {seed}, return {ret:g})")

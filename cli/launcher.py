@@ -1,0 +1,374 @@
+"""`rlfleet up`: the whole fleet on this machine, as processes or in one process.
+
+Starts replay, paramserver, learner, N actors and the evaluator, waits for
+them to be healthy, shows a live view scraped from their /metrics, writes the
+run directory, and stops everything cleanly (actors first, stores last) on
+Ctrl-C/SIGTERM, when the evaluator's mean return reaches the target, or when
+time runs out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cli.dispatch import build
+from cli.fleetview import FleetView, Scrape, scrape
+from cli.forkserver import ForkedProcess, ForkServerError, ForkServers, reap_orphans
+from common import config as config_mod
+from common import security
+from common.config import Experiment
+from common.envs import EnvError, probe_env
+from common.metrics import MetricsServer
+from common.roles import NAMES, ROLES, role
+from common.runtime import FatalError, ServiceArgs, setup_logging
+from common.wire.transport import free_tcp_port
+
+log = logging.getLogger("rlfleet.up")
+
+# Stop order: those who produce first, those who store last (the roles' start order, reversed).
+STOP_ORDER = tuple(reversed(NAMES))
+
+EXIT_TARGET, EXIT_STOPPED, EXIT_FAILED, EXIT_TIMEOUT, EXIT_CONFIG = 0, 130, 1, 3, 2
+
+
+@dataclass
+class Member:
+    """One service instance of the fleet."""
+
+    name: str
+    shard: int = 0
+    actor_id: str | None = None
+    metrics_port: int = 0
+    proc: subprocess.Popen[bytes] | ForkedProcess | None = None
+    thread: threading.Thread | None = None
+    service: Any = None
+    http: MetricsServer | None = None
+    log_path: Path | None = None
+    error: BaseException | None = field(default=None, repr=False)
+
+    @property
+    def label(self) -> str:
+        return self.name if role(self.name).single else f"{self.name}-{self.shard}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    def exit_code(self) -> int | None:
+        if self.proc is not None:
+            return self.proc.poll()
+        if self.thread is not None and not self.thread.is_alive():
+            return 1 if self.error else 0
+        return None
+
+
+def make_run_dir(cfg: Experiment, root: str = "runs") -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(root) / f"{cfg.name}-{stamp}"
+    n = 1
+    while run_dir.exists():
+        n += 1
+        run_dir = Path(root) / f"{cfg.name}-{stamp}-{n}"
+    run_dir.mkdir(parents=True)
+    return run_dir.resolve()
+
+
+def plan(cfg: Experiment, actors: int, run_dir: Path, inproc: bool) -> tuple[Experiment, list[Member]]:
+    """Addresses, ports and members for a local fleet."""
+    if inproc:
+        replay = [f"inproc://rlfleet-replay-{i}" for i in range(cfg.replay.shards)]
+        params = [f"inproc://rlfleet-paramserver-{i}" for i in range(cfg.paramserver.shards)]
+    else:
+        replay = [f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(cfg.replay.shards)]
+        params = [f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(cfg.paramserver.shards)]
+    data = cfg.model_dump(mode="json")
+    data["network"].update(replay=replay, paramserver=params, bind_host="127.0.0.1")
+    data["actor"]["count"] = actors
+    data["run_dir"] = str(run_dir)
+    data["metrics"]["host"] = "127.0.0.1"
+    resolved = config_mod.validate(data)
+    count = {"replay": cfg.replay.shards, "paramserver": cfg.paramserver.shards, "learner": 1, "actor": actors,
+             "evaluator": int(cfg.evaluator.enabled)}
+    members: list[Member] = []
+    for r in ROLES:  # in start order
+        for i in range(count[r.name]):
+            m = Member(r.name, i)
+            if r.registers:  # its stable id in the paramserver's registry: actor-0, ..., evaluator
+                m.actor_id = m.label
+            members.append(m)
+    for m in members:
+        m.metrics_port = free_tcp_port()
+    return resolved, members
+
+
+class Fleet:
+    """Starts, watches and stops the members of one local run."""
+
+    def __init__(
+        self, cfg: Experiment, members: list[Member], run_dir: Path, inproc: bool,
+        forkservers: ForkServers | None | bool = True,
+    ) -> None:
+        """``forkservers``: zygotes that fork the members (cli/forkserver.py); True: start them here
+        (unless RLFLEET_FORKSERVER=0 or not on Linux), False/None: every member a fresh interpreter."""
+        self.cfg = cfg
+        self.members = members
+        self.run_dir = run_dir
+        self.inproc = inproc
+        if forkservers is True:
+            forkservers = None if inproc else ForkServers.start_if_enabled()
+        self.forkservers: ForkServers | None = forkservers or None
+        self.config_path = run_dir / "config.yaml"
+        self.config_path.write_text(config_mod.dump(cfg))
+        self.sessions: set[int] = set()  # every member process started (each leads its own session)
+        (run_dir / "logs").mkdir(exist_ok=True)
+
+    # -- start ---------------------------------------------------------------
+    def start(self, stop: threading.Event | None = None) -> None:
+        """Start every member (until ``stop`` is set), in the order of ``self.members``: stores first,
+        then the learner (the one everyone waits for), the actors, the evaluator."""
+        # What `rlfleet status --run DIR` reads to find the fleet's endpoints.
+        fleet = [{"label": m.label, "service": m.name, "shard": m.shard, "url": m.url} for m in self.members]
+        (self.run_dir / "fleet.json").write_text(json.dumps({"inproc": self.inproc, "members": fleet}, indent=1))
+        for m in self.members:
+            if stop is not None and stop.is_set():
+                return
+            m.log_path = self.run_dir / "logs" / f"{m.label}.log"
+            if self.inproc:
+                self._start_thread(m)
+            else:
+                self._start_process(m)
+
+    def _start_process(self, m: Member) -> None:
+        argv = [
+            "service", m.name, "--config", str(self.config_path), "--shard", str(m.shard),
+            "--set", f"metrics.port={m.metrics_port}",
+        ]
+        if m.actor_id:
+            argv += ["--actor-id", m.actor_id]
+        assert m.log_path is not None
+        if self.forkservers is not None:
+            try:
+                m.proc = self.forkservers.fork(m.name, argv, m.log_path)
+                self.sessions.add(m.proc.pid)
+                return
+            except ForkServerError as exc:
+                log.warning("%s: %s; starting it as a fresh process (and every member after it)", m.label, exc)
+                self.forkservers.close()
+                self.forkservers = None
+        cmd = [sys.executable, "-m", "cli", *argv]
+        with open(m.log_path, "ab") as out:
+            # Own process group: Ctrl-C in the terminal reaches only the launcher,
+            # which then stops the fleet in order.
+            m.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.sessions.add(m.proc.pid)
+
+    def restart(self, m: Member) -> None:
+        """Start a member again whose process exited (or was killed): the same command, the same log."""
+        if self.inproc:
+            raise FleetError("restart needs a fleet of processes, not --inproc")
+        if m.proc is not None and m.proc.poll() is None:
+            raise FleetError(f"{m.label} is still running (pid {m.proc.pid})")
+        self._start_process(m)
+
+    def _start_thread(self, m: Member) -> None:
+        args = ServiceArgs(name=m.name, shard=m.shard, actor_id=m.actor_id)
+        m.service = build(self.cfg, args)
+        m.http = MetricsServer(m.service.metrics, m.service.health, "127.0.0.1", m.metrics_port).start()
+
+        def run() -> None:
+            try:
+                m.service.run()
+            except BaseException as exc:  # reported by the watcher, with the log
+                m.error = exc
+                log.exception("%s failed", m.label)
+            finally:
+                m.service.close()
+
+        m.thread = threading.Thread(target=run, name=m.label, daemon=True)
+        m.thread.start()
+
+    def wait_healthy(self, timeout_s: float, stop: threading.Event | None = None) -> None:
+        """Block until every member answers /healthz with ok (or ``stop`` is set), or raise."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(self.members)
+        while pending:
+            if stop is not None and stop.is_set():
+                return
+            self.check_alive()
+            pending = [m for m in pending if not scrape(m.url, health_only=True).healthy]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                names = ", ".join(m.label for m in pending)
+                raise FleetError(f"not healthy after {timeout_s:.0f} s: {names}; see {self.run_dir}/logs/")
+            time.sleep(0.05)
+
+    def check_alive(self) -> None:
+        self.reap()
+        for m in self.members:
+            code = m.exit_code()
+            if code is not None:
+                raise FleetError(f"{m.label} exited (code {code}) :\n{tail(m.log_path)}")
+
+    def reap(self) -> list[int]:
+        """Reap members' children that outlived them (reparented here, the subreaper, as zombies)."""
+        reaped = reap_orphans(self.sessions) if self.sessions else []
+        if reaped:
+            log.debug("reaped %d exited child process(es) of stopped members: %s", len(reaped), reaped)
+        return reaped
+
+    # -- stop ----------------------------------------------------------------
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM group by group (producers first); each group shares one deadline, then SIGKILL."""
+        for name in STOP_ORDER:
+            group = [m for m in self.members if m.name == name]
+            for m in group:
+                if m.proc is not None and m.proc.poll() is None:
+                    m.proc.send_signal(signal.SIGTERM)
+                elif m.service is not None:
+                    m.service.stop()
+            deadline = time.monotonic() + timeout_s
+            for m in group:
+                left = max(0.1, deadline - time.monotonic())
+                if m.proc is not None:
+                    try:
+                        m.proc.wait(left)
+                    except subprocess.TimeoutExpired:
+                        log.warning("%s did not stop within %.0f s; killing it", m.label, timeout_s)
+                        m.proc.kill()
+                        m.proc.wait(5)
+                if m.thread is not None:
+                    m.thread.join(left)
+                if m.http is not None:
+                    m.http.close()
+        if self.forkservers is not None:
+            self.forkservers.close()
+            self.forkservers = None
+        self.reap()
+
+
+class FleetError(RuntimeError):
+    """The fleet could not start or a member died."""
+
+
+def tail(path: Path | None, lines: int = 15) -> str:
+    if path is None or not path.exists():
+        return "(no log)"
+    text = path.read_text(errors="replace").splitlines()[-lines:]
+    return "\n".join("    " + line for line in text)
+
+
+def check_env(cfg: Experiment, forkservers: ForkServers | None, timeout_s: float = 120.0) -> None:
+    """Raise EnvError if the configured env cannot be made or does not fit the algorithm.
+
+    The check imports the algorithm (torch): with fork servers it runs in a process forked by the heavy
+    one, where torch is already imported, instead of costing the launcher ~2 s of CPU on the cores the
+    fleet is starting on."""
+    if forkservers is not None:
+        with tempfile.TemporaryDirectory(prefix="rlfleet-check-") as tmp:
+            path, out = Path(tmp) / "config.yaml", Path(tmp) / "check.log"
+            path.write_text(config_mod.dump(cfg))
+            proc = None
+            try:
+                proc = forkservers.fork("learner", ["check-env", "--config", str(path)], out)
+                code = proc.wait(timeout_s)
+            except (ForkServerError, subprocess.TimeoutExpired) as exc:
+                if proc is not None:  # timed out: it must not outlive its config file
+                    proc.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(5)
+                log.warning("env check in the fork server failed (%s); checking here", exc)
+            else:
+                if code == 0:
+                    return
+                text = out.read_text(errors="replace")
+                if code == 2 and "rlfleet: " in text:
+                    raise EnvError(text.split("rlfleet: ", 1)[1].strip())
+                log.warning("env check in the fork server exited %s; checking here:\n%s", code, text[-2000:])
+    probe_env(cfg)
+
+
+def run_fleet(
+    cfg: Experiment, actors: int, until_return: float | None, max_seconds: float | None, inproc: bool,
+    run_root: str = "runs", live: bool | None = None, max_env_steps: int | None = None,
+    forkservers: ForkServers | None = None,
+) -> int:
+    """Run a local fleet; returns the process exit code."""
+    try:
+        check_env(cfg, forkservers)
+    except EnvError as exc:
+        click.echo(f"rlfleet: {exc}", err=True)
+        return EXIT_CONFIG
+    run_dir = make_run_dir(cfg, run_root)
+    cfg, members = plan(cfg, actors, run_dir, inproc)
+    try:
+        cfg, made = security.local_keys(cfg, run_dir)
+    except config_mod.ConfigError as exc:
+        click.echo(f"rlfleet: {exc}", err=True)
+        return EXIT_CONFIG
+    if inproc:
+        setup_logging("INFO", run_dir / "logs" / "fleet.log")
+    click.echo(f"run directory: {run_dir}")
+    if made:
+        click.echo(f"security.mode=curve without keys: made a throwaway set in {made[0].path.parent} "
+                   "(this run only; 'rlfleet keys' makes keys to keep)")
+    fleet = Fleet(cfg, members, run_dir, inproc, forkservers=forkservers)
+    stop = threading.Event()
+    reason: list[str] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        reason.append(signal.Signals(signum).name)
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    view = FleetView(members, run_dir / "progress.csv", live=sys.stdout.isatty() if live is None else live)
+    code = EXIT_FAILED
+    try:
+        fleet.start(stop)
+        fleet.wait_healthy(cfg.network.timeout_s * 6, stop)
+        start = time.monotonic()
+        while not stop.wait(1.0):
+            fleet.check_alive()
+            snap: Scrape = view.update(time.monotonic() - start)
+            if until_return is not None and snap.eval_return is not None and snap.eval_return >= until_return:
+                click.echo(f"target reached: eval return {snap.eval_return:.1f} >= {until_return:g} "
+                           f"after {snap.elapsed:.0f} s, {snap.env_steps:.0f} env steps")
+                code = EXIT_TARGET
+                break
+            out_of_time = max_seconds is not None and snap.elapsed >= max_seconds
+            out_of_steps = max_env_steps is not None and snap.env_steps >= max_env_steps
+            if out_of_time or out_of_steps:
+                best = "none yet" if view.best_return is None else f"{view.best_return:.1f}"
+                target = f"eval return {until_return:g}" if until_return is not None else "the end"
+                budget = f"time is up ({max_seconds:g} s)" if out_of_time else \
+                    f"env-step budget spent ({snap.env_steps:.0f} >= {max_env_steps})"
+                click.echo(f"rlfleet: {budget} before {target}; best eval return: {best}", err=True)
+                code = EXIT_TIMEOUT if until_return is not None else EXIT_TARGET
+                break
+        else:
+            click.echo(f"stopping on {reason[0] if reason else 'request'}")
+            code = EXIT_STOPPED if until_return is not None else EXIT_TARGET
+    except (FleetError, FatalError, EnvError) as exc:  # the last two: an --inproc member could not start
+        click.echo(f"rlfleet: {exc}", err=True)
+        code = EXIT_FAILED
+    finally:
+        view.close()
+        fleet.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+        click.echo(f"stopped; logs, progress.csv and checkpoints in {run_dir}")
+    return code

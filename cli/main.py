@@ -1,0 +1,113 @@
+"""The `rlfleet` command: run the fleet locally, run one service, inspect a config.
+
+`rlfleet service` and `rlfleet config` are here; the other commands each live in a module of their own
+(:attr:`LazyGroup.LAZY`)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from common.roles import NAMES
+
+if TYPE_CHECKING:
+    from common.config import Experiment
+
+SERVICE_NAMES = tuple(sorted(NAMES))
+
+CONFIG_HELP = "experiment file (YAML); RLFLEET_* env vars and --set override it"
+
+
+def load_or_exit(path: str | None, sets: tuple[str, ...]) -> Experiment:
+    from common import config as config_mod
+
+    try:
+        return config_mod.load(path, sets)
+    except config_mod.ConfigError as exc:
+        click.echo(f"rlfleet: {exc}", err=True)
+        sys.exit(2)
+
+
+class LazyGroup(click.Group):
+    """Subcommands imported when they run: `rlfleet service replay` never imports torch or gymnasium,
+    and `rlfleet up` starts its fork servers before it imports what the launcher needs."""
+
+    LAZY = {"up": ("cli.up", "up"), "report": ("cli.report", "report"),
+            "eval": ("cli.evaluate", "eval_checkpoint"), "status": ("cli.status", "status"),
+            "keys": ("cli.keys", "keys")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.LAZY})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.LAZY:
+            module, attr = self.LAZY[cmd_name]
+            command = getattr(importlib.import_module(module), attr)
+            assert isinstance(command, click.Command)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """rlfleet: distributed deep RL as ZeroMQ microservices."""
+
+
+@main.command()
+@click.argument("name", type=click.Choice(SERVICE_NAMES))
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help=CONFIG_HELP)
+@click.option("--shard", type=int, default=None, help="shard index (replay, paramserver); env RLFLEET_SHARD")
+@click.option("--actor-id", default=None, help="stable actor id (default: hostname-pid); env RLFLEET_ACTOR_ID")
+@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
+@click.option("--log-level", default="INFO", show_default=True)
+def service(
+    name: str, config_path: str | None, shard: int | None, actor_id: str | None, sets: tuple[str, ...],
+    log_level: str,
+) -> None:
+    """Run one service in the foreground (what a container runs)."""
+    import os
+
+    from cli.dispatch import run
+    from common.runtime import ServiceArgs, setup_logging
+
+    setup_logging(log_level)
+    cfg = load_or_exit(config_path, sets)
+    if shard is None:
+        shard = int(os.environ.get("RLFLEET_SHARD", "0"))
+    actor_id = actor_id or os.environ.get("RLFLEET_ACTOR_ID")
+    sys.exit(run(cfg, ServiceArgs(name=name, shard=shard, actor_id=actor_id)))
+
+
+@main.command("check-env", hidden=True)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help=CONFIG_HELP)
+@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
+def check_env(config_path: str | None, sets: tuple[str, ...]) -> None:
+    """Make the configured env once and check that it fits the algorithm; exit 2 with the reason if not.
+
+    What `rlfleet up` runs first, in a process forked by its heavy fork server (torch is already
+    imported there), so that the launcher itself never imports torch."""
+    from common.envs import EnvError, probe_env
+
+    cfg = load_or_exit(config_path, sets)
+    try:
+        probe_env(cfg)
+    except EnvError as exc:
+        click.echo(f"rlfleet: {exc}", err=True)
+        sys.exit(2)
+
+
+@main.command("config")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help=CONFIG_HELP)
+@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
+def show_config(config_path: str | None, sets: tuple[str, ...]) -> None:
+    """Validate an experiment and print it resolved (file + env + --set)."""
+    from common import config as config_mod
+
+    click.echo(config_mod.dump(load_or_exit(config_path, sets)), nl=False)
+
+
+if __name__ == "__main__":
+    main()

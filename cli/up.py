@@ -1,0 +1,58 @@
+"""The `rlfleet up` command: its options, and its fork servers started before anything heavy is imported.
+
+The work itself is cli/launcher.py's :func:`~cli.launcher.run_fleet`. This
+module imports only click and cli/forkserver.py (the standard library) at
+the top, so the zygotes begin importing torch within ~0.1 s of the command,
+while the launcher loads the config and checks the env on the other core.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from cli.forkserver import ForkServers
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
+              help="experiment file (YAML)")
+@click.option("--actors", type=click.IntRange(min=1), default=None, help="actors to start (default: actor.count)")
+@click.option("--sync", type=click.Choice(["barrier", "async"]), default=None, help="training protocol")
+@click.option("--until-return", type=float, default=None, help="stop (exit 0) when the eval mean reaches this")
+@click.option("--max-seconds", type=float, default=None, help="stop (exit 3 if a target was set) after this long")
+@click.option("--max-env-steps", type=int, default=None, help="stop (exit 3 if a target was set) after this many")
+@click.option("--inproc", is_flag=True, help="run the whole fleet in this process over inproc:// sockets")
+@click.option("--no-fork-server", "no_fork_server", is_flag=True,
+              help="start every member as a fresh interpreter (slower; env RLFLEET_FORKSERVER=0 does the same)")
+@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
+@click.option("--runs", "run_root", default="runs", show_default=True, help="where run directories go")
+def up(
+    config_path: str, actors: int | None, sync: str | None, until_return: float | None,
+    max_seconds: float | None, max_env_steps: int | None, inproc: bool, no_fork_server: bool,
+    sets: tuple[str, ...], run_root: str,
+) -> None:
+    """Run the whole fleet on this machine and show its progress."""
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    forkservers = None if inproc or no_fork_server else ForkServers.start_if_enabled()
+    try:
+        from cli.launcher import EXIT_CONFIG, run_fleet
+        from common import config as config_mod
+        from common.runtime import LOG_FORMAT
+
+        logging.basicConfig(level="INFO", format=LOG_FORMAT)
+        extra = [f"sync={sync}"] if sync else []
+        try:
+            cfg = config_mod.load(config_path, [*sets, *extra])
+        except config_mod.ConfigError as exc:
+            click.echo(f"rlfleet: {exc}", err=True)
+            sys.exit(EXIT_CONFIG)
+        code = run_fleet(cfg, actors or cfg.actor.count, until_return, max_seconds, inproc, run_root,
+                         max_env_steps=max_env_steps, forkservers=forkservers)
+    finally:
+        if forkservers is not None:
+            forkservers.close()
+    sys.exit(code)

@@ -1,0 +1,73 @@
+"""One connection per paramserver shard: scatter requests, gather the replies matched by seq.
+
+Shared by every paramserver client: :class:`~common.clients.weights_publisher.WeightsPublisher`
+(the learner's publishes, barriers and version probes on the same connections),
+:class:`~common.clients.weights_reader.WeightsReader` (actors, evaluators) and
+:class:`~common.clients.version_probe.VersionProbe`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import zmq
+
+from common.wire.codec import DEFAULT_LIMITS, Limits, Message
+from common.wire.connection import Connection, collect
+from common.wire.errors import CommTimeout, RemoteError
+from common.wire.transport import CurveConfig
+
+#: extra time a client waits beyond a long poll's own timeout before giving up on the server
+WAIT_MARGIN_S = 1.0
+
+
+class ParamserverShards:
+    """A :class:`~common.wire.connection.Connection` to each shard, in shard order."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        sender: str,
+        curve: CurveConfig | None = None,
+        ctx: zmq.Context[Any] | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        if not addresses:
+            raise ValueError("the paramserver needs at least one shard address")
+        self.addresses = list(addresses)
+        self.connections = [Connection(a, sender, curve=curve, ctx=ctx, limits=limits) for a in addresses]
+
+    def __len__(self) -> int:
+        return len(self.connections)
+
+    def send(self, i: int, msg: Message) -> int:
+        """Send ``msg`` to shard ``i``; the seq its reply will reference."""
+        return self.connections[i].send(msg)
+
+    def gather(self, requests: Mapping[int, Message], deadline: float) -> dict[int, Message]:
+        """Send every request, then collect one reply per shard (``error`` replies included)."""
+        seqs = {i: self.send(i, msg) for i, msg in requests.items()}
+        return self.collect(seqs, requests, deadline)
+
+    def collect(self, seqs: Mapping[int, int], requests: Mapping[int, Message], deadline: float) -> dict[int, Message]:
+        """One reply per shard to the requests already sent with these seqs; CommTimeout at ``deadline``."""
+        out = collect({i: (self.connections[i], seq) for i, seq in seqs.items()}, deadline)
+        pending = sorted(set(seqs) - set(out))
+        if pending:
+            raise CommTimeout(
+                f"paramserver shard(s) {pending} ({', '.join(self.addresses[i] for i in pending)}) "
+                f"did not answer {requests[pending[0]].type} in time"
+            )
+        return out
+
+    def close(self) -> None:
+        for c in self.connections:
+            c.close()
+
+
+def raise_errors(replies: Mapping[int, Message], what: str) -> None:
+    """Raise RemoteError for the first shard (by index) that answered ``error``."""
+    for i, r in sorted(replies.items()):
+        if r.type == "error":
+            raise RemoteError(r["reason"], f"paramserver shard {i}, {what}: {r['detail']}")

@@ -1,0 +1,335 @@
+"""The actors' replay client: :class:`InsertClient` sends inserts to one replay shard, exactly once.
+
+No thread: replies are processed inside the caller's calls (``insert``,
+``flush``, ``poll``), and every blocking call takes a timeout and raises
+:class:`~common.wire.errors.CommTimeout`.
+
+One shard: a window of un-acked inserts bounded by count and
+bytes. ``insert()`` blocks while the window is full, which is how the replay
+rate limiter's held acks push back on an actor. An insert not acked after
+``resend_after_s`` is resent with the same (sender, seq); replay stores it
+once. Each further resend of the same insert waits twice as long as the
+previous one, up to ``max_resend_after_s`` (30 s): an insert held by the rate
+limiter (the normal state when the actors are ahead) is not acked for a long
+time, and the whole window must not cross the wire every ``resend_after_s``.
+When the connection to replay is re-established (replay restarted and lost
+what it held), every un-acked insert is resent at once and its back-off
+starts over. An insert replay refused with ``wal_failed`` (it could not log it:
+disk full) stays in the window; the first such insert is resent every
+``resend_after_s`` without the doubling (replay answered at once, so nothing of it
+is held there), the others on their back-off until it is acked, then all at once:
+the actor blocks until replay can log again and goes on within ``resend_after_s``
+once it can, and the window does not cross the wire every ``resend_after_s``.
+Seqs start at the wall clock in microseconds, so an actor that
+restarts under the same id never reuses a seq; each insert also carries
+``window_start`` (its lowest un-acked seq) so replay can forget older seqs,
+and ``merge_acks``: replay answers all of a burst's inserts with one ack.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq
+
+from common.config import Experiment
+from common.security import client_curve
+from common.wire.codec import DEFAULT_LIMITS, Limits, Message
+from common.wire.connection import Connection, Poller
+from common.wire.errors import CommTimeout, RemoteError
+from common.wire.inserts import InsertEncoder
+from common.wire.transport import DEFAULT_HWM, CurveConfig
+
+log = logging.getLogger(__name__)
+
+MAX_RESEND_AFTER_S = 30.0
+PEEK_EVERY_S = 0.002  # insert() looks for acks (and resends due) at most this often while the window has room
+
+
+@dataclass
+class _Unacked:
+    frames: list[Any]
+    nbytes: int
+    items: int
+    interval: float  # wait before the next resend; doubles on each resend
+    sent_at: float = 0.0
+
+    @property
+    def due(self) -> float:
+        return self.sent_at + self.interval
+
+
+class InsertClient:
+    def __init__(
+        self,
+        address: str,
+        sender: str,
+        *,
+        max_unacked: int = 32,  # actor.max_unacked's default
+        max_unacked_bytes: int = 64 << 20,
+        resend_after_s: float = 2.0,
+        max_resend_after_s: float = MAX_RESEND_AFTER_S,
+        seq_start: int | None = None,
+        curve: CurveConfig | None = None,
+        hwm: int = DEFAULT_HWM,
+        ctx: zmq.Context[Any] | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        on_ack: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.address = address
+        self.sender = sender
+        # called with (seq, items) once per insert, at its first ack: how an actor can keep a
+        # record of what replay has confirmed (the chaos test checks replay against it)
+        self.on_ack = on_ack
+        self.max_unacked = max_unacked
+        self.max_unacked_bytes = max_unacked_bytes
+        self.resend_after_s = resend_after_s
+        self.max_resend_after_s = max(resend_after_s, max_resend_after_s)
+        self.limits = limits
+        # handshakes watched: a new one after the first means replay restarted (or the network came
+        # back): what it held is gone, so the window is resent at once
+        self.connection = Connection(address, sender, curve=curve, hwm=hwm, ctx=ctx, limits=limits,
+                                     watch_handshakes=True)
+        self._poller = Poller([self.connection])
+        self._next_seq = seq_start if seq_start is not None else time.time_ns() // 1000
+        self.first_seq = self._next_seq
+        self._window: OrderedDict[int, _Unacked] = OrderedDict()
+        self._encoder = InsertEncoder()
+        # no insert of the window is due for a resend before this (monotonic time; may be early)
+        self._check_at = math.inf
+        self._peek_at = 0.0  # insert() looks for acks again from this time on (monotonic)
+        self._bytes = 0
+        self._errors: list[RemoteError] = []
+        self.acked = 0
+        self.items_acked = 0
+        self.duplicates = 0
+        self.resends = 0
+        self.wal_refusals = 0  # inserts replay answered wal_failed (kept and resent later)
+        self._refused: set[int] = set()  # seqs of the window replay answered wal_failed
+        self._probe: int | None = None  # the one of them resent every resend_after_s
+
+    @classmethod
+    def from_config(cls, cfg: Experiment, shard: int, sender: str, curve: CurveConfig | None = None,
+                    on_ack: Callable[[int, int], None] | None = None) -> InsertClient:
+        a = cfg.actor
+        return cls(cfg.network.replay[shard], sender, max_unacked=a.max_unacked,
+                   max_unacked_bytes=a.max_unacked_bytes, resend_after_s=a.resend_after_s,
+                   curve=curve if curve is not None else client_curve(cfg, "actor"), on_ack=on_ack)
+
+    @property
+    def connects(self) -> int:
+        """Connections to replay that succeeded (the first one included)."""
+        return self.connection.connects
+
+    @property
+    def reconnects(self) -> int:
+        """Connections to replay after the first (a restarted replay, a network that came back)."""
+        return self.connection.reconnects
+
+    @property
+    def unacked(self) -> int:
+        return len(self._window)
+
+    @property
+    def unacked_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def acked_below(self) -> int:
+        """Every seq from ``first_seq`` up to (not including) this one is acked."""
+        return next(iter(self._window)) if self._window else self._next_seq
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    def _full(self, nbytes: int) -> bool:
+        return len(self._window) >= self.max_unacked or (
+            bool(self._window) and self._bytes + nbytes > self.max_unacked_bytes)
+
+    def insert(self, table: str, columns: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
+               timeout_s: float = 30.0) -> int:
+        """Send a batch (N items per column) once the window has room; returns its seq.
+
+        The columns are copied into the message (one packed payload frame),
+        so the caller may reuse its buffers at once. Raises
+        CommTimeout when the window stays full for ``timeout_s`` and
+        RemoteError when replay refused an earlier insert (bad schema, ...).
+        """
+        self._raise()
+        arrays = {k: np.asarray(v) for k, v in columns.items()}  # copied into the one payload frame
+        if priorities is not None:
+            arrays["priority"] = np.asarray(priorities, np.float64)
+        nbytes = sum(a.nbytes for a in arrays.values())
+        items = len(next(iter(arrays.values()))) if arrays else 0
+        deadline = time.monotonic() + timeout_s
+        while self._full(nbytes):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommTimeout(f"insert to {self.address}: window of {self.unacked} un-acked inserts still "
+                                  f"full after {timeout_s:.3g} s (replay away or holding acks)")
+            self._poll(min(left, self._next_resend_in()))
+            self._raise()
+        seq = self._next_seq
+        self._next_seq += 1
+        window_start = next(iter(self._window)) if self._window else seq
+        entry = _Unacked(self._encoder.frames(table, arrays, self.sender, seq, window_start), nbytes, items,
+                         self.resend_after_s)
+        self._window[seq] = entry
+        self._bytes += nbytes
+        self._send(entry)
+        # acks that came meanwhile are read when the window is full (insert waits for one anyway) and
+        # otherwise at most every PEEK_EVERY_S: a look per insert cost a poll and often found nothing
+        now = time.monotonic()
+        if now >= self._peek_at:
+            self._peek_at = now + PEEK_EVERY_S
+            self._poll(0)
+        return seq
+
+    def _send(self, entry: _Unacked) -> None:
+        entry.sent_at = time.monotonic()
+        if not self.connection.send_frames(entry.frames):
+            entry.sent_at = 0.0  # queue full: due for a resend at the next poll
+        due = entry.sent_at + entry.interval
+        if due < self._check_at:
+            self._check_at = due
+
+    def resend(self, seq: int | None = None) -> int:
+        """Send again now one un-acked insert (or all of them); returns how many."""
+        seqs = [seq] if seq is not None else list(self._window)
+        count = 0
+        for s in seqs:
+            entry = self._window.get(s)
+            if entry is not None:
+                self._send(entry)
+                self.resends += 1
+                count += 1
+        return count
+
+    def _next_resend_in(self) -> float:
+        if not self._window:
+            return self.resend_after_s
+        return max(0.0, self._check_at - time.monotonic())
+
+    def poll(self, timeout_s: float = 0.0) -> int:
+        """Process acks that arrived (waiting up to ``timeout_s`` for one); returns how many."""
+        n = self._poll(timeout_s)
+        self._raise()
+        return n
+
+    def _poll(self, timeout_s: float) -> int:
+        handled = 0
+        if self._poller.wait(timeout_s):
+            if self.connection.reconnected():
+                self._resend_all()
+            for msg in self.connection.replies():
+                handled += self._handle(msg)
+        now = time.monotonic()
+        if now >= self._check_at:  # some insert may be due for a resend: look at all of them
+            check_at = math.inf
+            for entry in self._window.values():
+                if now >= entry.due:
+                    self._send(entry)
+                    entry.interval = min(entry.interval * 2, self.max_resend_after_s)
+                    self.resends += 1
+                check_at = min(check_at, entry.due)
+            self._check_at = check_at
+        return handled
+
+    def _resend_all(self) -> None:
+        """A reconnection: replay may have lost every held insert, so all are due now."""
+        log.info("insert client %s: reconnected to %s; resending %d un-acked inserts",
+                 self.sender, self.address, len(self._window))
+        for entry in self._window.values():
+            entry.interval = self.resend_after_s
+            entry.sent_at = 0.0  # due now
+        self._check_at = 0.0
+
+    def _handle(self, msg: Message) -> int:
+        ref = msg.get("ref_seq")
+        if msg.type == "ack":
+            self._acked(ref, msg.get("duplicate"))
+            for item in msg.get("more") or ():  # further inserts the same ack answers
+                if type(item) is list and len(item) == 3:
+                    self._acked(item[0], item[2])
+            return 1
+        if msg.type == "error" and msg.get("reason") == "wal_failed" and isinstance(ref, int) and ref in self._window:
+            # replay could not log it (its disk is full) and stored nothing: it stays in the window, so
+            # the actor blocks (back-pressure) until replay can log. One refused insert (the probe) is
+            # resent every resend_after_s, so the actor goes on soon after the disk has room (a doubled
+            # back-off would have grown to max_resend_after_s by then); the others keep their back-off,
+            # so the window does not cross the wire every resend_after_s while the disk is full; once
+            # the probe is acked, they are all resent at once.
+            self._refused.add(ref)
+            if self._probe not in self._window:
+                self._probe = ref
+            if ref == self._probe:
+                probe = self._window[ref]
+                probe.interval = self.resend_after_s
+                probe.sent_at = time.monotonic()
+                self._check_at = min(self._check_at, probe.due)
+            self.wal_refusals += 1
+            if self.wal_refusals == 1 or self.wal_refusals % 100 == 0:
+                log.warning("insert client %s: replay at %s could not log insert %d (%d so far), resending it later: "
+                            "%s", self.sender, self.address, ref, self.wal_refusals, msg.get("detail"))
+            return 1
+        entry = self._window.pop(ref, None) if isinstance(ref, int) else None
+        if msg.type == "error":
+            if entry is not None or ref == -1:
+                self._errors.append(RemoteError(msg["reason"], msg["detail"]))
+        if entry is not None:
+            self._bytes -= entry.nbytes
+        return 1
+
+    def _acked(self, seq: Any, duplicate: Any) -> None:
+        self.duplicates += duplicate is True  # counted even when a first ack came before
+        entry = self._window.pop(seq, None) if type(seq) is int else None
+        if self._refused and entry is not None:
+            self._refused.discard(seq)
+            if seq == self._probe:  # replay can log again: the other refused inserts go now
+                self._probe = None
+                for refused in self._refused:
+                    waiting = self._window.get(refused)
+                    if waiting is not None:
+                        waiting.interval = self.resend_after_s
+                        waiting.sent_at = 0.0  # due now
+                        self._check_at = 0.0
+                self._refused.clear()
+        if entry is not None:
+            self.acked += 1
+            self.items_acked += entry.items
+            self._bytes -= entry.nbytes
+            if self.on_ack is not None:
+                self.on_ack(seq, entry.items)
+
+    def _raise(self) -> None:
+        if self._errors:
+            raise self._errors.pop(0)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait until every insert is acked; CommTimeout otherwise."""
+        deadline = time.monotonic() + timeout_s
+        while self._window:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommTimeout(f"flush to {self.address}: {self.unacked} inserts still un-acked "
+                                  f"after {timeout_s:.3g} s")
+            self._poll(min(left, self._next_resend_in()))
+            self._raise()
+        self._raise()
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def __enter__(self) -> InsertClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,275 @@
+"""Socket construction in one place: linger 0, bounded queues, timeouts, CurveZMQ.
+
+Works the same over ``tcp://``, ``ipc://`` and ``inproc://`` (inproc needs the
+shared context from :func:`context`). Every blocking receive takes a timeout
+and raises :class:`~common.wire.errors.CommTimeout` when it passes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HWM = 1000
+
+# A silent partition (packets lost, no TCP reset) must not leave a connection that looks alive:
+# each side PINGs every HEARTBEAT_IVL_MS and drops a connection that sent nothing for
+# HEARTBEAT_TIMEOUT_MS (libzmq answers PINGs in its I/O thread, so a busy service is not taken for
+# a dead one); a dropped connection is retried every 100 ms, and CONNECT_TIMEOUT_MS abandons a
+# connect whose SYNs are lost instead of waiting out the kernel's SYN back-off (minutes), so the
+# connection is back within about CONNECT_TIMEOUT_MS of the network, and clients that watch their
+# handshakes (InsertClient) resend at once.
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 10_000
+CONNECT_TIMEOUT_MS = 2000
+
+
+def context() -> zmq.Context[Any]:
+    """The process-wide context; inproc:// endpoints only meet within one."""
+    return zmq.Context.instance()
+
+
+@dataclass
+class CurveConfig:
+    """CurveZMQ settings for one socket.
+
+    Servers set ``secret_key``/``public_key`` and ``allowed_clients`` (z85
+    public keys); clients set their own pair and ``server_key``.
+    """
+
+    public_key: bytes
+    secret_key: bytes
+    server_key: bytes | None = None
+    allowed_clients: Sequence[bytes] = field(default_factory=tuple)
+
+
+def fingerprint(public_key: bytes) -> str:
+    """A short, loggable name for a public key (z85 text or 32 raw bytes)."""
+    z85 = zmq.utils.z85.encode(public_key) if len(public_key) == 32 else public_key
+    return hashlib.sha256(z85).hexdigest()[:12]
+
+
+#: ``on_reject(reason, fingerprint)``: reason ``unknown_key`` (a CurveZMQ key that is not
+#: allowlisted; fingerprint names it) or ``handshake`` (no CurveZMQ, the wrong server key
+#: or garbage; fingerprint is "").
+RejectFn = Callable[[str, str], None]
+
+_rejected: dict[str, int] = {}
+_rejected_lock = threading.Lock()
+
+
+class _Allowlist:
+    """The ZAP credentials provider of one server socket: accepts exactly its allowlisted keys.
+
+    Every rejection is reported to ``on_reject``; the first one of each key (and
+    the first failed handshake) is logged, so a stranger that reconnects every
+    100 ms costs one log line, not thousands.
+    """
+
+    def __init__(self, allowed: Iterable[bytes], name: str, on_reject: RejectFn | None) -> None:
+        self.allowed = {zmq.utils.z85.encode(k) if len(k) == 32 else k for k in allowed}
+        self.name = name or "server"
+        self.on_reject = on_reject
+        self._logged: set[str] = set()
+        self._lock = threading.Lock()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        z85 = zmq.utils.z85.encode(key) if len(key) == 32 else key
+        if z85 in self.allowed:
+            return True
+        self.reject("unknown_key", fingerprint(z85))
+        return False
+
+    def reject(self, reason: str, fp: str) -> None:
+        with self._lock:
+            first = fp not in self._logged
+            self._logged.add(fp)
+        with _rejected_lock:
+            name = fp or "(handshake)"
+            _rejected[name] = _rejected.get(name, 0) + 1
+        if self.on_reject is not None:
+            self.on_reject(reason, fp)
+        if first and reason == "unknown_key":
+            log.warning("%s: refused a client whose CurveZMQ key is not allowlisted (fingerprint %s); "
+                        "further refusals of this key are only counted", self.name, fp)
+        elif first:
+            log.warning("%s: refused a connection whose handshake failed (a client without CurveZMQ, "
+                        "with the wrong server key, or not ZeroMQ at all); further ones are only counted",
+                        self.name)
+
+
+_auth_lock = threading.Lock()
+_authenticators: dict[int, tuple[zmq.Context[Any], ThreadAuthenticator]] = {}
+_domains = itertools.count(1)
+
+
+def _authenticator(ctx: zmq.Context[Any]) -> ThreadAuthenticator:
+    """One ZAP handler per context (ZAP requests never leave their context)."""
+    with _auth_lock:
+        entry = _authenticators.get(id(ctx))
+        if entry is None or entry[0] is not ctx:
+            auth = ThreadAuthenticator(ctx, log=logging.getLogger("rlfleet.zap"))
+            auth.start()
+            entry = _authenticators[id(ctx)] = (ctx, auth)
+        return entry[1]
+
+
+def rejected_clients() -> dict[str, int]:
+    """Refusals so far in this process, by key fingerprint ("(handshake)" for failed handshakes)."""
+    with _rejected_lock:
+        return dict(_rejected)
+
+
+def make_socket(
+    kind: int,
+    *,
+    bind: str | Iterable[str] | None = None,
+    connect: str | Iterable[str] | None = None,
+    hwm: int = DEFAULT_HWM,
+    identity: bytes | None = None,
+    curve: CurveConfig | None = None,
+    ctx: zmq.Context[Any] | None = None,
+    send_timeout_ms: int = 2000,
+    name: str = "",
+    on_reject: RejectFn | None = None,
+) -> zmq.Socket[Any]:
+    """A socket with linger 0, bounded send/receive queues and a send timeout.
+
+    With ``curve`` a socket that binds is a CurveZMQ server that accepts only
+    ``curve.allowed_clients`` (its own ZAP domain) and reports every refused
+    connection to ``on_reject`` (``name`` labels its log lines); one that
+    connects is a CurveZMQ client of ``curve.server_key``.
+    """
+    ctx = ctx or context()
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    # A send to a peer whose queue is full (or that never came) fails after this
+    # long with CommTimeout instead of blocking forever and ignoring SIGTERM.
+    sock.setsockopt(zmq.SNDTIMEO, send_timeout_ms)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    if kind == zmq.ROUTER:
+        # A reply to a peer that has gone is an error we can count, not a silent drop.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if curve is not None:
+        _apply_curve(sock, ctx, curve, bind is not None, name, on_reject)
+    for addr in [bind] if isinstance(bind, str) else (bind or []):
+        sock.bind(addr)
+    for addr in [connect] if isinstance(connect, str) else (connect or []):
+        sock.connect(addr)
+    return sock
+
+
+def _apply_curve(
+    sock: zmq.Socket[Any], ctx: zmq.Context[Any], curve: CurveConfig, server: bool, name: str,
+    on_reject: RejectFn | None,
+) -> None:
+    sock.curve_secretkey = curve.secret_key
+    sock.curve_publickey = curve.public_key
+    if not server:
+        if curve.server_key is None:
+            raise ValueError("a CurveZMQ client needs the server's public key (CurveConfig.server_key)")
+        sock.curve_serverkey = curve.server_key
+        return
+    # A ZAP domain of its own: each server socket has its own allowlist and its own counter.
+    domain = f"rlfleet-{next(_domains)}"
+    allow = _Allowlist(curve.allowed_clients, name, on_reject)
+    auth = _authenticator(ctx)
+    auth.configure_curve_callback(domain=domain, credentials_provider=allow)
+    sock.zap_domain = domain.encode()
+    sock.curve_server = True
+    # A client without CurveZMQ never reaches ZAP: only the socket's events tell of it.
+    # An address of our own: get_monitor_socket() names it by file descriptor, which a socket
+    # opened right after a close reuses while the old monitor endpoint is still bound.
+    addr = f"inproc://{domain}-monitor"
+    sock.monitor(addr, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                 | zmq.EVENT_MONITOR_STOPPED)
+    monitor = ctx.socket(zmq.PAIR)
+    monitor.connect(addr)
+    threading.Thread(target=_watch_handshakes, args=(sock, monitor, allow, auth, domain), name=f"zap-{name}",
+                     daemon=True).start()
+
+
+def _watch_handshakes(sock: zmq.Socket[Any], monitor: zmq.Socket[Any], allow: _Allowlist,
+                      auth: ThreadAuthenticator, domain: str) -> None:
+    """Count failed handshakes of one server socket until it closes (libzmq then stops the monitor).
+
+    Another monitor set on the socket stops this one too: then only the
+    counting ends; the allowlist stays until the socket is closed.
+    """
+    try:
+        while True:
+            event = recv_monitor_message(monitor)["event"]
+            if event == zmq.EVENT_MONITOR_STOPPED:
+                return
+            allow.reject("handshake", "")
+    except zmq.ZMQError:  # the context was terminated
+        pass
+    finally:
+        monitor.close(linger=0)
+        if sock.closed:
+            auth.credentials_providers.pop(domain, None)
+
+
+# -- the fast send and receive every loop uses ---------------------------------------
+NOBLOCK = int(zmq.NOBLOCK)  # plain ints: pyzmq's enum flags cost a Python call per use
+SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
+# the compiled send: pyzmq's Python-level Socket.send only adds the draft routing_id/group
+# arguments, and costs ~0.6 us a frame
+_send = zmq.backend.Socket.send
+
+
+def send_parts(sock: zmq.Socket[Any], frames: Sequence[Any], flags: int = 0) -> None:
+    """``send_multipart(frames, flags)`` at half the cost (plain int flags, pyzmq's compiled send).
+
+    Every frame is copied into its ZeroMQ message, also large ones: without a copy ZeroMQ
+    reads a buffer after this returns, possibly much later (a slow peer's queue), and a
+    paramserver reply's arrays may be views of a shared-memory file that is reused for a
+    later version once dropped. Small frames (the usual replies, inserts) cost less copied.
+    """
+    last = len(frames) - 1
+    more = flags | _SNDMORE
+    for i, frame in enumerate(frames):
+        _send(sock, frame, more if i < last else flags, True)
+
+
+def recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
+    """One whole multipart message without waiting (zmq.Again if none is queued).
+
+    The same as ``recv_multipart(NOBLOCK, copy=False)`` at half the cost:
+    each Frame says whether more follow, so no RCVMORE query per frame.
+    """
+    frame = sock.recv(NOBLOCK, copy=False)
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(NOBLOCK, copy=False)
+        frames.append(frame)
+    return frames
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    """A port that is free now (for tests and the local launcher)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
