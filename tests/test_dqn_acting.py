@@ -75,8 +75,6 @@ def test_numpy_q_values_match_torch(hidden: list[int], dueling: bool) -> None:
     assert np.abs(by_torch).max() > 1e-3  # not trivially zero
 
 
-@pytest.mark.skip(reason="the evaluator service moves to the Policy contract (act(obs, deterministic=True))"
-                         " when the services are wired to it")
 def test_evaluation_same_on_sync_async_and_reused_envs() -> None:
     from common import config as config_mod
     from services.actor.evaluator import eval_envs, evaluate
@@ -84,13 +82,13 @@ def test_evaluation_same_on_sync_async_and_reused_envs() -> None:
     cfg = config_mod.load(data={"env": {"max_episode_steps": 60}, "algorithm": {"name": "dqn", "hidden": [16]}},
                           environ={})
     policy = DQNPolicy(cfg.algorithm, OBS_SPACE, ACT_SPACE, seed=1)
-    fresh = evaluate(policy, cfg, 3, 0.2, seed=7)
+    fresh = evaluate(policy, cfg, 3, seed=7)
     assert fresh.shape == (3,) and (fresh > 0).all()
     for mode in ("async", "threads"):
         on = cfg.model_copy(update={"evaluator": cfg.evaluator.model_copy(update={"vectorization": mode})})
         envs = eval_envs(on, 3, seed=7)
         try:
             for _ in range(2):  # kept open across evaluations: every slot is reset with its seed each time
-                np.testing.assert_array_equal(evaluate(policy, on, 3, 0.2, seed=7, envs=envs), fresh)
+                np.testing.assert_array_equal(evaluate(policy, on, 3, seed=7, envs=envs), fresh)
         finally:
             envs.close()

@@ -50,11 +50,14 @@ def test_bad_fields_refused(fields: dict[str, object], words: list[str]) -> None
         assert word in str(info.value), (word, str(info.value))
 
 
-def test_round_check() -> None:
+def test_barrier_round_must_split_into_minibatches() -> None:
     cfg = PPOConfig(segment_length=10, minibatch_size=64, batch_segments=32)
-    cfg.check_round(32)
-    with pytest.raises(ValueError, match="round of 3 segments"):
-        cfg.check_round(3)
+    assert cfg.check_fleet("barrier", 4, 8, 10) == []  # 4 * 8 * 10 = 320 = 5 x 64
+    assert cfg.check_fleet("async", 1, 3, 7) == []  # async batches are batch_segments
+    (problem,) = cfg.check_fleet("barrier", 1, 3, 10)
+    assert "1 * 3 * 10 = 30 steps" in problem and "minibatch_size=64" in problem
+    (problem,) = cfg.check_fleet("barrier", 4, 8, 15)
+    assert "actor.steps_per_round=15 is not a multiple of algorithm.segment_length=10" in problem
 
 
 def test_env_checks() -> None:

@@ -109,8 +109,11 @@ class DataSpec:
       (:func:`drop_stale`) before learn; None: no limit.
     - ``round``: how a barrier round is consumed. ``"updates"``: ``updates_per_round`` calls of
       learn, each on a fresh sample of ``batch_items`` (DQN; the count is the learner config's).
-      ``"segments"``: the service samples exactly the round's items (num_actors * num_envs
-      segments) and calls learn once with all of them (PPO: every segment once).
+      ``"segments"``: the service samples exactly the round's items (num_actors * num_envs *
+      steps_per_round / item_steps segments) and calls learn once with all of them (PPO: every
+      segment once).
+    - ``item_steps``: env steps of one env slot that one item covers (1 for a transition, T for a
+      segment).
     """
 
     table_kinds: tuple[str, ...]
@@ -118,6 +121,7 @@ class DataSpec:
     returns_priorities: bool
     max_staleness: int | None = None
     round: Literal["updates", "segments"] = "updates"
+    item_steps: int = 1  # env steps of one env slot an item covers (a segment: its length)
 
 
 class Learner(Protocol):
@@ -173,6 +177,10 @@ class AlgorithmModule:
     make_adder: Callable[[Any, int, gym.Space[Any], gym.Space[Any], Any], Adder]
     # (cfg, observation_space, action_space, *, device="auto", seed=0) -> Learner
     make_learner: Callable[..., Learner]
+    # how the actors' vector envs reset (a gymnasium AutoresetMode value): "NextStep" spends a vector
+    # step on each reset (the adder drops it); "SameStep" makes every vector step an env step of every
+    # slot, so fixed-length segments end together, on barrier round boundaries
+    autoreset_mode: str = "NextStep"
 
     @property
     def table_kinds(self) -> tuple[str, ...]:

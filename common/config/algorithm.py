@@ -21,6 +21,8 @@ class AlgorithmSection(Protocol):
     table_kinds: ClassVar[tuple[str, ...]]
     name: str
 
+    def check_fleet(self, sync: str, actors: int, num_envs: int, steps_per_round: int) -> list[str]: ...
+
     # Any other field is the algorithm's own (services should ask the algorithm, not read them).
     def __getattr__(self, field: str) -> Any: ...
 

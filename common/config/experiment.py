@@ -66,6 +66,8 @@ class Experiment(Strict):
                 f"replay.tables[{table.name}].kind={table.kind!r} with algorithm {self.algorithm.name};"
                 f" allowed: {', '.join(allowed)}"
             )
+        problems += self.algorithm.check_fleet(self.sync, self.actor.count, self.env.num_envs,
+                                               self.actor.steps_per_round)
         if problems:
             raise ValueError("; ".join(problems))
         return self

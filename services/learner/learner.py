@@ -32,11 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from common import algorithms
 from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
-from common.clients.replay_sample import SampleClient
+from common.clients.replay_sample import SampleBatch, SampleClient
 from common.clients.version_probe import VersionProbe
 from common.clients.weights_publisher import WeightsPublisher
 from common.config import Experiment, dump
@@ -51,6 +52,7 @@ log = logging.getLogger("rlfleet.learner")
 
 CHECKPOINT = "checkpoint.pt"
 REPUBLISH_CHECK_S = 1.0  # how often the learner checks that every paramserver shard holds its version
+STALENESS_SAMPLES = 64  # items of a batch observed in rlfleet_learner_item_staleness (evenly spaced)
 
 
 def checkpoint_path(cfg: Experiment) -> Path:
@@ -79,7 +81,7 @@ class LearnerService:
             self.version = int(state["version"])
             log.info("learner: resumed from %s at update %d, version %d", self.ckpt, self.core.num_updates,
                      self.version)
-        self.sampler = SampleClient.from_config(cfg, "learner")
+        self.sampler = SampleClient.from_config(cfg, "learner", batch_size=self.core.data.batch_items)
         self.tb = ScalarWriter(cfg.run_dir, "learner")  # RUN_DIR/tensorboard/learner; a no-op without tensorboard
         self._tb_last = 0.0
         self.published: dict[str, Any] = {}  # arrays of self.version, checkpointed for `rlfleet eval`
@@ -102,7 +104,14 @@ class LearnerService:
         m = self.metrics
         self.m_updates = m.counter("learner_updates", "Gradient updates done (continues across restarts).")
         self.m_loss = m.gauge("learner_loss", "Loss of the last update.")
-        self.m_q = m.gauge("learner_q_mean", "Mean Q of the last sampled batch.")
+        self.m_stats = m.gauge("learner_stat", "The algorithm's figures of its last update (q_mean, entropy, ...).",
+                               ("stat",))
+        self.m_staleness = m.histogram(
+            "learner_item_staleness", "Versions between the weights an item was acted with and the learner's.",
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64))
+        self.m_dropped = m.counter("learner_items_dropped", "Items not trained on, by reason (stale: acted with"
+                                   " weights more than the algorithm's max_staleness versions old).", ("reason",))
+        self.m_dropped.labels("stale").inc(0)
         self.m_version = m.gauge("learner_version", "Newest weights version published.")
         self.m_publishes = m.counter("learner_publishes", "Weights versions published.")
         self.m_wait = m.counter("learner_sample_wait_seconds", "Seconds the learner waited for a batch.")
@@ -217,32 +226,56 @@ class LearnerService:
             self.checkpoint()
 
     # -- updates ------------------------------------------------------------------
-    def update_once(self, timeout_s: float) -> bool:
-        """One update from one sampled batch; False if no batch came within timeout_s."""
+    def take_batch(self, timeout_s: float) -> SampleBatch | None:
+        """One sampled batch (None if none came within timeout_s); waits and reconnects counted."""
         start = time.monotonic()
         try:
             batch = self.sampler.sample(beta=self.core.beta(), timeout_s=timeout_s)
         except CommTimeout:
-            self.m_wait.inc(time.monotonic() - start)
-            return False
+            batch = None
         self.m_wait.inc(time.monotonic() - start)
         if self.sampler.reconnects > self._replay_reconnects:
             self.m_reconnects.labels("replay").inc(self.sampler.reconnects - self._replay_reconnects)
             self._replay_reconnects = self.sampler.reconnects
-        figures, priorities = self.core.update(batch.data, batch.weights)
-        self.sampler.update_priorities(batch, priorities)
-        self.m_updates.inc()
+        return batch
+
+    def learn(self, data: dict[str, np.ndarray], weights: np.ndarray | None = None,
+              batch: SampleBatch | None = None) -> bool:
+        """Drop stale items, learn on the rest, send priorities back to ``batch``'s shard; False if all were stale."""
+        behind = self.version - np.asarray(data["version"]).reshape(-1) if "version" in data else None
+        if behind is not None and len(behind):
+            step = max(1, len(behind) // STALENESS_SAMPLES)  # a big batch: evenly spaced items, not all
+            for b in behind[::step]:
+                self.m_staleness.observe(b)
+        kept, dropped = algorithms.drop_stale(data, self.version, self.core.data.max_staleness)
+        if dropped:
+            self.m_dropped.labels("stale").inc(dropped)
+            if dropped == len(next(iter(data.values()))):
+                return False
+            if weights is not None and behind is not None:  # importance weights follow the items kept
+                weights = np.asarray(weights)[behind <= (self.core.data.max_staleness or 0)]
+        before = self.core.num_updates
+        figures, priorities = self.core.learn(kept, weights)
+        if priorities is not None and batch is not None and not dropped:  # (keys and priorities must match)
+            self.sampler.update_priorities(batch, priorities)
+        self.m_updates.inc(self.core.num_updates - before)
         self.m_loss.set(figures.get("loss", float("nan")))
-        self.m_q.set(figures.get("q_mean", float("nan")))
+        for name, value in figures.items():
+            self.m_stats.labels(name).set(value)
         if time.monotonic() - self._tb_last >= 1.0:  # TensorBoard: once a second is plenty
             self._tb_last = time.monotonic()
-            self.tb.add_many({"learner/loss": figures.get("loss"), "learner/q_mean": figures.get("q_mean"),
-                              "learner/version": self.version}, step=self.core.num_updates)
+            self.tb.add_many({**{f"learner/{k}": v for k, v in figures.items()}, "learner/version": self.version},
+                             step=self.core.num_updates)
         now = time.monotonic()
         if now - self._rate[0] >= 10.0:
             self.m_ups.set((self.core.num_updates - self._rate[1]) / (now - self._rate[0]))
             self._rate = (now, self.core.num_updates)
         return True
+
+    def update_once(self, timeout_s: float) -> bool:
+        """One learn call on one sampled batch; False if no batch came within timeout_s (or all was stale)."""
+        batch = self.take_batch(timeout_s)
+        return batch is not None and self.learn(batch.data, batch.weights, batch)
 
     def run(self) -> None:
         self.publish(self.start_version)
@@ -254,8 +287,13 @@ class LearnerService:
 
     def _run_async(self) -> None:
         every = self.cfg.learner.publish_every
+        published_at = self.core.num_updates
         while not self._stopping:
-            if self.update_once(timeout_s=0.5) and self.core.num_updates % every == 0 and not self._ps_failing:
+            # one learn call may take many optimizer steps (PPO: epochs x minibatches): publish when it
+            # crossed a multiple of publish_every
+            if (self.update_once(timeout_s=0.5) and self.core.num_updates // every > published_at // every
+                    and not self._ps_failing):
+                published_at = self.core.num_updates
                 self.publish(self.version + 1, retry=False)
             self._maybe_checkpoint()
             self.ensure_published()
@@ -280,7 +318,6 @@ class LearnerService:
         return False
 
     def _run_barrier(self) -> None:
-        cfg = self.cfg.learner
         while not self._stopping:
             start = time.monotonic()
             try:
@@ -291,25 +328,58 @@ class LearnerService:
                 self.ensure_published()
                 continue
             self.m_barrier.inc(time.monotonic() - start)
-            done = 0
-            if self._replay_ready():
-                self.sampler.ask_for(cfg.updates_per_round)  # every batch of the round asked for after its inserts
-                # A round has a deadline: replay restarting mid-round must not hold every actor forever.
-                deadline = time.monotonic() + self.cfg.network.timeout_s
-                while done < cfg.updates_per_round and not self._stopping and time.monotonic() < deadline:
-                    if self.update_once(timeout_s=1.0):
-                        done += 1
-                        deadline = time.monotonic() + self.cfg.network.timeout_s
-                if done == 0:
-                    self.sampler.forget_sizes()  # e.g. replay restarted empty: ask it again next round
-                if done < cfg.updates_per_round and not self._stopping:
-                    log.warning("learner: round %d ended after %d of %d updates: no batch for %.0f s",
-                                self.version, done, cfg.updates_per_round, self.cfg.network.timeout_s)
+            done = self._segments_round(actors) if self.core.data.round == "segments" else self._updates_round()
             if self._stopping:
                 break
             self.publish(self.version + 1)
             log.debug("learner: round %d: %d actors, %d updates", self.version - 1, actors, done)
             self._maybe_checkpoint()
+
+    def _updates_round(self) -> int:
+        """A round of ``learner.updates_per_round`` learn calls, each on a fresh batch (DQN)."""
+        want = self.cfg.learner.updates_per_round
+        done = 0
+        if not self._replay_ready():
+            return done
+        self.sampler.ask_for(want)  # every batch of the round asked for after its inserts
+        # A round has a deadline: replay restarting mid-round must not hold every actor forever.
+        deadline = time.monotonic() + self.cfg.network.timeout_s
+        while done < want and not self._stopping and time.monotonic() < deadline:
+            if self.update_once(timeout_s=1.0):
+                done += 1
+                deadline = time.monotonic() + self.cfg.network.timeout_s
+        if done == 0:
+            self.sampler.forget_sizes()  # e.g. replay restarted empty: ask it again next round
+        if done < want and not self._stopping:
+            log.warning("learner: round %d ended after %d of %d updates: no batch for %.0f s",
+                        self.version, done, want, self.cfg.network.timeout_s)
+        return done
+
+    def _segments_round(self, actors: int) -> int:
+        """Every item of the round once, in one learn call (PPO): each of ``actors`` actors inserted
+        ``num_envs * steps_per_round / item_steps`` items acted with this version."""
+        want = actors * self.cfg.env.num_envs * self.cfg.actor.steps_per_round // self.core.data.item_steps
+        per_batch = self.core.data.batch_items
+        self.sampler.ask_for(-(-want // per_batch))
+        parts: list[dict[str, np.ndarray]] = []
+        got = 0
+        deadline = time.monotonic() + self.cfg.network.timeout_s
+        while got < want and not self._stopping and time.monotonic() < deadline:
+            batch = self.take_batch(timeout_s=1.0)
+            if batch is None:
+                if self.sampler.wanted == 0:  # a queue answered short: ask for the rest
+                    self.sampler.ask_for(-(-(want - got) // per_batch))
+                continue
+            parts.append(batch.data)
+            got += len(batch.keys)
+            deadline = time.monotonic() + self.cfg.network.timeout_s
+        if got < want and not self._stopping:
+            log.warning("learner: round %d got %d of its %d items within %.0f s", self.version, got, want,
+                        self.cfg.network.timeout_s)
+        if not parts:
+            return 0
+        data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return 1 if self.learn(data) else 0
 
     # -- service contract ---------------------------------------------------------
     def stop(self) -> None:

@@ -7,10 +7,10 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from common.config.sections import NonNegFloat, PosFloat, PosInt, Strict
+from common.config.sections import AlgorithmSettings, NonNegFloat, PosFloat, PosInt
 
 
-class DQNConfig(Strict):
+class DQNConfig(AlgorithmSettings):
     """Ape-X DQN: double Q, dueling heads, n-step returns, prioritized replay."""
 
     table_kinds: ClassVar[tuple[str, ...]] = ("uniform", "prioritized")

@@ -78,4 +78,5 @@ ALGORITHM = AlgorithmModule(
     make_policy=make_policy,
     make_adder=make_adder,
     make_learner=make_learner,
+    autoreset_mode="SameStep",  # segments of every slot end on the same vector step: a barrier round's end
 )

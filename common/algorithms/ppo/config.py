@@ -12,12 +12,12 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from common.config.sections import NonNegFloat, PosFloat, PosInt, Strict
+from common.config.sections import AlgorithmSettings, NonNegFloat, PosFloat, PosInt
 
 Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
-class PPOConfig(Strict):
+class PPOConfig(AlgorithmSettings):
     """PPO: DPPO on the barrier (each round's segments once), APPO async (clipped ratio to the behaviour)."""
 
     table_kinds: ClassVar[tuple[str, ...]] = ("queue",)
@@ -67,24 +67,30 @@ class PPOConfig(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> PPOConfig:
         problems = []
-        steps = self.batch_segments * self.segment_length
-        if steps % self.minibatch_size:
-            problems.append(
-                f"minibatch_size={self.minibatch_size} does not divide the async batch of batch_segments *"
-                f" segment_length = {self.batch_segments} * {self.segment_length} = {steps} steps; allowed: a"
-                " divisor of it"
-            )
         if (self.anneal_lr or self.anneal_clip) and self.anneal_env_steps is None:
             problems.append("anneal_env_steps=None with anneal_lr or anneal_clip; allowed: env steps >= 1")
         if problems:
             raise ValueError("; ".join(problems))
         return self
 
-    def check_round(self, segments: int) -> None:
-        """Barrier: a round of ``segments`` segments must split into minibatches (raises ValueError)."""
-        steps = segments * self.segment_length
-        if steps % self.minibatch_size:
-            raise ValueError(
-                f"algorithm.minibatch_size={self.minibatch_size} does not divide a round of {segments} segments"
-                f" * segment_length {self.segment_length} = {steps} steps; allowed: a divisor of it"
-            )
+    def check_fleet(self, sync: str, actors: int, num_envs: int, steps_per_round: int) -> list[str]:
+        """Problems of this section with a fleet of ``actors`` actors of ``num_envs`` envs (start-up).
+
+        Barrier: a round is ``actor.steps_per_round`` vector steps, a whole number of segments per env
+        slot, and the round's segments must split into minibatches. Async: ``batch_segments`` must.
+        """
+        if sync == "barrier":
+            if steps_per_round % self.segment_length:
+                return [f"actor.steps_per_round={steps_per_round} is not a multiple of algorithm.segment_length="
+                        f"{self.segment_length}: a barrier round must end on segment boundaries; allowed:"
+                        f" {self.segment_length}, {2 * self.segment_length}, ..."]
+            what = (f"a barrier round of actor.count * env.num_envs * actor.steps_per_round = {actors} * {num_envs}"
+                    f" * {steps_per_round}")
+            steps = actors * num_envs * steps_per_round
+        else:
+            what = f"the async batch of batch_segments * segment_length = {self.batch_segments} * {self.segment_length}"
+            steps = self.batch_segments * self.segment_length
+        if steps % self.minibatch_size == 0:
+            return []
+        return [f"algorithm.minibatch_size={self.minibatch_size} does not divide {what} = {steps} steps;"
+                " allowed: a divisor of it"]

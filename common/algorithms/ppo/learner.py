@@ -57,7 +57,8 @@ class PPOLearner:
         self.cfg = cfg
         self.device = resolve_device(device)
         self.data = DataSpec(table_kinds=PPOConfig.table_kinds, batch_items=cfg.batch_segments,
-                             returns_priorities=False, max_staleness=cfg.max_staleness, round="segments")
+                             returns_priorities=False, max_staleness=cfg.max_staleness, round="segments",
+                             item_steps=cfg.segment_length)
         self.net = seeded_networks(cfg, observation_space, action_space, seed).to(self.device)
         self._params = list(self.net.parameters())
         self.optimizer = torch.optim.Adam(self._params, lr=cfg.lr, eps=cfg.adam_eps)
@@ -114,8 +115,8 @@ class PPOLearner:
             self.progress_left = max(0.0, 1.0 - self.env_steps / cfg.anneal_env_steps)
         rows = self.prepare(batch)
         n = len(rows["advantage"])
-        if n % cfg.minibatch_size:
-            raise ValueError(f"a batch of {n} steps does not split into minibatches of {cfg.minibatch_size}")
+        # a round whose actor count changed at run time (compose --scale) may not split evenly: its last
+        # minibatch is smaller (start-up refuses a configured fleet that does not split: check_fleet)
         totals: dict[str, float] = {}
         for _ in range(cfg.epochs):
             order = torch.as_tensor(self.rng.permutation(n), device=self.device)
@@ -125,7 +126,7 @@ class PPOLearner:
                 self.apply_gradients(grads)
                 for key, value in metrics.items():
                     totals[key] = totals.get(key, 0.0) + value
-        steps = cfg.epochs * (n // cfg.minibatch_size)
+        steps = cfg.epochs * -(-n // cfg.minibatch_size)
         self.env_steps += n
         figures = {key: value / steps for key, value in totals.items()}
         figures.update(lr=self._lr(), clip_range=self._clip(), env_steps_trained=float(self.env_steps),
