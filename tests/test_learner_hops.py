@@ -108,10 +108,10 @@ class NoInfoSampler:
 def test_a_barrier_round_asks_replay_for_info_only_while_no_size_is_known(
     sizes: list[int], ready: bool, asked: list[int]
 ) -> None:
-    from services.learner.learner import LearnerService
+    from services.learner.training import Trainer
 
     sampler = NoInfoSampler(sizes)
     me = SimpleNamespace(sampler=sampler, table=SimpleNamespace(name="main", min_size=10),
                          cfg=SimpleNamespace(network=SimpleNamespace(replay=["a", "b"], timeout_s=1.0)))
-    assert LearnerService._replay_ready(me) is ready
+    assert Trainer.replay_ready(me) is ready  # type: ignore[arg-type]
     assert sampler.asked == asked
