@@ -3,9 +3,10 @@
 Async protocol: trains continuously (the replay rate limiter keeps the ratio
 of learning to acting) and publishes every ``learner.publish_every`` updates.
 Barrier protocol: for round k it waits at the paramserver's barrier until
-every live actor has finished acting on version k, does
-``learner.updates_per_round`` updates (none while replay is below its min
-size) and publishes version k + 1.
+every live actor has finished acting on version k, trains on the round as the
+algorithm consumes it (``learner.updates_per_round`` updates, none while
+replay is below its min size; or every segment of the round once: see
+:mod:`services.learner.training`) and publishes version k + 1.
 
 Sample requests are kept in flight by the SampleClient, so a batch is usually
 waiting when an update ends; priorities go back without waiting. In a barrier
