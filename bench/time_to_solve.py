@@ -151,7 +151,7 @@ def raw_env_steps_per_s(env_id: str, seconds: float = 3.0) -> float:
 def raw_updates_per_s(env_id: str, seconds: float = 3.0) -> float:
     """A plain PyTorch DQN update loop on the same network and batch size as rlfleet's config."""
     from common import config as config_mod
-    from common.algorithms.dqn_networks import build_q_network
+    from common.algorithms.dqn.networks import build_q_network
 
     cfg = config_mod.load(ROOT / CONFIGS[env_id], environ={}).algorithm
     env = gym.make(env_id)

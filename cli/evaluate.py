@@ -2,7 +2,7 @@
 
 The experiment config travels inside the checkpoint. Evaluation is the
 evaluator's own code path (``services.actor.evaluator.evaluate``) with its
-defaults: ``evaluator.episodes`` episodes, ``evaluator.epsilon``, seeds from
+defaults: ``evaluator.episodes`` episodes acted deterministically, seeds from
 ``seed + EVAL_SEED_OFFSET``; so the mean matches what the evaluator reported
 for the same weights. ``--video out.gif`` also records the first of those
 episodes (same seed) as an animated GIF.
@@ -89,12 +89,12 @@ def make_policy(cfg: Experiment, weights: Mapping[str, np.ndarray]) -> Any:
 
 def evaluate_weights(cfg: Experiment, weights: Mapping[str, np.ndarray], episodes: int | None = None,
                      seed: int | None = None) -> np.ndarray:
-    """Returns of the evaluator's evaluation of ``weights`` (its episodes, epsilon and seeds by default)."""
+    """Returns of the evaluator's evaluation of ``weights`` (its episodes and seeds by default)."""
     from services.actor.evaluator import EVAL_SEED_OFFSET, evaluate
 
     episodes = episodes or cfg.evaluator.episodes
     seed = cfg.seed + EVAL_SEED_OFFSET if seed is None else seed
-    return evaluate(make_policy(cfg, weights), cfg, episodes, cfg.evaluator.epsilon, seed)
+    return evaluate(make_policy(cfg, weights), cfg, episodes, seed)
 
 
 def record_gif(cfg: Experiment, policy: Any, seed: int, path: str | Path, max_frames: int = 2000) -> float:
@@ -117,7 +117,6 @@ def record_gif(cfg: Experiment, policy: Any, seed: int, path: str | Path, max_fr
         if cfg.env.max_episode_steps:
             kw["max_episode_steps"] = cfg.env.max_episode_steps
         env = gym.make(cfg.env.id, render_mode="rgb_array", **kw)
-    rng = np.random.default_rng(seed)
     frames: list[Image.Image] = []
     total = 0.0
     try:
@@ -127,7 +126,7 @@ def record_gif(cfg: Experiment, policy: Any, seed: int, path: str | Path, max_fr
             frame = env.render()
             if frame is not None and len(frames) < max_frames:
                 frames.append(Image.fromarray(np.asarray(frame, np.uint8)))
-            action = policy.act(np.asarray(obs)[None], cfg.evaluator.epsilon, rng)[0]
+            action = policy.act(np.asarray(obs)[None], deterministic=True)[0][0]
             obs, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             done = bool(terminated or truncated)

@@ -24,7 +24,8 @@ from common.roles import ROLES
 BASE_PRELOAD: dict[str, tuple[str, ...]] = {
     "light": ("numpy", "zmq", "cli.main", "cli.dispatch", "common.runtime"),
     "heavy": ("numpy", "zmq", "torch", "torch.utils.tensorboard", "gymnasium", "gymnasium.envs.classic_control",
-              "cli.main", "cli.dispatch", "common.runtime", "common.envs", "common.algorithms.dqn"),
+              "cli.main", "cli.dispatch", "common.runtime", "common.envs", "common.algorithms.dqn.learner",
+              "common.algorithms.ppo.learner"),
 }
 PRELOAD: dict[str, tuple[str, ...]] = {
     kind: tuple(dict.fromkeys([*BASE_PRELOAD[kind], *(module for r in ROLES if KIND_OF[r.name] == kind

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -75,7 +75,7 @@ def env_factory(cfg: EnvConfig) -> Callable[[], gym.Env]:  # type: ignore[type-a
 
 
 class ThreadVectorEnv(SyncVectorEnv):
-    """A SyncVectorEnv whose envs step at the same time, one thread each (NEXT_STEP autoreset).
+    """A SyncVectorEnv whose envs step at the same time, one thread each (NEXT_STEP or SAME_STEP autoreset).
 
     For envs whose step waits rather than computes (a remote simulator, a game server, a
     robot: ``env.step_latency_ms``): the waits overlap as with ``async``, without a process,
@@ -83,15 +83,23 @@ class ThreadVectorEnv(SyncVectorEnv):
     and gain nothing.
     """
 
-    def __init__(self, env_fns: list[Callable[[], gym.Env]]) -> None:  # type: ignore[type-arg]
-        super().__init__(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+    def __init__(self, env_fns: list[Callable[[], gym.Env]],  # type: ignore[type-arg]
+                 autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP) -> None:
+        super().__init__(env_fns, autoreset_mode=autoreset_mode)
         self._pool = ThreadPoolExecutor(max_workers=self.num_envs, thread_name_prefix="env")
 
     def _step_one(self, i: int, action: Any) -> tuple[Any, ...]:
-        if self._autoreset_envs[i]:
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+            if self._autoreset_envs[i]:
+                obs, info = self.envs[i].reset()
+                return obs, 0.0, False, False, info
+            return self.envs[i].step(action)  # type: ignore[no-any-return]
+        obs, reward, terminated, truncated, info = self.envs[i].step(action)
+        if terminated or truncated:  # SAME_STEP: reset now, the final observation goes in the infos
+            final_obs, final_info = obs, info
             obs, info = self.envs[i].reset()
-            return obs, 0.0, False, False, info
-        return self.envs[i].step(action)  # type: ignore[no-any-return]
+            info = {**info, "final_obs": final_obs, "final_info": final_info}
+        return obs, reward, terminated, truncated, info
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         results = list(self._pool.map(self._step_one, range(self.num_envs), iterate(self.action_space, actions)))
@@ -110,14 +118,21 @@ class ThreadVectorEnv(SyncVectorEnv):
         super().close_extras(**kwargs)
 
 
-def make_vector_env(cfg: EnvConfig, seed: int) -> VectorEnv:  # type: ignore[type-arg]
-    """``cfg.num_envs`` envs as one vector env, reset with seeds seed..seed+n-1 by the caller."""
+def make_vector_env(cfg: EnvConfig, seed: int,  # type: ignore[type-arg]
+                    autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP) -> VectorEnv:
+    """``cfg.num_envs`` envs as one vector env, reset with seeds seed..seed+n-1 by the caller.
+
+    ``autoreset_mode`` is the algorithm's (``AlgorithmModule.autoreset_mode``): NEXT_STEP spends a
+    vector step on each reset; SAME_STEP resets within the ending step, so every vector step is an
+    env step of every slot (what fixed-length segments aligned to barrier rounds need).
+    """
+    mode = AutoresetMode(autoreset_mode)
     thunks = [env_factory(cfg)] * cfg.num_envs
     if cfg.vectorization == "async":
-        return AsyncVectorEnv(thunks, autoreset_mode=AutoresetMode.NEXT_STEP)
+        return AsyncVectorEnv(thunks, autoreset_mode=mode)
     if cfg.vectorization == "threads":
-        return ThreadVectorEnv(thunks)
-    return SyncVectorEnv(thunks, autoreset_mode=AutoresetMode.NEXT_STEP)
+        return ThreadVectorEnv(thunks, autoreset_mode=mode)
+    return SyncVectorEnv(thunks, autoreset_mode=mode)
 
 
 def probe_env(cfg: Experiment) -> tuple[gym.Space, gym.Space]:  # type: ignore[type-arg]
@@ -141,8 +156,12 @@ def probe_env(cfg: Experiment) -> tuple[gym.Space, gym.Space]:  # type: ignore[t
     return spaces
 
 
-def acting_policy(cfg: Experiment) -> algorithms.Policy:
-    """The CPU acting policy actors, the evaluator and `rlfleet eval` build (weights from the seed)."""
+def acting_policy(cfg: Experiment, act_seed: int | Sequence[int] | None = None) -> algorithms.Policy:
+    """The CPU acting policy actors, the evaluator and `rlfleet eval` build.
+
+    Its starting weights come from the experiment seed (the learner's too); ``act_seed`` seeds its own
+    sampling (an actor's: the experiment seed and its index).
+    """
     obs_space, act_space = probe_env(cfg)
     return algorithms.get(cfg.algorithm.name).make_policy(cfg.algorithm, obs_space, act_space, device="cpu",
-                                                          seed=cfg.seed)
+                                                          seed=cfg.seed, act_seed=act_seed)

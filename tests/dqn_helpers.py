@@ -16,4 +16,5 @@ def random_batch(rng: np.random.Generator, size: int = 32) -> dict[str, np.ndarr
         "reward": rng.normal(size=size).astype(np.float32),
         "next_obs": rng.normal(size=(size, 4)).astype(np.float32),
         "discount": (rng.random(size) < 0.9).astype(np.float32) * 0.97,
+        "version": np.zeros(size, np.int64),
     }

@@ -8,8 +8,8 @@ import torch
 
 import common.algorithms as algorithms
 from common.algorithms.device import resolve_device
-from common.algorithms.dqn import ALGORITHM, DQNLearner, DQNPolicy
-from common.config import DQNConfig
+from common.algorithms.dqn import ALGORITHM
+from common.algorithms.dqn.config import DQNConfig
 from tests.dqn_helpers import ACT_SPACE, OBS_SPACE
 
 
@@ -20,10 +20,14 @@ def test_registry_and_env_checks() -> None:
         algorithms.get("nope")
     with pytest.raises(algorithms.UnknownAlgorithm):
         algorithms.get("device")  # a helper module, not an algorithm
+    with pytest.raises(algorithms.UnknownAlgorithm):
+        algorithms.get("adders")  # a helper folder, not an algorithm
+    assert ALGORITHM.table_kinds == ("uniform", "prioritized")
     with pytest.raises(ValueError, match="already registered"):
         algorithms.register(
             algorithms.AlgorithmModule(
-                "dqn", ALGORITHM.check_env, DQNPolicy, DQNLearner, ALGORITHM.make_builder, ALGORITHM.exploration
+                "dqn", DQNConfig, ALGORITHM.check_env, ALGORITHM.make_policy, ALGORITHM.make_adder,
+                ALGORITHM.make_learner,
             )
         )
     cfg = DQNConfig()

@@ -6,8 +6,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from common.algorithms.dqn import ALGORITHM, DQNLearner, DQNPolicy
-from common.config import DQNConfig
+from common.algorithms.dqn import ALGORITHM
+from common.algorithms.dqn.config import DQNConfig
+from common.algorithms.dqn.learner import DQNLearner
+from common.algorithms.dqn.policy import DQNPolicy
 from tests.dqn_helpers import ACT_SPACE, OBS_SPACE, random_batch
 
 # Hyperparameters that solve CartPole in ~5-30k env steps on 2 CPU cores.
@@ -19,7 +21,7 @@ def greedy_return(policy: DQNPolicy, seed: int, episodes: int = 10) -> float:
     obs, _ = envs.reset(seed=seed)
     returns, done = np.zeros(episodes), np.zeros(episodes, bool)
     while not done.all():
-        obs, rewards, terminated, truncated, _ = envs.step(policy.act(obs, 0.0, np.random.default_rng(0)))
+        obs, rewards, terminated, truncated, _ = envs.step(policy.act(obs, deterministic=True)[0])
         returns += rewards * ~done
         done |= terminated | truncated
     envs.close()
@@ -31,22 +33,22 @@ def test_learns_cartpole() -> None:
     cfg = DQNConfig(**CARTPOLE_CFG)
     envs = gym.make_vec("CartPole-v1", num_envs=num_envs)
     learner = DQNLearner(cfg, OBS_SPACE, ACT_SPACE, device="cpu", seed=seed)
-    policy = DQNPolicy(cfg, OBS_SPACE, ACT_SPACE, seed=seed)
-    builder = ALGORITHM.make_builder(cfg, envs)
+    policy = DQNPolicy(cfg, OBS_SPACE, ACT_SPACE, seed=seed, act_seed=[seed, 1])
+    adder = ALGORITHM.make_adder(cfg, num_envs, OBS_SPACE, ACT_SPACE, envs.metadata["autoreset_mode"])
     rng = np.random.default_rng(seed)
     replay = {k: np.zeros((capacity, *v.shape[1:]), v.dtype) for k, v in random_batch(rng, 1).items()}
     size = head = 0
     obs, _ = envs.reset(seed=seed)
-    builder.reset(obs)
+    adder.reset(obs)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small nets: one thread is fastest and deterministic
     best = 0.0
     try:
         for step in range(num_envs, budget + 1, num_envs):
-            epsilon = max(0.05, 1.0 - 0.95 * step / 10_000)
-            actions = policy.act(obs, epsilon, rng)
+            policy.epsilon = max(0.05, 1.0 - 0.95 * step / 10_000)  # this test's own schedule
+            actions, extras = policy.act(obs)
             obs, rewards, terminated, truncated, infos = envs.step(actions)
-            columns = builder.add(actions, obs, rewards, terminated, truncated, infos)
+            columns = adder.add(actions, extras, obs, rewards, terminated, truncated, infos, learner.num_updates)
             rows = (head + np.arange(len(columns["action"]))) % capacity
             for key, value in columns.items():
                 replay[key][rows] = value
@@ -54,7 +56,7 @@ def test_learns_cartpole() -> None:
             if size < 1000:
                 continue
             idx = rng.integers(size, size=cfg.batch_size)
-            learner.update({key: value[idx] for key, value in replay.items()})
+            learner.learn({key: value[idx] for key, value in replay.items()})
             policy.load_weights(learner.weights())
             if step % 2000 == 0:
                 best = max(best, greedy_return(policy, seed=10_000 + step))

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
-from common.algorithms.dqn import DQNLearner, DQNPolicy
-from common.config import DQNConfig
+from common.algorithms.dqn.config import DQNConfig
+from common.algorithms.dqn.learner import DQNLearner
+from common.algorithms.dqn.policy import DQNPolicy
 from tests.dqn_helpers import ACT_SPACE, OBS_SPACE, random_batch
 
 
@@ -21,7 +22,7 @@ def test_weights_round_trip_gives_identical_q_values() -> None:
     learner = DQNLearner(cfg, OBS_SPACE, ACT_SPACE, device="cpu", seed=1)
     rng = np.random.default_rng(0)
     for _ in range(5):
-        learner.update(random_batch(rng))
+        learner.learn(random_batch(rng))
     policy = DQNPolicy(cfg, OBS_SPACE, ACT_SPACE, seed=2)
     weights = learner.weights()
     assert all(w.dtype == np.float32 and w.flags.c_contiguous for w in weights.values())
@@ -55,7 +56,7 @@ def test_state_round_trip_through_torch_save(tmp_path: Path) -> None:
     batches = [random_batch(rng) for _ in range(8)]
     first = DQNLearner(cfg, OBS_SPACE, ACT_SPACE, device="cpu", seed=1)
     for batch in batches[:5]:
-        first.update(batch)
+        first.learn(batch)
     path = tmp_path / "learner.pt"
     torch.save(first.state(), path)
     second = DQNLearner(cfg, OBS_SPACE, ACT_SPACE, device="cpu", seed=99)
@@ -68,9 +69,9 @@ def test_state_round_trip_through_torch_save(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["learner.pt"]
     assert second.num_updates == 5
     for batch in batches[5:]:  # Adam moments and the target schedule carry on identically
-        m1, p1 = first.update(batch)
-        m2, p2 = second.update(batch)
-        m3, p3 = third.update(batch)
+        m1, p1 = first.learn(batch)
+        m2, p2 = second.learn(batch)
+        m3, p3 = third.learn(batch)
         assert m1 == m2 == m3
         np.testing.assert_array_equal(p1, p2)
         np.testing.assert_array_equal(p1, p3)

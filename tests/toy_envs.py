@@ -31,3 +31,30 @@ class Corridor(gym.Env):  # type: ignore[type-arg]
         self.steps += 1
         done = self.pos >= self.length
         return self._obs(), float(done), done, self.steps >= 10 and not done, {}
+
+
+class Reach(gym.Env):  # type: ignore[type-arg]
+    """A 1-D continuous task: move a point to a target within 20 steps; reward -|distance| per step.
+
+    obs = (position, target); action in [-1, 1] moves by 0.25 * action. A random policy scores
+    about -12; heading straight for the target scores between about -2 and 0.
+    """
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.pos, self.target, self.steps = 0.0, 0.0, 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.pos, self.target], np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.pos, self.target, self.steps = 0.0, float(self.np_random.uniform(-1, 1)), 0
+        return self._obs(), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        move = float(np.clip(np.asarray(action).reshape(-1)[0], -1.0, 1.0))
+        self.pos = float(np.clip(self.pos + 0.25 * move, -2.0, 2.0))
+        self.steps += 1
+        return self._obs(), -abs(self.pos - self.target), False, self.steps >= 20, {}

@@ -119,10 +119,10 @@ class SampleClient:
         self.reconnects = 0
 
     @classmethod
-    def from_config(cls, cfg: Experiment, sender: str, batch_size: int | None = None,
+    def from_config(cls, cfg: Experiment, sender: str, batch_size: int,
                     curve: CurveConfig | None = None) -> SampleClient:
-        bs = batch_size if batch_size is not None else cfg.algorithm.batch_size
-        return cls(cfg.network.replay, sender, cfg.learner.table, bs, in_flight=cfg.learner.samples_in_flight,
+        """``batch_size``: items per request (the learner's ``data.batch_items``)."""
+        return cls(cfg.network.replay, sender, cfg.learner.table, batch_size, in_flight=cfg.learner.samples_in_flight,
                    seed=cfg.seed, curve=curve if curve is not None else client_curve(cfg, "learner"))
 
     def _send(self, shard: _Shard, msg: Message) -> bool:

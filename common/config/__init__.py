@@ -12,12 +12,12 @@ Validation happens at start-up; every problem is reported with the field, the
 bad value and what is allowed (:class:`ConfigError`).
 
 The modules: :mod:`.sections` holds the pydantic section of each service,
-:mod:`.algorithm` the algorithm's section, :mod:`.experiment` the whole file
+:mod:`.algorithm` the algorithm's section (gathered from the algorithm folders), :mod:`.experiment` the whole file
 and its cross-section checks, :mod:`.loading` reading, overrides and error
 messages. Import from ``common.config``.
 """
 
-from common.config.algorithm import AlgorithmConfig, DQNConfig
+from common.config.algorithm import AlgorithmConfig
 from common.config.experiment import Experiment, bind_address
 from common.config.loading import (
     ENV_PREFIX,
@@ -51,7 +51,6 @@ __all__ = [
     "ActorConfig",
     "AlgorithmConfig",
     "ConfigError",
-    "DQNConfig",
     "EnvConfig",
     "EvaluatorConfig",
     "Experiment",

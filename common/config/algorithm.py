@@ -1,53 +1,43 @@
-"""The algorithm's section of the experiment file (``algorithm:``), one class per
-algorithm, told apart by ``name``."""
+"""The algorithm's section of the experiment file (``algorithm:``): one class per
+algorithm, told apart by ``name``, gathered from the algorithm folders
+(``common/algorithms/<name>/config.py``), so adding an algorithm needs no edit here.
+
+Each config class declares ``table_kinds`` (a ClassVar): the replay table kinds
+the algorithm can learn from, which the experiment checks.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from common.config.sections import NonNegFloat, PosFloat, PosInt, Strict
-
-
-class DQNConfig(Strict):
-    """Ape-X DQN: double Q, dueling heads, n-step returns, prioritized replay."""
-
-    name: Literal["dqn"] = "dqn"
-    hidden: list[PosInt] = Field(default_factory=lambda: [256, 256], description="MLP layer widths")
-    dueling: bool = Field(True, description="separate value and advantage heads")
-    double: bool = Field(True, description="double-Q targets (online argmax, target value)")
-    gamma: Annotated[float, Field(gt=0, le=1)] = Field(0.99, description="discount")
-    n_step: PosInt = Field(3, description="steps in the n-step return, built by the actor")
-    lr: PosFloat = Field(5e-4, description="Adam learning rate")
-    adam_eps: PosFloat = Field(1.5e-4, description="Adam epsilon")
-    batch_size: PosInt = Field(128, description="transitions per update")
-    huber_delta: PosFloat = Field(1.0, description="Huber loss threshold")
-    grad_clip: PosFloat | None = Field(10.0, description="max gradient norm; null disables")
-    target_update: Literal["hard", "polyak"] = Field("hard", description="how the target net follows")
-    target_period: PosInt = Field(250, description="updates between hard target copies")
-    tau: Annotated[float, Field(gt=0, le=1)] = Field(0.005, description="Polyak rate")
-    beta_start: Annotated[float, Field(ge=0, le=1)] = Field(0.4, description="importance exponent at start")
-    beta_updates: PosInt = Field(20_000, description="updates over which beta anneals to 1")
-    epsilon: Annotated[float, Field(gt=0, lt=1)] = Field(0.4, description="Ape-X base epsilon")
-    epsilon_alpha: NonNegFloat = Field(7.0, description="Ape-X: eps_i = eps^(1 + alpha*i/(N-1))")
-    epsilon_decay_steps: PosInt | None = Field(
-        None, description="fleet env steps over which each actor's epsilon falls linearly from epsilon_start to"
-        " its Ape-X eps_i; null: eps_i from the start"
-    )
-    epsilon_start: Annotated[float, Field(gt=0, le=1)] = Field(
-        1.0, description="every actor's epsilon at fleet step 0 (with epsilon_decay_steps)"
-    )
-    priority_eps: PosFloat = Field(1e-3, description="added to |TD error| to form a priority")
-
-    @model_validator(mode="after")
-    def _schedule(self) -> DQNConfig:
-        if self.epsilon_decay_steps is not None and self.epsilon_start < self.epsilon:
-            raise ValueError(
-                f"epsilon_start={self.epsilon_start} is below epsilon={self.epsilon}: the schedule decays"
-                f" towards the Ape-X values; allowed: epsilon_start >= epsilon"
-            )
-        return self
+from common.algorithms.registry import config_classes, get
 
 
-AlgorithmConfig = Annotated[DQNConfig, Field(discriminator="name")]
+class AlgorithmSection(Protocol):
+    """What every algorithm's config class has (for type checkers; the classes are pydantic models)."""
+
+    table_kinds: ClassVar[tuple[str, ...]]
+    name: str
+
+    def check_fleet(self, sync: str, actors: int, num_envs: int, steps_per_round: int) -> list[str]: ...
+
+    # Any other field is the algorithm's own (services should ask the algorithm, not read them).
+    def __getattr__(self, field: str) -> Any: ...
+
+
+if TYPE_CHECKING:
+    AlgorithmConfig = AlgorithmSection
+else:
+    AlgorithmConfig = Annotated[Union[tuple(config_classes())], Field(discriminator="name")]  # noqa: UP007
+
+
+def algorithm_class(name: str) -> Any:
+    """The config class of algorithm ``name`` (None if there is none): for error messages."""
+    return next((cls for cls in config_classes() if cls.model_fields["name"].default == name), None)
+
+
+def default_algorithm() -> Any:
+    """The algorithm section when the file has none: DQN with its defaults."""
+    return get("dqn").config()

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from common.config.algorithm import AlgorithmConfig, DQNConfig
+from common.config.algorithm import AlgorithmConfig, default_algorithm
 from common.config.sections import (
     ActorConfig,
     EnvConfig,
@@ -26,7 +26,7 @@ class Experiment(Strict):
     seed: int = 0
     sync: Literal["barrier", "async"] = "async"
     env: EnvConfig = Field(default_factory=lambda: EnvConfig())
-    algorithm: AlgorithmConfig = Field(default_factory=lambda: DQNConfig())
+    algorithm: AlgorithmConfig = Field(default_factory=default_algorithm)
     actor: ActorConfig = Field(default_factory=lambda: ActorConfig())
     evaluator: EvaluatorConfig = Field(default_factory=lambda: EvaluatorConfig())
     replay: ReplayConfig = Field(default_factory=lambda: ReplayConfig())
@@ -60,10 +60,14 @@ class Experiment(Strict):
                 " with sync=barrier: the limiter could hold the learner inside a round while actors"
                 " wait for the next version (deadlock); allowed: null (the round fixes the ratio)"
             )
-        if self.algorithm.name == "dqn" and table is not None and table.kind == "queue":
+        allowed = tuple(type(self.algorithm).table_kinds)
+        if table is not None and table.kind not in allowed:
             problems.append(
-                f"replay.tables[{table.name}].kind='queue' with algorithm dqn; allowed: uniform, prioritized"
+                f"replay.tables[{table.name}].kind={table.kind!r} with algorithm {self.algorithm.name};"
+                f" allowed: {', '.join(allowed)}"
             )
+        problems += self.algorithm.check_fleet(self.sync, self.actor.count, self.env.num_envs,
+                                               self.actor.steps_per_round)
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from common.config.algorithm import algorithm_class
 from common.config.experiment import Experiment
 
 ENV_PREFIX = "RLFLEET_"
@@ -105,11 +106,14 @@ def validate(tree: Mapping[str, Any]) -> Experiment:
 def format_errors(exc: ValidationError, tree: Mapping[str, Any]) -> str:
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
-        loc = loc.replace(".dqn", "") if loc.startswith("algorithm.dqn") else loc
+        parts = [str(p) for p in err["loc"] if not str(p).startswith("function-after")]
+        section = None  # the algorithm's config class: pydantic puts the union's tag in the path
+        if len(parts) > 1 and parts[0] == "algorithm" and (section := algorithm_class(parts[1])) is not None:
+            del parts[1]
+        loc = ".".join(parts)
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown field; allowed fields: {_allowed_fields(loc)}")
+            lines.append(f"{loc}: unknown field; allowed fields: {_allowed_fields(loc, section)}")
         elif err["type"] in ("missing",):
             lines.append(f"{loc}: required field is missing")
         elif loc and err["type"] == "value_error" and isinstance(err.get("input"), dict):
@@ -121,10 +125,13 @@ def format_errors(exc: ValidationError, tree: Mapping[str, Any]) -> str:
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
-def _allowed_fields(loc: str) -> str:
+def _allowed_fields(loc: str, section: Any = None) -> str:
     model: Any = Experiment
     for part in loc.split(".")[:-1]:
         if part.isdigit():
+            continue
+        if part == "algorithm" and model is Experiment and section is not None:
+            model = section
             continue
         field = model.model_fields.get(part)
         if field is None:

@@ -4,7 +4,7 @@ docs show). :class:`Strict` refuses unknown fields, so a misspelt one is an erro
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -16,6 +16,19 @@ class Strict(BaseModel):
 PosInt = Annotated[int, Field(ge=1)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0)]
+
+
+class AlgorithmSettings(Strict):
+    """Base of every algorithm's config class (``common/algorithms/<name>/config.py``)."""
+
+    #: replay table kinds the algorithm can learn from (the experiment checks the learner's table)
+    table_kinds: ClassVar[tuple[str, ...]] = ()
+
+    def check_fleet(self, sync: str, actors: int, num_envs: int, steps_per_round: int) -> list[str]:
+        """Problems of this section with a fleet of ``actors`` actors of ``num_envs`` envs each (barrier
+        rounds of ``steps_per_round`` vector steps), found at start-up, e.g. a barrier round that does
+        not split into minibatches; each names the field, the value and what is allowed."""
+        return []
 
 
 class EnvConfig(Strict):
@@ -34,7 +47,11 @@ class EnvConfig(Strict):
 
 class ActorConfig(Strict):
     count: PosInt = Field(2, description="actors the local launcher starts (compose: --scale)")
-    insert_batch: PosInt = Field(64, description="transitions per insert message")
+    insert_batch: PosInt = Field(64, description="items (transitions, segments) per insert message")
+    insert_bytes: PosInt = Field(
+        256 << 10, description="an insert also goes once the items waiting hold this many bytes (large items:"
+        " trajectory segments of many steps go at once instead of waiting for insert_batch of them)"
+    )
     max_unacked: Annotated[int, Field(ge=1, le=4096)] = Field(
         32, description="insert messages in flight before the actor waits (replay remembers 4,096 per actor);"
         " also how far (in inserts) an actor runs ahead of a rate limiter that holds its acks"
@@ -60,7 +77,6 @@ class EvaluatorConfig(Strict):
     every_steps: PosInt | None = Field(
         None, description="evaluate each time the fleet's env steps pass a multiple of this (e.g. 5000)"
     )
-    epsilon: Annotated[float, Field(ge=0, lt=1)] = Field(0.0, description="exploration while evaluating")
     vectorization: Literal["sync", "async", "threads"] | None = Field(
         None, description="the evaluation's vector env (one slot per episode); null: env.vectorization. async"
         " (a process per episode) and threads (a thread per episode) step every episode at once: with a slow"

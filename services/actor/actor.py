@@ -32,11 +32,12 @@ log = logging.getLogger("rlfleet.actor")
 
 
 class EpisodeStats:
-    """Episode returns per vector slot, aware of NEXT_STEP autoreset."""
+    """Episode returns per vector slot, aware of NEXT_STEP autoreset (the step after an end is a reset)."""
 
-    def __init__(self, num_envs: int) -> None:
+    def __init__(self, num_envs: int, next_step_reset: bool = True) -> None:
         self.returns = np.zeros(num_envs)
         self.resetting = np.zeros(num_envs, bool)
+        self.next_step_reset = next_step_reset
         self.recent: deque[float] = deque(maxlen=20)
 
     def add(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> list[float]:
@@ -46,7 +47,8 @@ class EpisodeStats:
         finished = [float(r) for r in self.returns[done]]
         self.recent.extend(finished)
         self.returns[done] = 0.0
-        self.resetting = done
+        if self.next_step_reset:
+            self.resetting = done
         return finished
 
 
@@ -100,24 +102,25 @@ class AckedLog:
 
 
 class ActorService:
-    """One actor: env, policy, n-step builder, replay inserts, weight sync, heartbeats."""
+    """One actor: env, policy, adder, replay inserts, weight sync, heartbeats."""
 
     def __init__(self, cfg: Experiment, actor_id: str) -> None:
         self.cfg = cfg
         self.actor_id = actor_id
         self._stopping = False
         torch.set_num_threads(cfg.actor.torch_threads)
-        self.policy = acting_policy(cfg)  # the paramserver's version replaces its weights before any step
         self.algo = algorithms.get(cfg.algorithm.name)
         self.links = FleetLinks(cfg, actor_id, role="actor")
         self.index = self.links.welcome.index
         self.num_actors = fleet_size(self.links.welcome)
+        # the paramserver's version replaces its weights before any step; its own sampling is seeded per actor
+        self.policy = acting_policy(cfg, act_seed=[cfg.seed, self.index, 1])
         self.metrics = ServiceMetrics("actor", self.index)
         self._define_metrics()
         self.env_seed = cfg.seed * 100_003 + self.index * cfg.env.num_envs
-        self.rng = np.random.default_rng([cfg.seed, self.index, 1])
-        self.envs = make_vector_env(cfg.env, self.env_seed)
-        self.builder = self.algo.make_builder(cfg.algorithm, self.envs)
+        self.envs = make_vector_env(cfg.env, self.env_seed, self.algo.autoreset_mode)
+        self.adder = self.algo.make_adder(cfg.algorithm, cfg.env.num_envs, self.envs.single_observation_space,
+                                          self.envs.single_action_space, self.algo.autoreset_mode)
         shard = self.index % cfg.replay.shards  # an actor sticks to one replay shard
         self.acked_log = AckedLog(Path(cfg.run_dir) / "acked" / f"{actor_id}.csv") if cfg.actor.acked_log else None
         self.replay = InsertClient.from_config(cfg, shard, actor_id,
@@ -129,14 +132,18 @@ class ActorService:
         # heartbeat, plus our own steps since times the live actors (they step at about our pace).
         self.env_steps = 0
         self._fleet_steps = (self.links.welcome.fleet_env_steps, 0)
-        self.epsilon = self.algo.exploration(cfg.algorithm, self.index, self.num_actors, self.fleet_env_steps())
+        self.exploration: dict[str, float] = {}
+        self._scheduling = True
+        self._explore()
         self.version = -1
         self.pending: list[dict[str, np.ndarray]] = []
         self.pending_rows = 0
-        self.episodes = EpisodeStats(cfg.env.num_envs)
+        self.pending_bytes = 0
+        self.episodes = EpisodeStats(cfg.env.num_envs, next_step_reset=self.algo.autoreset_mode == "NextStep")
         self.episode_log = EpisodeLog(Path(cfg.run_dir) / "episodes" / f"{actor_id}.csv")
-        log.info("actor %s: index %d of %d, epsilon %.4f, replay shard %d, %s protocol",
-                 actor_id, self.index, self.num_actors, self.epsilon, shard, cfg.sync)
+        explore = ", ".join(f"{k} {v:.4g}" for k, v in self.exploration.items()) or "no exploration parameter"
+        log.info("actor %s: index %d of %d, %s, replay shard %d, %s protocol", actor_id, self.index,
+                 self.num_actors, explore, shard, cfg.sync)
 
     def _define_metrics(self) -> None:
         m = self.metrics
@@ -169,7 +176,16 @@ class ActorService:
         return fleet + (self.env_steps - own) * self.num_actors
 
     def _explore(self) -> None:
-        self.epsilon = self.algo.exploration(self.cfg.algorithm, self.index, self.num_actors, self.fleet_env_steps())
+        """The policy's exploration for this actor's index, the fleet's size and env steps now.
+
+        While what it returns keeps changing (a schedule runs: epsilon decay), the loop asks again
+        every step; once it holds still, only heartbeats ask (the fleet's size may change).
+        """
+        before = self.exploration
+        self.exploration = self.policy.explore(self.index, self.num_actors, self.fleet_env_steps())
+        self._scheduling = self.exploration != before
+        if "epsilon" in self.exploration:
+            self.m_epsilon.set(self.exploration["epsilon"])
 
     # -- weights ----------------------------------------------------------------
     def _take(self, got: tuple[int, dict[str, np.ndarray]] | None) -> bool:
@@ -229,7 +245,6 @@ class ActorService:
                     log.info("actor %s: registry index %d -> %d", self.actor_id, self.index, welcome.index)
                 self.index = welcome.index
         self._explore()
-        self.m_epsilon.set(self.epsilon)
 
     # -- data -------------------------------------------------------------------
     def _queue(self, columns: dict[str, np.ndarray]) -> None:
@@ -237,7 +252,8 @@ class ActorService:
         if n:
             self.pending.append(columns)
             self.pending_rows += n
-        if self.pending_rows >= self.cfg.actor.insert_batch:
+            self.pending_bytes += sum(c.nbytes for c in columns.values())
+        if self.pending_rows >= self.cfg.actor.insert_batch or self.pending_bytes >= self.cfg.actor.insert_bytes:
             self._send_pending()
 
     def _send_pending(self, deadline_s: float | None = None) -> None:
@@ -248,13 +264,14 @@ class ActorService:
         if not self.pending:
             return
         batch = {k: np.concatenate([c[k] for c in self.pending]) for k in self.pending[0]}
-        self.pending, self.pending_rows = [], 0
-        priorities = self.policy.initial_priorities(batch)
+        self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
+        priorities = self.policy.priorities(batch)
+        rows = len(next(iter(batch.values())))
         end = None if deadline_s is None else time.monotonic() + deadline_s
         while end is not None or not self._stopping:
             try:
                 self.replay.insert(self.table, batch, priorities, timeout_s=self.cfg.actor.heartbeat_s)
-                self.m_inserted.inc(len(priorities))
+                self.m_inserted.inc(rows)
                 self._replay_metrics()  # right after the window grew: the peak is exact
                 return
             except CommTimeout:
@@ -288,21 +305,19 @@ class ActorService:
 
     def _run(self) -> None:
         cfg = self.cfg
-        self.m_epsilon.set(self.epsilon)
         if not self.wait_for_version(0):
             return
         obs, _ = self.envs.reset(seed=[self.env_seed + j for j in range(cfg.env.num_envs)])  # type: ignore[arg-type]
-        self.builder.reset(obs)
+        self.adder.reset(obs)
         steps_in_round = 0
         since_poll = 0
         last_beat = time.monotonic()
-        decay = getattr(cfg.algorithm, "epsilon_decay_steps", None)
         while not self._stopping:
-            if decay is not None and self.fleet_env_steps() < decay:
-                self._explore()  # the schedule over the fleet's env steps; after it, each heartbeat does
-            actions = self.policy.act(obs, self.epsilon, self.rng)
+            if self._scheduling:
+                self._explore()
+            actions, extras = self.policy.act(obs)
             obs, rewards, terminated, truncated, infos = self.envs.step(actions)
-            self._queue(self.builder.add(actions, obs, rewards, terminated, truncated, infos))
+            self._queue(self.adder.add(actions, extras, obs, rewards, terminated, truncated, infos, self.version))
             finished = self.episodes.add(np.asarray(rewards, np.float64), terminated, truncated)
             self.env_steps += cfg.env.num_envs
             if finished:
@@ -344,7 +359,7 @@ class ActorService:
 
     def health(self) -> dict[str, Any]:
         return {"ok": not self._stopping, "actor_id": self.actor_id, "index": self.index,
-                "version": self.version, "epsilon": self.epsilon, "env_steps": self.env_steps,
+                "version": self.version, **self.exploration, "env_steps": self.env_steps,
                 "replay": self._replay_state}
 
     def close(self) -> None:

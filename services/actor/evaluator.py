@@ -36,9 +36,10 @@ def eval_envs(cfg: Experiment, episodes: int, seed: int) -> VectorEnv:  # type: 
     return make_vector_env(cfg.env.model_copy(update=update), seed)
 
 
-def evaluate(policy: Any, cfg: Experiment, episodes: int, epsilon: float, seed: int,
+def evaluate(policy: Any, cfg: Experiment, episodes: int, seed: int,
              envs: VectorEnv | None = None) -> np.ndarray:  # type: ignore[type-arg]
-    """Returns of ``episodes`` episodes, one per slot of a vector env, seeds seed..seed+K-1.
+    """Returns of ``episodes`` episodes acted deterministically (greedy, or the mean action), one per
+    slot of a vector env, seeds seed..seed+K-1.
 
     ``envs``: a vector env of ``episodes`` slots to reuse (kept open; every slot is reset with its
     seed, so the result is the same as with a fresh one); None makes one and closes it.
@@ -46,13 +47,12 @@ def evaluate(policy: Any, cfg: Experiment, episodes: int, epsilon: float, seed: 
     own = envs is None
     if envs is None:
         envs = eval_envs(cfg, episodes, seed)
-    rng = np.random.default_rng(seed)
     try:
         obs, _ = envs.reset(seed=[seed + i for i in range(episodes)])  # type: ignore[arg-type]  # a list is allowed
         returns = np.zeros(episodes)
         running = np.ones(episodes, bool)
         while running.any():
-            obs, rewards, terminated, truncated, _ = envs.step(policy.act(obs, epsilon, rng))
+            obs, rewards, terminated, truncated, _ = envs.step(policy.act(obs, deterministic=True)[0])
             returns[running] += np.asarray(rewards, np.float64)[running]
             running &= ~(np.asarray(terminated) | np.asarray(truncated))
         return returns
@@ -132,7 +132,7 @@ class EvaluatorService:
             seed = self.cfg.seed + EVAL_SEED_OFFSET
             if self._envs is None:  # made once: an async vector env's processes outlive each evaluation
                 self._envs = eval_envs(self.cfg, cfg.episodes, seed)
-            returns = evaluate(self.policy, self.cfg, cfg.episodes, cfg.epsilon, seed, self._envs)
+            returns = evaluate(self.policy, self.cfg, cfg.episodes, seed, self._envs)
             self.last = {"version": version, "mean": float(returns.mean()), "std": float(returns.std()),
                          "seconds": time.monotonic() - start}
             log.info("eval v%d: return %.1f +- %.1f over %d episodes (%.1f s)", version, self.last["mean"],

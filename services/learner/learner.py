@@ -3,9 +3,10 @@
 Async protocol: trains continuously (the replay rate limiter keeps the ratio
 of learning to acting) and publishes every ``learner.publish_every`` updates.
 Barrier protocol: for round k it waits at the paramserver's barrier until
-every live actor has finished acting on version k, does
-``learner.updates_per_round`` updates (none while replay is below its min
-size) and publishes version k + 1.
+every live actor has finished acting on version k, trains on the round as the
+algorithm consumes it (``learner.updates_per_round`` updates, none while
+replay is below its min size; or every segment of the round once: see
+:mod:`services.learner.training`) and publishes version k + 1.
 
 Sample requests are kept in flight by the SampleClient, so a batch is usually
 waiting when an update ends; priorities go back without waiting. In a barrier
@@ -36,7 +37,6 @@ import torch
 
 from common import algorithms
 from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
-from common.clients.replay_sample import SampleClient
 from common.clients.version_probe import VersionProbe
 from common.clients.weights_publisher import WeightsPublisher
 from common.config import Experiment, dump
@@ -44,13 +44,14 @@ from common.envs import probe_env
 from common.metrics import ServiceMetrics
 from common.runtime import FatalError, StartupError
 from common.security import client_curve, refused_hint
-from common.tboard import ScalarWriter
 from common.wire.errors import CommTimeout, RemoteError
+from services.learner.training import Trainer
 
 log = logging.getLogger("rlfleet.learner")
 
 CHECKPOINT = "checkpoint.pt"
 REPUBLISH_CHECK_S = 1.0  # how often the learner checks that every paramserver shard holds its version
+STALENESS_SAMPLES = 64  # items of a batch observed in rlfleet_learner_item_staleness (evenly spaced)
 
 
 def checkpoint_path(cfg: Experiment) -> Path:
@@ -79,19 +80,15 @@ class LearnerService:
             self.version = int(state["version"])
             log.info("learner: resumed from %s at update %d, version %d", self.ckpt, self.core.num_updates,
                      self.version)
-        self.sampler = SampleClient.from_config(cfg, "learner")
-        self.tb = ScalarWriter(cfg.run_dir, "learner")  # RUN_DIR/tensorboard/learner; a no-op without tensorboard
-        self._tb_last = 0.0
+        self.trainer = Trainer(cfg, self.core, self.metrics, lambda: self.version, lambda: self._stopping)
+        self.m_reconnects = self.trainer.m_reconnects
         self.published: dict[str, Any] = {}  # arrays of self.version, checkpointed for `rlfleet eval`
         # one paramserver client: publishes, barriers and version probes share its connections
         self.publisher = WeightsPublisher(cfg.network.paramserver, "learner", curve=client_curve(cfg, "learner"))
-        self.table = next(t for t in cfg.replay.tables if t.name == cfg.learner.table)
         self.last_ckpt = time.monotonic()
         self.probe = VersionProbe(self.publisher.shards, every_s=REPUBLISH_CHECK_S,
                                   timeout_s=min(5.0, cfg.network.timeout_s))
         self._ps_failing = False
-        self._replay_reconnects = 0
-        self.m_updates.inc(self.core.num_updates)
         # Ask the paramserver before /metrics is up: a learner killed after publishing a version newer
         # than its checkpoint must not show the checkpoint's (older) version while it starts.
         self.start_version = self.first_version()
@@ -100,21 +97,12 @@ class LearnerService:
 
     def _define_metrics(self) -> None:
         m = self.metrics
-        self.m_updates = m.counter("learner_updates", "Gradient updates done (continues across restarts).")
-        self.m_loss = m.gauge("learner_loss", "Loss of the last update.")
-        self.m_q = m.gauge("learner_q_mean", "Mean Q of the last sampled batch.")
         self.m_version = m.gauge("learner_version", "Newest weights version published.")
         self.m_publishes = m.counter("learner_publishes", "Weights versions published.")
-        self.m_wait = m.counter("learner_sample_wait_seconds", "Seconds the learner waited for a batch.")
         self.m_barrier = m.counter("learner_barrier_wait_seconds", "Seconds the learner waited at barriers.")
-        self.m_ups = m.gauge("learner_updates_per_second", "Updates per second over the last 10 s.")
         self.m_ckpt = m.counter("learner_checkpoints", "Checkpoints written.")
         self.m_republish = m.counter("learner_republishes",
                                      "Current weights sent again to a paramserver shard that had lost them.")
-        self.m_reconnects = m.counter("reconnects", "Connections re-established to a peer that had gone.", ("peer",))
-        for peer in ("replay", "paramserver"):
-            self.m_reconnects.labels(peer).inc(0)
-        self._rate = (time.monotonic(), self.core.num_updates)
 
     # -- publish / checkpoint ---------------------------------------------------
     def publish(self, version: int, retry: bool = True) -> bool:
@@ -216,34 +204,6 @@ class LearnerService:
         if time.monotonic() - self.last_ckpt >= self.cfg.learner.checkpoint_every_s:
             self.checkpoint()
 
-    # -- updates ------------------------------------------------------------------
-    def update_once(self, timeout_s: float) -> bool:
-        """One update from one sampled batch; False if no batch came within timeout_s."""
-        start = time.monotonic()
-        try:
-            batch = self.sampler.sample(beta=self.core.beta(), timeout_s=timeout_s)
-        except CommTimeout:
-            self.m_wait.inc(time.monotonic() - start)
-            return False
-        self.m_wait.inc(time.monotonic() - start)
-        if self.sampler.reconnects > self._replay_reconnects:
-            self.m_reconnects.labels("replay").inc(self.sampler.reconnects - self._replay_reconnects)
-            self._replay_reconnects = self.sampler.reconnects
-        figures, priorities = self.core.update(batch.data, batch.weights)
-        self.sampler.update_priorities(batch, priorities)
-        self.m_updates.inc()
-        self.m_loss.set(figures.get("loss", float("nan")))
-        self.m_q.set(figures.get("q_mean", float("nan")))
-        if time.monotonic() - self._tb_last >= 1.0:  # TensorBoard: once a second is plenty
-            self._tb_last = time.monotonic()
-            self.tb.add_many({"learner/loss": figures.get("loss"), "learner/q_mean": figures.get("q_mean"),
-                              "learner/version": self.version}, step=self.core.num_updates)
-        now = time.monotonic()
-        if now - self._rate[0] >= 10.0:
-            self.m_ups.set((self.core.num_updates - self._rate[1]) / (now - self._rate[0]))
-            self._rate = (now, self.core.num_updates)
-        return True
-
     def run(self) -> None:
         self.publish(self.start_version)
         log.info("learner: published version %d", self.version)
@@ -254,33 +214,18 @@ class LearnerService:
 
     def _run_async(self) -> None:
         every = self.cfg.learner.publish_every
+        published_at = self.core.num_updates
         while not self._stopping:
-            if self.update_once(timeout_s=0.5) and self.core.num_updates % every == 0 and not self._ps_failing:
+            # one learn call may take many optimizer steps (PPO: epochs x minibatches): publish when it
+            # crossed a multiple of publish_every
+            if (self.trainer.update_once(timeout_s=0.5) and self.core.num_updates // every > published_at // every
+                    and not self._ps_failing):
+                published_at = self.core.num_updates
                 self.publish(self.version + 1, retry=False)
             self._maybe_checkpoint()
             self.ensure_published()
 
-    def _replay_ready(self) -> bool:
-        """Some shard at or above the table's min size: it serves while the others hold samples.
-
-        (With fewer actors than shards some shards stay empty: requiring all would stall.)
-        The sizes come with every batch (``table_size``), and tables do not shrink: once a
-        shard is known to be at its min size no shard is asked. Only until then (start-up,
-        or after a round that got no batch: replay restarted) is each shard asked ``info``.
-        """
-        if any(s.size >= self.table.min_size for s in self.sampler.shards):
-            return True
-        for shard in range(len(self.cfg.network.replay)):
-            try:
-                stats = self.sampler.info(shard, timeout_s=self.cfg.network.timeout_s)
-            except CommTimeout:
-                continue
-            if stats["tables"][self.table.name]["size"] >= self.table.min_size:
-                return True
-        return False
-
     def _run_barrier(self) -> None:
-        cfg = self.cfg.learner
         while not self._stopping:
             start = time.monotonic()
             try:
@@ -291,20 +236,10 @@ class LearnerService:
                 self.ensure_published()
                 continue
             self.m_barrier.inc(time.monotonic() - start)
-            done = 0
-            if self._replay_ready():
-                self.sampler.ask_for(cfg.updates_per_round)  # every batch of the round asked for after its inserts
-                # A round has a deadline: replay restarting mid-round must not hold every actor forever.
-                deadline = time.monotonic() + self.cfg.network.timeout_s
-                while done < cfg.updates_per_round and not self._stopping and time.monotonic() < deadline:
-                    if self.update_once(timeout_s=1.0):
-                        done += 1
-                        deadline = time.monotonic() + self.cfg.network.timeout_s
-                if done == 0:
-                    self.sampler.forget_sizes()  # e.g. replay restarted empty: ask it again next round
-                if done < cfg.updates_per_round and not self._stopping:
-                    log.warning("learner: round %d ended after %d of %d updates: no batch for %.0f s",
-                                self.version, done, cfg.updates_per_round, self.cfg.network.timeout_s)
+            if self.core.data.round == "segments":
+                done = self.trainer.segments_round(actors)
+            else:
+                done = self.trainer.updates_round()
             if self._stopping:
                 break
             self.publish(self.version + 1)
@@ -325,6 +260,5 @@ class LearnerService:
             log.info("learner: checkpoint at update %d, version %d -> %s", self.core.num_updates, self.version,
                      self.ckpt)
         finally:
-            self.sampler.close()
+            self.trainer.close()
             self.publisher.close()
-            self.tb.close()

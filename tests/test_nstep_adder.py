@@ -1,4 +1,4 @@
-"""The actor's n-step builder against a brute-force reference, across autoreset modes."""
+"""The n-step adder against a brute-force reference, across autoreset modes; the version column."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from common.algorithms.nstep import NStepBuilder
+from common.algorithms.adders.nstep import NStepAdder
 
 
 class Coin(gym.Env[np.ndarray, np.int64]):
@@ -99,7 +99,7 @@ def as_rows(columns: dict[str, np.ndarray]) -> list[tuple]:
         (3, AutoresetMode.SAME_STEP),
     ],
 )
-def test_nstep_builder_matches_brute_force(n_step: int, mode: AutoresetMode) -> None:
+def test_nstep_adder_matches_brute_force(n_step: int, mode: AutoresetMode) -> None:
     gamma, num_envs = 0.9, 4
     logs: list[list] = [[] for _ in range(num_envs)]
 
@@ -107,16 +107,18 @@ def test_nstep_builder_matches_brute_force(n_step: int, mode: AutoresetMode) -> 
         return lambda: Recorder(gym.wrappers.TimeLimit(Coin(slot, seed=slot), max_episode_steps=6), logs[slot])
 
     envs = SyncVectorEnv([factory(i) for i in range(num_envs)], autoreset_mode=mode)
-    builder = NStepBuilder.for_env(envs, n_step, gamma)
-    assert builder.autoreset_mode is mode
+    adder = NStepAdder.for_env(envs, n_step, gamma)
+    assert adder.autoreset_mode is mode
     rng = np.random.default_rng(0)
     obs, _ = envs.reset(seed=0)
-    builder.reset(obs)
+    adder.reset(obs)
     got = []
     for _ in range(400):
         actions = rng.integers(3, size=num_envs)
         obs, rewards, terminated, truncated, infos = envs.step(actions)
-        got += as_rows(builder.add(actions, obs, rewards, terminated, truncated, infos))
+        items = adder.add(actions, {}, obs, rewards, terminated, truncated, infos, 7)
+        assert items["version"].dtype == np.int64 and (items["version"] == 7).all()
+        got += as_rows(items)
     envs.close()
 
     episodes = [episode for log in logs for episode in log]
@@ -128,22 +130,28 @@ def test_nstep_builder_matches_brute_force(n_step: int, mode: AutoresetMode) -> 
     np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-5, atol=1e-5)
     # Unfinished episodes keep their last min(L, n - 1) steps open.
     unfinished = [log[-1] for log in logs if not (log[-1] and (log[-1][-1][4] or log[-1][-1][5]))]
-    assert builder.pending == sum(min(len(steps), n_step - 1) for steps in unfinished)
+    assert adder.pending == sum(min(len(steps), n_step - 1) for steps in unfinished)
 
 
-def test_nstep_builder_drops_the_autoreset_step() -> None:
+def test_nstep_adder_drops_the_autoreset_step() -> None:
     """Hand-written NEXT_STEP sequence: the step after an ending is no transition."""
-    builder = NStepBuilder(num_envs=1, n_step=2, gamma=0.5, obs_shape=(1,))
-    builder.reset(np.array([[0.0]], np.float32))
+    adder = NStepAdder(num_envs=1, n_step=2, gamma=0.5, obs_shape=(1,))
+    adder.reset(np.array([[0.0]], np.float32))
+
+    versions: list[list[int]] = []
 
     def add(action: int, next_obs: float, reward: float, term: bool = False, trunc: bool = False) -> list:
-        cols = builder.add(
+        cols = adder.add(
             np.array([action]),
+            {},
             np.array([[next_obs]], np.float32),
             np.array([reward]),
             np.array([term]),
             np.array([trunc]),
+            None,
+            len(versions),  # a new weights version every step
         )
+        versions.append(cols["version"].tolist())
         return as_rows(cols)
 
     assert add(1, 1.0, 1.0) == []
@@ -154,5 +162,7 @@ def test_nstep_builder_drops_the_autoreset_step() -> None:
     assert add(0, 20.0, 0.0) == []
     assert add(1, 21.0, 1.0) == []
     assert add(0, 22.0, 2.0) == [(20.0, 1, 2.0, 22.0, 0.25)]
+    # each transition carries the version its first action was taken with (the oldest of its window)
+    assert versions == [[], [0, 1], [], [], [3, 4], [], [], [6]]
     with pytest.raises(ValueError, match="not supported"):
-        NStepBuilder(1, 2, 0.5, (1,), AutoresetMode.DISABLED)
+        NStepAdder(1, 2, 0.5, (1,), AutoresetMode.DISABLED)

@@ -13,6 +13,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.algorithms.dqn import check_env
+from common.algorithms.dqn.config import DQNConfig
+
 
 class QNetwork(nn.Module):
     """Q(s, .) for flat float inputs (any observation shape is flattened).
@@ -43,7 +46,6 @@ class QNetwork(nn.Module):
         advantage = self.advantage(features)
         return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)  # type: ignore[no-any-return]
 
-
     def numpy_layers(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """(W^T, b) float32 copies per layer, for :func:`numpy_q`; a dueling head folded into one layer.
 
@@ -60,55 +62,6 @@ class QNetwork(nn.Module):
                 layers.append((self.head.weight.t(), self.head.bias))
             return [(np.array(w.cpu().numpy(), np.float32, order="C"), np.array(b.cpu().numpy(), np.float32))
                     for w, b in layers]
-
-    # -- hand-written backprop for the learner's update (checked against autograd in tests/test_dqn.py) --
-    def forward_keep(self, obs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Q(obs, .) without autograd, and the activations :meth:`backward_into` needs.
-
-        One small MLP update on CPU is mostly per-op overhead; autograd's graph
-        about doubles it. This forward records nothing; the backward below is
-        a dozen matmuls and masks.
-        """
-        with torch.no_grad():
-            h = obs.flatten(1).float()
-            acts = [h]
-            for layer in self.torso:
-                if isinstance(layer, nn.Linear):
-                    h = torch.addmm(layer.bias, h, layer.weight.t())
-                else:
-                    h = h.relu_()
-                    acts.append(h)
-            if not self.dueling:
-                return torch.addmm(self.head.bias, h, self.head.weight.t()), acts
-            advantage = torch.addmm(self.advantage.bias, h, self.advantage.weight.t())
-            q = advantage.sub_(advantage.mean(dim=1, keepdim=True)).add_(
-                torch.addmm(self.value.bias, h, self.value.weight.t()))
-            return q, acts
-
-    def backward_into(self, acts: list[torch.Tensor], grad_q: torch.Tensor) -> None:
-        """Set every parameter's ``.grad`` to d(loss)/d(param), given d(loss)/dQ [B, actions]
-        and the activations of :meth:`forward_keep` (what ``loss.backward()`` would give)."""
-        with torch.no_grad():
-            h = acts[-1]
-            if self.dueling:
-                grad_v = grad_q.sum(dim=1, keepdim=True)  # Q = V + A - mean(A)
-                grad_a = grad_q - grad_q.mean(dim=1, keepdim=True)
-                self.value.weight.grad = grad_v.t() @ h
-                self.value.bias.grad = grad_v.sum(dim=0)
-                self.advantage.weight.grad = grad_a.t() @ h
-                self.advantage.bias.grad = grad_a.sum(dim=0)
-                grad_h = torch.addmm(grad_v @ self.value.weight, grad_a, self.advantage.weight)
-            else:
-                self.head.weight.grad = grad_q.t() @ h
-                self.head.bias.grad = grad_q.sum(dim=0)
-                grad_h = grad_q @ self.head.weight
-            linears = [m for m in self.torso if isinstance(m, nn.Linear)]
-            for i in range(len(linears) - 1, -1, -1):
-                grad_h = grad_h.mul_(acts[i + 1] > 0)  # through the ReLU after linear i
-                linears[i].weight.grad = grad_h.t() @ acts[i]
-                linears[i].bias.grad = grad_h.sum(dim=0)
-                if i:
-                    grad_h = grad_h @ linears[i].weight
 
 
 def numpy_q(layers: list[tuple[np.ndarray, np.ndarray]], obs: np.ndarray) -> np.ndarray:
@@ -135,3 +88,31 @@ def build_q_network(
 ) -> QNetwork:
     assert isinstance(action_space, gym.spaces.Discrete)
     return QNetwork(obs_dim(observation_space), int(action_space.n), hidden, dueling)
+
+
+def seeded_q_network(cfg: DQNConfig, observation_space: gym.Space, action_space: gym.Space, seed: int) -> QNetwork:
+    """The Q-network of ``cfg``, initialised from ``seed`` without disturbing anyone else's torch RNG:
+    a learner and a policy built with the same seed start from the same weights."""
+    check_env(cfg, observation_space, action_space)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_q_network(cfg.hidden, cfg.dueling, observation_space, action_space)
+
+
+def n_step_target(
+    reward: torch.Tensor,
+    discount: torch.Tensor,
+    next_q_online: torch.Tensor,
+    next_q_target: torch.Tensor,
+    double: bool = True,
+) -> torch.Tensor:
+    """reward + discount * Q_target(s', a*), a* = argmax Q_online(s') (double) or argmax Q_target(s').
+
+    A transition's ``discount`` already holds gamma^k (0 after a termination).
+    """
+    if double:
+        best = next_q_online.argmax(dim=1, keepdim=True)
+        bootstrap = next_q_target.gather(1, best).squeeze(1)
+    else:
+        bootstrap = next_q_target.max(dim=1).values
+    return reward + discount * bootstrap

@@ -18,6 +18,11 @@ step that ends an episode returns its final observation; the following
 observation with reward 0 and both flags False. That step is not a transition
 and is dropped here. In ``SAME_STEP`` mode the ending step already returns the
 reset observation and the final one is in ``infos["final_obs"]``.
+
+Every transition carries ``version``: the weights version its first action was
+acted with (the oldest in its window, as versions only grow), so the learner
+can measure and bound staleness. DQN needs no extras from acting; any given are
+ignored.
 """
 
 from __future__ import annotations
@@ -31,17 +36,17 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 Columns = dict[str, np.ndarray]
 
 
-class NStepBuilder:
+class NStepAdder:
     """Turns vector-env steps into n-step transition columns.
 
     Usage::
 
         obs, _ = envs.reset(seed=seed)
-        builder.reset(obs)
+        adder.reset(obs)
         while ...:
-            actions = policy.act(obs, epsilon, rng)
+            actions, extras = policy.act(obs)
             obs, rewards, terminated, truncated, infos = envs.step(actions)
-            columns = builder.add(actions, obs, rewards, terminated, truncated, infos)
+            items = adder.add(actions, extras, obs, rewards, terminated, truncated, infos, version)
     """
 
     def __init__(
@@ -71,6 +76,7 @@ class NStepBuilder:
         self._obs = np.zeros((num_envs, n_step, *self.obs_shape), np.float32)
         self._action = np.zeros((num_envs, n_step), np.int64)
         self._reward = np.zeros((num_envs, n_step), np.float64)
+        self._version = np.zeros((num_envs, n_step), np.int64)
         self._head = np.zeros(num_envs, np.int64)
         self._length = np.zeros(num_envs, np.int64)
         self._current = np.zeros((num_envs, *self.obs_shape), np.float32)
@@ -78,7 +84,7 @@ class NStepBuilder:
         self._started = False
 
     @classmethod
-    def for_env(cls, envs: VectorEnv, n_step: int, gamma: float) -> NStepBuilder:
+    def for_env(cls, envs: VectorEnv, n_step: int, gamma: float) -> NStepAdder:
         shape = envs.single_observation_space.shape
         if shape is None:
             raise ValueError(f"observation space {envs.single_observation_space} has no shape")
@@ -101,15 +107,17 @@ class NStepBuilder:
     def add(
         self,
         actions: np.ndarray,
+        extras: Mapping[str, np.ndarray],
         next_obs: np.ndarray,
         rewards: np.ndarray,
         terminated: np.ndarray,
         truncated: np.ndarray,
-        infos: Mapping[str, Any] | None = None,
+        infos: Mapping[str, Any] | None,
+        version: int,
     ) -> Columns:
         """Record one vector step; return the transitions it completes (maybe none)."""
         if not self._started:
-            raise RuntimeError("NStepBuilder.add() before reset(): pass the observations of envs.reset()")
+            raise RuntimeError("NStepAdder.add() before reset(): pass the observations of envs.reset()")
         next_obs = self._check_obs(next_obs)
         terminated = np.asarray(terminated, bool)
         truncated = np.asarray(truncated, bool)
@@ -121,6 +129,7 @@ class NStepBuilder:
         self._obs[slots, head] = self._current[slots]
         self._action[slots, head] = np.asarray(actions, np.int64)[slots]
         self._reward[slots, head] = np.asarray(rewards, np.float64)[slots]
+        self._version[slots, head] = version
         self._head[slots] = (head + 1) % self.n_step
         self._length[slots] += 1
 
@@ -179,6 +188,7 @@ class NStepBuilder:
             "reward": returns[row, col].astype(np.float32),
             "next_obs": np.asarray(bootstrap[slot], np.float32),
             "discount": np.where(terminated[slot], 0.0, self._powers[span]).astype(np.float32),
+            "version": self._version[slot, pos[row, col]],
         }
 
 
@@ -189,4 +199,5 @@ def empty_columns(obs_shape: tuple[int, ...]) -> Columns:
         "reward": np.zeros(0, np.float32),
         "next_obs": np.zeros((0, *obs_shape), np.float32),
         "discount": np.zeros(0, np.float32),
+        "version": np.zeros(0, np.int64),
     }

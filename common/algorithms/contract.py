@@ -1,0 +1,208 @@
+"""The algorithm contract: what every algorithm gives the services, and nothing else.
+
+In the manner of RLlib's new stack (an RLModule with an inference and an
+exploration forward; a Learner that splits compute and apply) and Acme's
+builder (adders between the env loop and replay). The services never test an
+algorithm's name: they ask these objects.
+
+Acting (actors and evaluators; CPU; numpy in and out)::
+
+    policy = algo.make_policy(cfg, obs_space, act_space, device="cpu", seed=exp_seed, act_seed=[...])
+    policy.load_weights(weights)                      # from the paramserver
+    figures = policy.explore(index, num_actors, fleet_env_steps)   # actors only; evaluators never
+    actions, extras = policy.act(obs)                 # evaluators: act(obs, deterministic=True)
+    items = adder.add(actions, extras, next_obs, rewards, terminated, truncated, infos, version)
+    priorities = policy.priorities(items)             # None: the table needs none
+
+Learning (the learner service)::
+
+    learner = algo.make_learner(cfg, obs_space, act_space, device=..., seed=exp_seed)
+    learner.data                                      # DataSpec: how to sample for it
+    batch, dropped = drop_stale(batch, version, learner.data.max_staleness)
+    metrics, priorities = learner.learn(batch, weights)    # built from compute_gradients + apply_gradients
+    publish(learner.weights())                        # named float arrays, only what acting needs
+
+Nothing here imports torch or gymnasium at run time: the config (and so the
+replay and paramserver images) read the registry without them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+
+Columns = dict[str, np.ndarray]
+Grads = dict[str, list[Any]]  # optimizer name -> one tensor (or None) per parameter of that optimizer
+SeedLike = int | Sequence[int] | None
+
+
+class EnvMismatch(ValueError):
+    """The env's spaces do not fit the algorithm (e.g. DQN on continuous actions)."""
+
+
+class UnknownAlgorithm(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Policy(Protocol):
+    """Acting side: lives in every actor and evaluator, fed weights from the paramserver."""
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Copy in published weights; all checked (names, shapes) before any is copied."""
+        ...
+
+    def explore(self, actor_index: int, num_actors: int, fleet_env_steps: int) -> dict[str, float]:
+        """Update the policy's own exploration state; return figures for metrics (e.g. {"epsilon": 0.05}).
+
+        The actor calls it on start, at heartbeats and while a schedule runs; evaluators never do.
+        """
+        ...
+
+    def act(self, obs: np.ndarray, *, deterministic: bool = False) -> tuple[np.ndarray, Columns]:
+        """Actions for a batch of observations (int64[B] or float32[B, ...], within the env's
+        bounds) and the extras the learner needs, one row per observation."""
+        ...
+
+    def priorities(self, items: Mapping[str, np.ndarray]) -> np.ndarray | None:
+        """Initial priorities (float64[items]) of items about to be inserted, or None."""
+        ...
+
+
+class Adder(Protocol):
+    """Turns vector-env steps into the items an actor inserts (n-step transitions, segments, ...).
+
+    Every item has a ``version`` column (int64): the weights version it was acted with.
+    """
+
+    def reset(self, obs: np.ndarray) -> None: ...
+
+    def add(
+        self,
+        actions: np.ndarray,
+        extras: Mapping[str, np.ndarray],
+        next_obs: np.ndarray,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        infos: Mapping[str, Any] | None,
+        version: int,
+    ) -> Columns:
+        """Record one vector step; return the items it completes (possibly zero rows)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """How a learner consumes data; the learner service samples accordingly.
+
+    - ``table_kinds``: replay table kinds it can learn from.
+    - ``batch_items``: items per sample request (transitions for DQN, segments for async PPO).
+    - ``returns_priorities``: learn() returns new priorities to write back.
+    - ``max_staleness``: items acted with weights more than this many versions old are dropped
+      (:func:`drop_stale`) before learn; None: no limit.
+    - ``round``: how a barrier round is consumed. ``"updates"``: ``updates_per_round`` calls of
+      learn, each on a fresh sample of ``batch_items`` (DQN; the count is the learner config's).
+      ``"segments"``: the service samples exactly the round's items (num_actors * num_envs *
+      steps_per_round / item_steps segments) and calls learn once with all of them (PPO: every
+      segment once).
+    - ``item_steps``: env steps of one env slot that one item covers (1 for a transition, T for a
+      segment).
+    """
+
+    table_kinds: tuple[str, ...]
+    batch_items: int
+    returns_priorities: bool
+    max_staleness: int | None = None
+    round: Literal["updates", "segments"] = "updates"
+    item_steps: int = 1  # env steps of one env slot an item covers (a segment: its length)
+
+
+class Learner(Protocol):
+    """Training side: lives in the learner service; no sockets."""
+
+    data: DataSpec
+    num_updates: int  # optimizer steps taken
+    device: Any  # torch.device the learner trains on
+
+    def beta(self) -> float | None:
+        """Importance exponent to sample a prioritized table with now; None if unused."""
+        ...
+
+    def compute_gradients(
+        self, batch: Mapping[str, Any], weights: Any = None
+    ) -> tuple[Grads, dict[str, float], np.ndarray | None]:
+        """Gradients of the loss on ``batch`` (autograd), its figures, and new priorities or None."""
+        ...
+
+    def apply_gradients(self, grads: Grads) -> None:
+        """Clip, step the optimizers, follow target networks, count the update."""
+        ...
+
+    def learn(self, batch: Mapping[str, Any], weights: Any = None) -> tuple[dict[str, float], np.ndarray | None]:
+        """One full update on one sampled batch, built from compute_gradients and apply_gradients."""
+        ...
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """CPU float32 copies of what acting needs, as named arrays, to publish."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """A checkpoint of plain tensors, dicts, lists and numbers (loads with weights_only=True)."""
+        ...
+
+    def load_state(self, state: Mapping[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class AlgorithmModule:
+    """What an algorithm gives the services. ``cfg`` is its config section (an instance of ``config``).
+
+    The factories import torch when called, not before: the registry itself is torch-free.
+    """
+
+    name: str
+    config: type[Any]  # the pydantic class of the ``algorithm:`` section, with ``table_kinds``
+    # (cfg, observation_space, action_space, env_id) -> None, or raises EnvMismatch
+    check_env: Callable[[Any, gym.Space[Any], gym.Space[Any], str | None], None]
+    # (cfg, observation_space, action_space, *, device="cpu", seed=0, act_seed=None) -> Policy
+    make_policy: Callable[..., Policy]
+    # (cfg, num_envs, observation_space, action_space, autoreset_mode) -> Adder
+    make_adder: Callable[[Any, int, gym.Space[Any], gym.Space[Any], Any], Adder]
+    # (cfg, observation_space, action_space, *, device="auto", seed=0) -> Learner
+    make_learner: Callable[..., Learner]
+    # how the actors' vector envs reset (a gymnasium AutoresetMode value): "NextStep" spends a vector
+    # step on each reset (the adder drops it); "SameStep" makes every vector step an env step of every
+    # slot, so fixed-length segments end together, on barrier round boundaries
+    autoreset_mode: str = "NextStep"
+
+    @property
+    def table_kinds(self) -> tuple[str, ...]:
+        """Replay table kinds this algorithm can train from."""
+        return tuple(self.config.table_kinds)
+
+
+def drop_stale(
+    batch: Mapping[str, np.ndarray], current_version: int, max_staleness: int | None
+) -> tuple[Columns, int]:
+    """Keep the items acted with weights at most ``max_staleness`` versions older than ``current_version``.
+
+    Returns the kept rows of every column and how many were dropped. ``max_staleness`` None
+    keeps everything. Items need a ``version`` column (int64, one per item).
+    """
+    columns = dict(batch)
+    if max_staleness is None:
+        return columns, 0
+    if "version" not in columns:
+        raise KeyError("batch has no 'version' column; every item carries the weights version it was acted with")
+    keep = np.asarray(columns["version"]).reshape(-1) >= current_version - max_staleness
+    dropped = int(keep.size - np.count_nonzero(keep))
+    if dropped == 0:
+        return columns, 0
+    return {key: np.asarray(value)[keep] for key, value in columns.items()}, dropped

@@ -1,0 +1,153 @@
+"""The DQN learner: online and target networks, Adam, and the Ape-X update.
+
+One update = :meth:`DQNLearner.compute_gradients` (the Huber loss of the n-step
+double-Q target, importance-weighted, differentiated by autograd) then
+:meth:`DQNLearner.apply_gradients` (norm clip, Adam step, target network).
+Returns the new priorities, |TD error| + priority_eps, from the networks
+before the step.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from common.algorithms.contract import DataSpec, Grads
+from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, resolve_device, to_device
+from common.algorithms.dqn.config import DQNConfig
+from common.algorithms.dqn.networks import n_step_target, seeded_q_network
+from common.algorithms.dqn.policy import column
+from common.algorithms.weights import publish_arrays
+
+COLUMNS = ("obs", "action", "reward", "next_obs", "discount")
+CHECKPOINT_FORMAT = 1  # unchanged by the move to compute/apply: same networks, same optimizer
+
+
+def beta_schedule(updates: int, beta_start: float, beta_updates: int) -> float:
+    """Importance-sampling exponent, linear from beta_start to 1 over beta_updates."""
+    return float(min(1.0, beta_start + (1.0 - beta_start) * updates / beta_updates))
+
+
+class DQNLearner:
+    """Online + target networks, Adam, and the Ape-X update. No sockets."""
+
+    def __init__(
+        self,
+        cfg: DQNConfig,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        *,
+        device: str | torch.device = "auto",
+        seed: int = 0,
+    ) -> None:
+        self.cfg = cfg
+        self.device = resolve_device(device)
+        self.data = DataSpec(table_kinds=DQNConfig.table_kinds, batch_items=cfg.batch_size, returns_priorities=True,
+                             max_staleness=None, round="updates")
+        self.online = seeded_q_network(cfg, observation_space, action_space, seed).to(self.device)
+        self.target = copy.deepcopy(self.online).requires_grad_(False)
+        # fused: one kernel for every parameter instead of a dozen small ops each (CPU and CUDA)
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
+        self._online_params: list[torch.Tensor] = list(self.online.parameters())
+        self._target_params: list[torch.Tensor] = list(self.target.parameters())
+        self.num_updates = 0
+
+    def beta(self, updates: int | None = None) -> float:
+        """The importance exponent to sample with at ``updates`` (default: now)."""
+        n = self.num_updates if updates is None else updates
+        return beta_schedule(n, self.cfg.beta_start, self.cfg.beta_updates)
+
+    def compute_gradients(
+        self, batch: Mapping[str, ArrayLike], weights: ArrayLike | None = None
+    ) -> tuple[Grads, dict[str, float], np.ndarray]:
+        """Gradients of the (importance-weighted) Huber loss; the step's figures; new priorities.
+
+        ``weights`` are the importance weights from prioritized replay, used as given (the
+        replay normalises them); None means uniform. Grads: {"q": one tensor per parameter}.
+        """
+        cfg = self.cfg
+        b = batch_to_device({key: column(batch, key) for key in COLUMNS}, self.device)
+        action = b["action"].long()[:, None]
+        q_sa = self.online(b["obs"]).gather(1, action).squeeze(1)
+        with torch.no_grad():
+            next_q_target = self.target(b["next_obs"])
+            next_q_online = self.online(b["next_obs"]) if cfg.double else next_q_target
+            target = n_step_target(b["reward"].float(), b["discount"].float(), next_q_online, next_q_target,
+                                   cfg.double)
+        losses = F.huber_loss(q_sa, target, reduction="none", delta=cfg.huber_delta)
+        if weights is not None:
+            losses = losses * to_device(weights, self.device).float()
+        loss = losses.mean()
+        grads = list(torch.autograd.grad(loss, self._online_params))
+        with torch.no_grad():
+            td_abs = (target - q_sa).abs()
+            grad_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+            # One device-to-host copy for all figures.
+            figures = torch.stack([loss, q_sa.mean(), td_abs.mean(), grad_norm]).cpu()
+        metrics = dict(zip(("loss", "q_mean", "td_abs_mean", "grad_norm"), figures.tolist(), strict=True))
+        priorities = (td_abs + cfg.priority_eps).double().cpu().numpy()
+        return {"q": grads}, metrics, priorities
+
+    def apply_gradients(self, grads: Grads) -> None:
+        """Clip by global norm (as clip_grad_norm_), one Adam step, then the target network follows."""
+        with torch.no_grad():
+            q_grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads["q"], self._online_params,
+                                                                                 strict=True)]
+            if self.cfg.grad_clip is not None:  # scale by max_norm / (norm + 1e-6) when above
+                norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(q_grads)))
+                torch._foreach_mul_(q_grads, (self.cfg.grad_clip / (norm + 1e-6)).clamp_(max=1.0))
+            for param, grad in zip(self._online_params, q_grads, strict=True):
+                param.grad = grad
+        self.optimizer.step()
+        self.num_updates += 1
+        self._follow_target()
+
+    def learn(
+        self, batch: Mapping[str, ArrayLike], weights: ArrayLike | None = None
+    ) -> tuple[dict[str, float], np.ndarray]:
+        """One gradient step on a sampled batch; returns its figures and the new priorities."""
+        grads, metrics, priorities = self.compute_gradients(batch, weights)
+        self.apply_gradients(grads)
+        return metrics, priorities
+
+    def _follow_target(self) -> None:
+        with torch.no_grad():
+            if self.cfg.target_update == "polyak":
+                torch._foreach_lerp_(self._target_params, self._online_params, self.cfg.tau)
+            elif self.num_updates % self.cfg.target_period == 0:
+                self.target.load_state_dict(self.online.state_dict())
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """CPU float32 copies of the online state_dict, to publish."""
+        return publish_arrays(self.online)
+
+    def state(self) -> dict[str, Any]:
+        """A checkpoint of plain tensors, dicts, lists and numbers (loads with weights_only=True).
+
+        Tensors are CPU copies, so the checkpoint can be written while training goes on.
+        """
+        return {
+            "algorithm": "dqn",
+            "format": CHECKPOINT_FORMAT,
+            "num_updates": self.num_updates,
+            "online": cpu_copy(self.online.state_dict()),
+            "target": cpu_copy(self.target.state_dict()),
+            "optimizer": cpu_copy(self.optimizer.state_dict()),
+        }
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("algorithm") != "dqn" or state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(
+                f"not a DQN checkpoint of format {CHECKPOINT_FORMAT}: algorithm="
+                f"{state.get('algorithm')!r}, format={state.get('format')!r}"
+            )
+        self.online.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.num_updates = int(state["num_updates"])

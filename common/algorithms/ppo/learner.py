@@ -1,0 +1,227 @@
+"""The PPO learner: GAE over a batch of segments, then epochs x minibatches of clipped-surrogate
+steps, each one :meth:`PPOLearner.compute_gradients` + :meth:`PPOLearner.apply_gradients`.
+
+DPPO (barrier): the batch is exactly one round's segments, all acted with the current
+weights, so behaviour and current policy agree at the first minibatch: plain PPO.
+
+APPO (async): segments may come from a few versions back. The off-policy gap is corrected
+the way IMPACT and RLlib's APPO do, not with V-trace: the surrogate's ratio is
+pi_current / pi_behaviour, using the behaviour log-prob carried in the segment, and its
+clip bounds how far one update follows data from an older policy; values (and so GAE and
+the bootstrap at truncations) are recomputed by the current critic. Staleness is bounded
+(``max_staleness`` versions, older segments dropped before learn), and within that bound
+the clip already limits the update, so V-trace's truncated importance weights on the value
+targets add complexity (a second set of clipped weights, per-step target recursion on the
+learner) for little. The clip is what makes this safe; an unbounded staleness would not be.
+
+Annealing (lr and clip, linear to 0) runs on the env steps of the segments trained on,
+counted by the learner (the fleet's env steps in barrier mode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from common.algorithms.contract import DataSpec, Grads
+from common.algorithms.device import cpu_copy, resolve_device
+from common.algorithms.ppo.config import PPOConfig
+from common.algorithms.ppo.losses import clipped_surrogate, gae, normalize_advantage, value_loss
+from common.algorithms.ppo.networks import RunningMeanStd, seeded_networks
+from common.algorithms.weights import publish_arrays
+
+CHECKPOINT_FORMAT = 1
+SEGMENT_COLUMNS = ("obs", "action", "reward", "terminated", "truncated", "final_obs", "logp", "bootstrap_obs")
+MINIBATCH_COLUMNS = ("obs", "action", "logp", "advantage", "return", "old_value")
+
+
+class PPOLearner:
+    """Actor and critic networks, one Adam, observation statistics. No sockets."""
+
+    def __init__(
+        self,
+        cfg: PPOConfig,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        *,
+        device: str | torch.device = "auto",
+        seed: int = 0,
+    ) -> None:
+        from common.algorithms.ppo import check_env
+
+        check_env(cfg, observation_space, action_space)
+        self.cfg = cfg
+        self.device = resolve_device(device)
+        self.data = DataSpec(table_kinds=PPOConfig.table_kinds, batch_items=cfg.batch_segments,
+                             returns_priorities=False, max_staleness=cfg.max_staleness, round="segments",
+                             item_steps=cfg.segment_length)
+        self.net = seeded_networks(cfg, observation_space, action_space, seed).to(self.device)
+        self._params = list(self.net.parameters())
+        self.optimizer = torch.optim.Adam(self._params, lr=cfg.lr, eps=cfg.adam_eps)
+        assert observation_space.shape is not None
+        self.obs_rms = RunningMeanStd(tuple(observation_space.shape), cfg.obs_clip) if cfg.obs_norm else None
+        self.rng = np.random.default_rng([seed, 2])  # minibatch order
+        self.num_updates = 0  # optimizer steps
+        self.env_steps = 0  # env steps in the segments trained on (drives annealing)
+        self.progress_left = 1.0  # 1 - env_steps / anneal_env_steps, fixed for a learn call
+
+    def beta(self) -> None:
+        """Segments come from a queue: no importance sampling."""
+        return None
+
+    # -- one batch of segments ----------------------------------------------
+
+    def prepare(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """Segments [S, T, ...] -> rows [S*T, ...] with GAE advantages and returns from the current critic.
+
+        Updates the observation statistics first (with obs_norm) from the observations trained on.
+        """
+        missing = [key for key in SEGMENT_COLUMNS if key not in batch]
+        if missing:
+            raise KeyError(f"batch has no column(s) {missing}; PPO segments need {', '.join(SEGMENT_COLUMNS)}")
+        obs = np.asarray(batch["obs"], np.float32)
+        S, T = obs.shape[:2]
+        if self.obs_rms is not None:
+            self.obs_rms.update(obs.reshape(S * T, -1))
+        with torch.no_grad():
+            values = self._values(obs.reshape(S * T, -1)).reshape(S, T)
+            boot = self._values(np.asarray(batch["bootstrap_obs"], np.float32).reshape(S, -1))
+            truncated = np.asarray(batch["truncated"], bool)
+            final = self._values(np.asarray(batch["final_obs"], np.float32).reshape(S * T, -1)).reshape(S, T)
+        next_values = np.concatenate([values[:, 1:], boot[:, None]], axis=1)
+        next_values = np.where(truncated, final, next_values)
+        terminated = np.asarray(batch["terminated"], bool)
+        advantages, returns = gae(np.asarray(batch["reward"]), values, next_values, terminated,
+                                  terminated | truncated, self.cfg.gamma, self.cfg.gae_lambda)
+        action = np.asarray(batch["action"])
+        rows = {
+            "obs": self._normalized(obs.reshape(S * T, -1)),
+            "action": action.reshape(S * T, *action.shape[2:]),
+            "logp": np.asarray(batch["logp"], np.float32).reshape(-1),
+            "advantage": advantages.reshape(-1).astype(np.float32),
+            "return": returns.reshape(-1).astype(np.float32),
+            "old_value": values.reshape(-1).astype(np.float32),
+        }
+        return {key: torch.as_tensor(value).to(self.device) for key, value in rows.items()}
+
+    def learn(self, batch: Mapping[str, Any], weights: Any = None) -> tuple[dict[str, float], None]:
+        """GAE, then ``epochs`` passes over the batch in shuffled minibatches; returns mean figures."""
+        cfg = self.cfg
+        if cfg.anneal_env_steps is not None:
+            self.progress_left = max(0.0, 1.0 - self.env_steps / cfg.anneal_env_steps)
+        rows = self.prepare(batch)
+        n = len(rows["advantage"])
+        # a round whose actor count changed at run time (compose --scale) may not split evenly: its last
+        # minibatch is smaller (start-up refuses a configured fleet that does not split: check_fleet)
+        totals: dict[str, float] = {}
+        for _ in range(cfg.epochs):
+            order = torch.as_tensor(self.rng.permutation(n), device=self.device)
+            for start in range(0, n, cfg.minibatch_size):
+                idx = order[start:start + cfg.minibatch_size]
+                grads, metrics, _ = self.compute_gradients({key: value[idx] for key, value in rows.items()})
+                self.apply_gradients(grads)
+                for key, value in metrics.items():
+                    totals[key] = totals.get(key, 0.0) + value
+        steps = cfg.epochs * -(-n // cfg.minibatch_size)
+        self.env_steps += n
+        figures = {key: value / steps for key, value in totals.items()}
+        figures.update(lr=self._lr(), clip_range=self._clip(), env_steps_trained=float(self.env_steps),
+                       value_drift=float(np.abs(np.asarray(batch["value"], np.float32).reshape(-1)
+                                                - rows["old_value"].cpu().numpy()).mean()) if "value" in batch
+                       else 0.0)
+        return figures, None
+
+    # -- one minibatch --------------------------------------------------------
+
+    def compute_gradients(self, batch: Mapping[str, Any], weights: Any = None) -> tuple[Grads, dict[str, float], None]:
+        """Gradients of the PPO loss on rows of :meth:`prepare` (obs already normalised).
+
+        loss = clipped surrogate + vf_coef * value loss - ent_coef * entropy; grads {"policy": [...]}
+        over actor, critic and log-std (one optimizer).
+        """
+        cfg = self.cfg
+        b = {key: torch.as_tensor(batch[key]).to(self.device) for key in MINIBATCH_COLUMNS}
+        logp, entropy = self.net.logp_entropy(b["obs"].float(), b["action"])
+        value = self.net.value(b["obs"].float())
+        log_ratio = logp - b["logp"].float()
+        ratio = log_ratio.exp()
+        advantage = normalize_advantage(b["advantage"]) if cfg.normalize_advantage else b["advantage"]
+        clip = self._clip()
+        policy_loss = clipped_surrogate(ratio, advantage, clip)
+        v_loss = value_loss(value, b["old_value"], b["return"], cfg.clip_range_vf)
+        entropy_mean = entropy.mean()
+        loss = policy_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy_mean
+        grads = list(torch.autograd.grad(loss, self._params, allow_unused=True))
+        with torch.no_grad():
+            approx_kl = ((ratio - 1) - log_ratio).mean()
+            clip_fraction = ((ratio - 1).abs() > clip).float().mean()
+            figures = torch.stack([loss, policy_loss, v_loss, entropy_mean, approx_kl, clip_fraction]).cpu()
+        names = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+        return {"policy": grads}, dict(zip(names, figures.tolist(), strict=True)), None
+
+    def apply_gradients(self, grads: Grads) -> None:
+        """Global-norm clip (max_grad_norm), the annealed lr, one Adam step."""
+        for param, grad in zip(self._params, grads["policy"], strict=True):
+            param.grad = grad
+        if self.cfg.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self._params, self.cfg.max_grad_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._lr()
+        self.optimizer.step()
+        self.num_updates += 1
+
+    def _lr(self) -> float:
+        return self.cfg.lr * (self.progress_left if self.cfg.anneal_lr else 1.0)
+
+    def _clip(self) -> float:
+        return self.cfg.clip_range * (self.progress_left if self.cfg.anneal_clip else 1.0)
+
+    def _normalized(self, obs: np.ndarray) -> np.ndarray:
+        return obs if self.obs_rms is None else self.obs_rms.normalize(obs)
+
+    def _values(self, obs: np.ndarray) -> np.ndarray:
+        x = torch.as_tensor(self._normalized(obs)).to(self.device)
+        return self.net.value(x).cpu().numpy().astype(np.float64)  # type: ignore[no-any-return]
+
+    # -- publishing and checkpoints ------------------------------------------
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """Actor, critic (the policy's value extra), log-std; with obs_norm its statistics."""
+        arrays = publish_arrays(self.net)
+        if self.obs_rms is not None:
+            arrays.update(self.obs_rms.arrays())
+        return arrays
+
+    def state(self) -> dict[str, Any]:
+        rms = self.obs_rms
+        return {
+            "algorithm": "ppo",
+            "format": CHECKPOINT_FORMAT,
+            "num_updates": self.num_updates,
+            "env_steps": self.env_steps,
+            "net": cpu_copy(self.net.state_dict()),
+            "optimizer": cpu_copy(self.optimizer.state_dict()),
+            "obs_norm": None if rms is None else {"mean": torch.from_numpy(rms.mean.copy()),
+                                                  "var": torch.from_numpy(rms.var.copy()), "count": rms.count},
+            "rng": self.rng.bit_generator.state,
+        }
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("algorithm") != "ppo" or state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(
+                f"not a PPO checkpoint of format {CHECKPOINT_FORMAT}: algorithm="
+                f"{state.get('algorithm')!r}, format={state.get('format')!r}"
+            )
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.num_updates = int(state["num_updates"])
+        self.env_steps = int(state["env_steps"])
+        if self.obs_rms is not None and state.get("obs_norm") is not None:
+            self.obs_rms.mean = state["obs_norm"]["mean"].numpy().copy()
+            self.obs_rms.var = state["obs_norm"]["var"].numpy().copy()
+            self.obs_rms.count = float(state["obs_norm"]["count"])
+        self.rng.bit_generator.state = state["rng"]

@@ -1,0 +1,65 @@
+"""GAE and the pieces of the PPO loss, as plain functions (checked by hand in the tests).
+
+- :func:`gae`: generalised advantage estimation over segments [S, T].
+- :func:`clipped_surrogate`: -E[min(r A, clip(r, 1-e, 1+e) A)].
+- :func:`value_loss`: E[(V - R)^2], or with value clipping E[max((V - R)^2, (V_clip - R)^2)]
+  with V_clip = V_old + clip(V - V_old, -c, c) (PPO2 / CleanRL).
+- :func:`normalize_advantage`: zero mean, unit std (per minibatch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    next_values: np.ndarray,
+    terminated: np.ndarray,
+    episode_end: np.ndarray,
+    gamma: float,
+    lam: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Advantages and returns (advantage + value) of segments, all arrays [S, T].
+
+    ``next_values[s, t]`` is V of the observation after step t (the next step's obs, the
+    segment's bootstrap obs, or the final obs of a truncated episode); it is not used
+    where ``terminated``. ``episode_end`` (terminated or truncated) stops the trace.
+
+        delta_t = r_t + gamma * (1 - terminated_t) * V(next_t) - V(s_t)
+        A_t     = delta_t + gamma * lam * (1 - episode_end_t) * A_{t+1}
+    """
+    rewards = np.asarray(rewards, np.float64)
+    values = np.asarray(values, np.float64)
+    delta = rewards + gamma * np.where(terminated, 0.0, next_values) - values
+    carry = gamma * lam * (1.0 - np.asarray(episode_end, np.float64))
+    advantages = np.zeros_like(delta)
+    last = np.zeros(delta.shape[0])
+    for t in range(delta.shape[1] - 1, -1, -1):
+        last = delta[:, t] + carry[:, t] * last
+        advantages[:, t] = last
+    return advantages, advantages + values
+
+
+def normalize_advantage(advantage: torch.Tensor) -> torch.Tensor:
+    """Zero mean, unit std; a single row is left as is (its std is undefined)."""
+    if advantage.numel() < 2:
+        return advantage
+    return (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+
+
+def clipped_surrogate(ratio: torch.Tensor, advantage: torch.Tensor, clip: float) -> torch.Tensor:
+    """The PPO policy loss: mean of max(-A r, -A clip(r, 1 - clip, 1 + clip))."""
+    return torch.max(-advantage * ratio, -advantage * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
+
+
+def value_loss(value: torch.Tensor, old_value: torch.Tensor, returns: torch.Tensor,
+               clip: float | None) -> torch.Tensor:
+    """Mean squared error to the returns, the pessimistic (max) of clipped and unclipped when ``clip``."""
+    unclipped = (value - returns).pow(2)
+    if clip is None:
+        return unclipped.mean()
+    clipped = old_value + (value - old_value).clamp(-clip, clip)
+    return torch.max(unclipped, (clipped - returns).pow(2)).mean()

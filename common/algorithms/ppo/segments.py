@@ -1,0 +1,160 @@
+"""Fixed-length trajectory segments from a gymnasium vector env, one per env slot every T steps.
+
+A segment of one slot holds T consecutive env steps (they may span episodes):
+
+    obs[T, ...]        the observation acted on
+    action[T, ...]     the action as sampled (continuous: the raw Gaussian sample, unclipped,
+                       from extras["raw_action"], so its log-prob is the one in logp)
+    reward[T]
+    terminated[T]      the episode ended for good after this step: no bootstrap
+    truncated[T]       the episode was cut (time limit) after this step: bootstrap from final_obs
+    final_obs[T, ...]  the observation after a truncated step (zeros elsewhere)
+    logp[T], value[T]  the policy's extras: the behaviour log-prob and value
+    bootstrap_obs[...] the observation after the last step (the value to bootstrap from)
+    version            int64: the oldest weights version among the T steps
+
+Truncation carries the final observation, not a value computed by the actor:
+the learner recomputes every value with its current critic before GAE (APPO,
+see the learner), so the bootstrap at a time limit must use that critic too.
+It costs one observation per step, which for flat observations is small.
+
+``version`` is the minimum over the segment (versions only grow): staleness is
+judged by the oldest step, and the per-step behaviour log-prob already carries
+what the off-policy correction needs.
+
+gymnasium 1.x vector envs autoreset. In ``NEXT_STEP`` mode the step after an
+episode's end resets that slot, ignores its action and returns the reset
+observation: it is no env step of the segment and is dropped (as in
+:mod:`common.algorithms.adders.nstep`). In ``SAME_STEP`` mode the final
+observation is in ``infos["final_obs"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+Columns = dict[str, np.ndarray]
+
+
+class SegmentAdder:
+    """Turns vector-env steps into T-step segments (see the module docstring for the columns)."""
+
+    def __init__(
+        self,
+        num_envs: int,
+        segment_length: int,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+    ) -> None:
+        if segment_length < 1:
+            raise ValueError(f"segment_length={segment_length}; allowed: >= 1")
+        mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
+        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
+            raise ValueError(f"autoreset mode {mode.value!r} is not supported; allowed: NextStep, SameStep")
+        assert observation_space.shape is not None
+        self.num_envs, self.T, self.autoreset_mode = num_envs, segment_length, mode
+        self.obs_shape = tuple(observation_space.shape)
+        discrete = isinstance(action_space, gym.spaces.Discrete)
+        act_shape = () if discrete else tuple(action_space.shape or ())
+        n, T = num_envs, segment_length
+        self._cols: Columns = {
+            "obs": np.zeros((n, T, *self.obs_shape), np.float32),
+            "action": np.zeros((n, T, *act_shape), np.int64 if discrete else np.float32),
+            "reward": np.zeros((n, T), np.float32),
+            "terminated": np.zeros((n, T), bool),
+            "truncated": np.zeros((n, T), bool),
+            "final_obs": np.zeros((n, T, *self.obs_shape), np.float32),
+        }
+        self._version = np.zeros((n, T), np.int64)
+        self._length = np.zeros(n, np.int64)
+        self._current = np.zeros((n, *self.obs_shape), np.float32)
+        self._skip = np.zeros(n, bool)  # NEXT_STEP: this slot's next step is a reset
+        self._started = False
+
+    @property
+    def pending(self) -> int:
+        """Steps recorded but not yet emitted (all slots)."""
+        return int(self._length.sum())
+
+    def reset(self, obs: np.ndarray) -> None:
+        """Start over from the observations of ``envs.reset()``; partial segments are dropped."""
+        self._current[:] = self._check_obs(obs)
+        self._length[:] = 0
+        self._skip[:] = False
+        self._started = True
+
+    def add(
+        self,
+        actions: np.ndarray,
+        extras: Mapping[str, np.ndarray],
+        next_obs: np.ndarray,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        infos: Mapping[str, Any] | None,
+        version: int,
+    ) -> Columns:
+        """Record one vector step; return the segments it completes (zero or more rows)."""
+        if not self._started:
+            raise RuntimeError("SegmentAdder.add() before reset(): pass the observations of envs.reset()")
+        next_obs = self._check_obs(next_obs)
+        terminated = np.asarray(terminated, bool)
+        truncated = np.asarray(truncated, bool)
+        valid = ~self._skip
+        done = valid & (terminated | truncated)
+        final = self._final_obs(next_obs, done, infos)
+
+        slots = np.flatnonzero(valid)
+        t = self._length[slots]
+        cols = self._cols
+        cols["obs"][slots, t] = self._current[slots]
+        raw = extras.get("raw_action", actions)
+        cols["action"][slots, t] = np.asarray(raw)[slots]
+        cols["reward"][slots, t] = np.asarray(rewards, np.float32)[slots]
+        cols["terminated"][slots, t] = terminated[slots]
+        cols["truncated"][slots, t] = truncated[slots] & ~terminated[slots]
+        cols["final_obs"][slots, t] = np.where((truncated & ~terminated)[slots].reshape(-1, *[1] * len(
+            self.obs_shape)), final[slots], 0.0)
+        for key, value in extras.items():
+            if key == "raw_action":
+                continue
+            value = np.asarray(value)
+            if key not in cols:
+                cols[key] = np.zeros((self.num_envs, self.T, *value.shape[1:]), value.dtype)
+            cols[key][slots, t] = value[slots]
+        self._version[slots, t] = version
+        self._length[slots] += 1
+
+        full = np.flatnonzero(self._length == self.T)
+        items: Columns = {key: value[full] for key, value in cols.items()}
+        items["bootstrap_obs"] = final[full].astype(np.float32, copy=True)
+        items["version"] = self._version[full].min(axis=1) if len(full) else np.zeros(0, np.int64)
+        self._length[full] = 0
+
+        self._current[:] = next_obs
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+            self._skip = done
+        return items
+
+    def _check_obs(self, obs: np.ndarray) -> np.ndarray:
+        obs = np.asarray(obs)
+        if obs.shape != (self.num_envs, *self.obs_shape):
+            raise ValueError(f"observations of shape {obs.shape}; expected {(self.num_envs, *self.obs_shape)}")
+        return obs
+
+    def _final_obs(self, next_obs: np.ndarray, done: np.ndarray, infos: Mapping[str, Any] | None) -> np.ndarray:
+        """Each slot's observation after this step: the final one where an episode ended."""
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP or not done.any():
+            return next_obs
+        if infos is None or "final_obs" not in infos:
+            raise ValueError("SAME_STEP autoreset: an episode ended but infos has no 'final_obs'")
+        final = next_obs.astype(np.float32, copy=True)
+        for slot in np.flatnonzero(done):
+            final[slot] = infos["final_obs"][slot]
+        return final

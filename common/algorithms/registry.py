@@ -1,0 +1,79 @@
+"""The registry of algorithms: each a folder ``common/algorithms/<name>/`` whose ``__init__``
+defines ``ALGORITHM = AlgorithmModule(...)``, or one added with :func:`register`.
+
+Torch-free on purpose: :mod:`common.config` builds the experiment's ``algorithm:``
+section from :func:`config_classes`, and the replay and paramserver images have
+no torch. An algorithm folder's ``__init__`` therefore imports only its config
+and defers its networks to the factories.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from common.algorithms.contract import AlgorithmModule, UnknownAlgorithm
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+
+_PACKAGE = "common.algorithms"
+_REGISTRY: dict[str, AlgorithmModule] = {}
+
+
+def register(module: AlgorithmModule, replace: bool = False) -> AlgorithmModule:
+    """Add an algorithm defined elsewhere (a plugin, a test). Its config is not part of the
+    experiment file's ``algorithm:`` union, which is built from the built-in folders."""
+    if module.name in _REGISTRY and not replace and _REGISTRY[module.name] is not module:
+        raise ValueError(f"algorithm {module.name!r} is already registered")
+    _REGISTRY[module.name] = module
+    return module
+
+
+def get(name: str) -> AlgorithmModule:
+    """The algorithm called ``name``: registered, or the folder ``common/algorithms/<name>/``."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    module = _load_builtin(name)
+    if module is None:
+        raise UnknownAlgorithm(f"unknown algorithm {name!r}; available: {', '.join(available())}")
+    return register(module)
+
+
+def available() -> list[str]:
+    return sorted(set(_REGISTRY) | set(builtin_names()))
+
+
+def builtin_names() -> list[str]:
+    """The folders under common/algorithms/ that define an algorithm."""
+    folder = str(Path(__file__).parent)
+    return sorted(
+        info.name for info in pkgutil.iter_modules([folder])
+        if info.ispkg and not info.name.startswith("_") and _load_builtin(info.name) is not None
+    )
+
+
+def config_classes() -> list[type[Any]]:
+    """The config class of every built-in algorithm (for the ``algorithm:`` union)."""
+    return [get(name).config for name in builtin_names()]
+
+
+def check_env(cfg: Any, observation_space: gym.Space[Any], action_space: gym.Space[Any],
+              env_id: str | None = None) -> None:
+    """Raise :class:`EnvMismatch` naming the algorithm, the env and its space if they do not fit."""
+    get(cfg.name).check_env(cfg, observation_space, action_space, env_id)
+
+
+def _load_builtin(name: str) -> AlgorithmModule | None:
+    if not name.isidentifier() or name.startswith("_"):
+        return None
+    try:
+        module = importlib.import_module(f"{_PACKAGE}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"{_PACKAGE}.{name}":
+            return None
+        raise
+    algorithm = getattr(module, "ALGORITHM", None)
+    return algorithm if isinstance(algorithm, AlgorithmModule) and algorithm.name == name else None

@@ -1,0 +1,189 @@
+"""What the learner does between two publishes: sample, drop stale items, learn, count.
+
+:class:`Trainer` holds the algorithm's learner core and the replay client. It
+asks the core how to consume data (``core.data``: items per request, staleness
+bound, how a barrier round is consumed) and never the algorithm's name:
+
+- async, and a DQN-style barrier round (``round == "updates"``): one learn call
+  per sampled batch (:meth:`Trainer.update_once`, :meth:`Trainer.updates_round`);
+- a PPO-style barrier round (``round == "segments"``): exactly the round's items
+  (every actor's ``num_envs * steps_per_round / item_steps``), each once, in one
+  learn call (:meth:`Trainer.segments_round`).
+
+Items acted with weights more than ``max_staleness`` versions old are dropped
+and counted (``rlfleet_learner_items_dropped_total{reason="stale"}``); the
+staleness of the items learnt from is a histogram
+(``rlfleet_learner_item_staleness``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from common import algorithms
+from common.algorithms.contract import Learner
+from common.clients.replay_sample import SampleBatch, SampleClient
+from common.config import Experiment
+from common.metrics import ServiceMetrics
+from common.tboard import ScalarWriter
+from common.wire.errors import CommTimeout
+
+log = logging.getLogger("rlfleet.learner")
+
+STALENESS_SAMPLES = 64  # items of a batch observed in rlfleet_learner_item_staleness (evenly spaced)
+
+
+class Trainer:
+    def __init__(self, cfg: Experiment, core: Learner, metrics: ServiceMetrics, version: Callable[[], int],
+                 stopping: Callable[[], bool]) -> None:
+        self.cfg = cfg
+        self.core = core
+        self.version = version  # the weights version the learner holds now
+        self.stopping = stopping
+        self.sampler = SampleClient.from_config(cfg, "learner", batch_size=core.data.batch_items)
+        self.table = next(t for t in cfg.replay.tables if t.name == cfg.learner.table)
+        self.tb = ScalarWriter(cfg.run_dir, "learner")  # RUN_DIR/tensorboard/learner; a no-op without tensorboard
+        self._tb_last = 0.0
+        self._replay_reconnects = 0
+        m = metrics
+        self.m_updates = m.counter("learner_updates", "Gradient updates done (continues across restarts).")
+        self.m_updates.inc(core.num_updates)
+        self.m_loss = m.gauge("learner_loss", "Loss of the last update.")
+        self.m_stats = m.gauge("learner_stat", "The algorithm's figures of its last update (q_mean, entropy, ...).",
+                               ("stat",))
+        self.m_staleness = m.histogram(
+            "learner_item_staleness", "Versions between the weights an item was acted with and the learner's.",
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64))
+        self.m_dropped = m.counter("learner_items_dropped", "Items not trained on, by reason (stale: acted with"
+                                   " weights more than the algorithm's max_staleness versions old).", ("reason",))
+        self.m_dropped.labels("stale").inc(0)
+        self.m_wait = m.counter("learner_sample_wait_seconds", "Seconds the learner waited for a batch.")
+        self.m_ups = m.gauge("learner_updates_per_second", "Updates per second over the last 10 s.")
+        self.m_reconnects = m.counter("reconnects", "Connections re-established to a peer that had gone.", ("peer",))
+        for peer in ("replay", "paramserver"):
+            self.m_reconnects.labels(peer).inc(0)
+        self._rate = (time.monotonic(), core.num_updates)
+
+    def take_batch(self, timeout_s: float) -> SampleBatch | None:
+        """One sampled batch (None if none came within timeout_s); waits and reconnects counted."""
+        start = time.monotonic()
+        try:
+            batch = self.sampler.sample(beta=self.core.beta(), timeout_s=timeout_s)
+        except CommTimeout:
+            batch = None
+        self.m_wait.inc(time.monotonic() - start)
+        if self.sampler.reconnects > self._replay_reconnects:
+            self.m_reconnects.labels("replay").inc(self.sampler.reconnects - self._replay_reconnects)
+            self._replay_reconnects = self.sampler.reconnects
+        return batch
+
+    def learn(self, data: dict[str, np.ndarray], weights: np.ndarray | None = None,
+              batch: SampleBatch | None = None) -> bool:
+        """Drop stale items, learn on the rest, send priorities back to ``batch``'s shard; False if all were stale."""
+        behind = self.version() - np.asarray(data["version"]).reshape(-1) if "version" in data else None
+        if behind is not None and len(behind):
+            step = max(1, len(behind) // STALENESS_SAMPLES)  # a big batch: evenly spaced items, not all
+            for b in behind[::step]:
+                self.m_staleness.observe(b)
+        kept, dropped = algorithms.drop_stale(data, self.version(), self.core.data.max_staleness)
+        if dropped:
+            self.m_dropped.labels("stale").inc(dropped)
+            if dropped == len(next(iter(data.values()))):
+                return False
+            if weights is not None and behind is not None:  # importance weights follow the items kept
+                weights = np.asarray(weights)[behind <= (self.core.data.max_staleness or 0)]
+        before = self.core.num_updates
+        figures, priorities = self.core.learn(kept, weights)
+        if priorities is not None and batch is not None and not dropped:  # (keys and priorities must match)
+            self.sampler.update_priorities(batch, priorities)
+        self.m_updates.inc(self.core.num_updates - before)
+        self.m_loss.set(figures.get("loss", float("nan")))
+        for name, value in figures.items():
+            self.m_stats.labels(name).set(value)
+        if time.monotonic() - self._tb_last >= 1.0:  # TensorBoard: once a second is plenty
+            self._tb_last = time.monotonic()
+            self.tb.add_many({**{f"learner/{k}": v for k, v in figures.items()}, "learner/version": self.version()},
+                             step=self.core.num_updates)
+        now = time.monotonic()
+        if now - self._rate[0] >= 10.0:
+            self.m_ups.set((self.core.num_updates - self._rate[1]) / (now - self._rate[0]))
+            self._rate = (now, self.core.num_updates)
+        return True
+
+    def update_once(self, timeout_s: float) -> bool:
+        """One learn call on one sampled batch; False if no batch came within timeout_s (or all was stale)."""
+        batch = self.take_batch(timeout_s)
+        return batch is not None and self.learn(batch.data, batch.weights, batch)
+
+    def replay_ready(self) -> bool:
+        """Some shard at or above the table's min size: it serves while the others hold samples.
+
+        (With fewer actors than shards some shards stay empty: requiring all would stall.)
+        The sizes come with every batch (``table_size``), and tables do not shrink: once a
+        shard is known to be at its min size no shard is asked. Only until then (start-up,
+        or after a round that got no batch: replay restarted) is each shard asked ``info``.
+        """
+        if any(s.size >= self.table.min_size for s in self.sampler.shards):
+            return True
+        for shard in range(len(self.cfg.network.replay)):
+            try:
+                stats = self.sampler.info(shard, timeout_s=self.cfg.network.timeout_s)
+            except CommTimeout:
+                continue
+            if stats["tables"][self.table.name]["size"] >= self.table.min_size:
+                return True
+        return False
+
+    def updates_round(self) -> int:
+        """A round of ``learner.updates_per_round`` learn calls, each on a fresh batch (DQN)."""
+        want = self.cfg.learner.updates_per_round
+        done = 0
+        if not self.replay_ready():
+            return done
+        self.sampler.ask_for(want)  # every batch of the round asked for after its inserts
+        # A round has a deadline: replay restarting mid-round must not hold every actor forever.
+        deadline = time.monotonic() + self.cfg.network.timeout_s
+        while done < want and not self.stopping() and time.monotonic() < deadline:
+            if self.update_once(timeout_s=1.0):
+                done += 1
+                deadline = time.monotonic() + self.cfg.network.timeout_s
+        if done == 0:
+            self.sampler.forget_sizes()  # e.g. replay restarted empty: ask it again next round
+        if done < want and not self.stopping():
+            log.warning("learner: round %d ended after %d of %d updates: no batch for %.0f s",
+                        self.version(), done, want, self.cfg.network.timeout_s)
+        return done
+
+    def segments_round(self, actors: int) -> int:
+        """Every item of the round once, in one learn call (PPO): each of ``actors`` actors inserted
+        ``num_envs * steps_per_round / item_steps`` items acted with this version."""
+        want = actors * self.cfg.env.num_envs * self.cfg.actor.steps_per_round // self.core.data.item_steps
+        per_batch = self.core.data.batch_items
+        self.sampler.ask_for(-(-want // per_batch))
+        parts: list[dict[str, np.ndarray]] = []
+        got = 0
+        deadline = time.monotonic() + self.cfg.network.timeout_s
+        while got < want and not self.stopping() and time.monotonic() < deadline:
+            batch = self.take_batch(timeout_s=1.0)
+            if batch is None:
+                if self.sampler.wanted == 0:  # a queue answered short: ask for the rest
+                    self.sampler.ask_for(-(-(want - got) // per_batch))
+                continue
+            parts.append(batch.data)
+            got += len(batch.keys)
+            deadline = time.monotonic() + self.cfg.network.timeout_s
+        if got < want and not self.stopping():
+            log.warning("learner: round %d got %d of its %d items within %.0f s", self.version(), got, want,
+                        self.cfg.network.timeout_s)
+        if not parts:
+            return 0
+        data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return 1 if self.learn(data) else 0
+
+    def close(self) -> None:
+        self.sampler.close()
+        self.tb.close()

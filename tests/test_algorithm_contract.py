@@ -1,0 +1,103 @@
+"""Every registered algorithm keeps the contract: act -> adder -> learn on tiny envs, the version
+column, repeatable deterministic acting; and drop_stale."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import common.algorithms as algorithms
+from common.algorithms import drop_stale
+from tests.toy_envs import Reach
+
+SMALL: dict[str, dict[str, Any]] = {
+    "dqn": {"hidden": [8], "batch_size": 8},
+    "ppo": {"hidden": [8], "segment_length": 4, "batch_segments": 2, "minibatch_size": 4, "epochs": 2},
+}
+ENVS = [("dqn", "CartPole-v1"), ("ppo", "CartPole-v1"), ("ppo", "reach")]
+
+
+def make(env: str) -> gym.Env:
+    return Reach() if env == "reach" else gym.make(env)
+
+
+def test_every_algorithm_is_covered() -> None:
+    assert sorted(SMALL) == algorithms.available()
+
+
+@pytest.mark.parametrize("name,env_id", ENVS)
+def test_act_add_learn(name: str, env_id: str) -> None:
+    algo = algorithms.get(name)
+    cfg = algo.config(**SMALL[name])
+    num_envs = 2
+    envs = gym.vector.SyncVectorEnv([lambda: make(env_id)] * num_envs)
+    spaces = envs.single_observation_space, envs.single_action_space
+    algo.check_env(cfg, *spaces, env_id)
+    policy = algo.make_policy(cfg, *spaces, device="cpu", seed=3, act_seed=[3, 0])
+    learner = algo.make_learner(cfg, *spaces, device="cpu", seed=3)
+    adder = algo.make_adder(cfg, num_envs, *spaces, envs.metadata["autoreset_mode"])
+    assert set(learner.data.table_kinds) == set(algo.table_kinds)
+    policy.load_weights(learner.weights())
+    assert isinstance(policy.explore(0, 2, 0), dict)
+
+    obs, _ = envs.reset(seed=1)
+    adder.reset(obs)
+    items: list[dict[str, np.ndarray]] = []
+    for step in range(40):
+        actions, extras = policy.act(obs)
+        if isinstance(spaces[1], gym.spaces.Discrete):
+            assert actions.dtype == np.int64 and actions.shape == (num_envs,)
+        else:
+            assert actions.dtype == np.float32 and actions.shape == (num_envs, 1)
+            assert (actions >= spaces[1].low).all() and (actions <= spaces[1].high).all()
+        assert all(len(value) == num_envs for value in extras.values())
+        obs, rewards, terminated, truncated, infos = envs.step(actions)
+        out = adder.add(actions, extras, obs, rewards, terminated, truncated, infos, version=step // 10)
+        assert out["version"].dtype == np.int64
+        assert all(len(value) == len(out["version"]) for value in out.values())
+        if len(out["version"]):
+            items.append(out)
+        assert policy.priorities(out) is None or len(policy.priorities(out)) == len(out["version"])  # type: ignore[arg-type]
+    envs.close()
+    batch = {key: np.concatenate([item[key] for item in items]) for key in items[0]}
+    assert batch["version"].min() >= 0 and batch["version"].max() <= 3
+    batch = {key: value[: learner.data.batch_items] for key, value in batch.items()}
+    before = learner.num_updates
+    metrics, priorities = learner.learn(batch, None)
+    assert learner.num_updates > before and all(np.isfinite(v) for v in metrics.values())
+    assert (priorities is not None) == learner.data.returns_priorities
+    assert (learner.beta() is not None) == ("prioritized" in learner.data.table_kinds)
+
+    # Deterministic acting does not depend on the rng; two policies with one act_seed sample alike.
+    policy.load_weights(learner.weights())
+    twin = algo.make_policy(cfg, *spaces, device="cpu", seed=3, act_seed=[3, 0])
+    twin.load_weights(learner.weights())
+    probe = batch["obs"].reshape(-1, *spaces[0].shape)[:6]
+    first = policy.act(probe, deterministic=True)[0]
+    policy.act(probe)
+    np.testing.assert_array_equal(policy.act(probe, deterministic=True)[0], first)
+    np.testing.assert_array_equal(twin.act(probe, deterministic=True)[0], first)
+    fresh = [algo.make_policy(cfg, *spaces, seed=3, act_seed=9) for _ in range(2)]
+    for p in fresh:
+        p.load_weights(learner.weights())
+        p.explore(0, 1, 0)
+    np.testing.assert_array_equal(fresh[0].act(probe)[0], fresh[1].act(probe)[0])
+
+
+def test_drop_stale() -> None:
+    batch = {"version": np.array([3, 7, 5, 9], np.int64), "obs": np.arange(8, dtype=np.float32).reshape(4, 2)}
+    kept, dropped = drop_stale(batch, current_version=9, max_staleness=2)
+    assert dropped == 2
+    np.testing.assert_array_equal(kept["version"], [7, 9])
+    np.testing.assert_array_equal(kept["obs"], [[2, 3], [6, 7]])
+    kept, dropped = drop_stale(batch, 9, None)
+    assert dropped == 0 and kept["version"] is batch["version"]
+    kept, dropped = drop_stale(batch, 9, 6)
+    assert dropped == 0 and len(kept["obs"]) == 4
+    kept, dropped = drop_stale(batch, 100, 0)
+    assert dropped == 4 and kept["obs"].shape == (0, 2)
+    with pytest.raises(KeyError, match="version"):
+        drop_stale({"obs": batch["obs"]}, 9, 2)
