@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from common.roles import NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +36,16 @@ SHORT_ENV = {
     "RLFLEET_EVALUATOR__EPISODES": "2",
     "RLFLEET_EVALUATOR__EVERY_S": "1",
 }
+
+# PPO (DPPO on the barrier): the experiment file as shipped, with fleet.env's durability and short
+# evaluations. (SHORT_ENV's algorithm fields are DQN's: PPO refuses options it does not know.)
+PPO_CONFIG = "./configs/cartpole-ppo.yaml"
+PPO_ENV = {
+    "RLFLEET_REPLAY__DURABILITY": "checkpoint",
+    "RLFLEET_EVALUATOR__EPISODES": "2",
+}
+
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))  # what RLFLEET_CONFIG may name
 
 T = TypeVar("T")
 
@@ -68,6 +80,13 @@ def ensure_images(client: Any) -> None:
             missing.append(name)
     if missing:
         subprocess.run(["bash", str(ROOT / "deploy" / "build-images.sh")], cwd=ROOT, check=True, timeout=2400)
+
+
+def compose_environ() -> dict[str, str]:
+    """The RLFLEET_ variables compose gives every service: deploy/fleet.env, then the file's environment."""
+    lines = (ROOT / "deploy/fleet.env").read_text().splitlines()
+    env = dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+    return {**env, **yaml.safe_load((ROOT / "docker-compose.yml").read_text())["x-rlfleet"]["environment"]}
 
 
 def compose_cli() -> list[str]:
@@ -136,11 +155,14 @@ def write_env_file(path: Path, env: Mapping[str, str]) -> Path:
 class ComposeProject:
     """One compose project (its own name, so it never touches another's containers)."""
 
-    def __init__(self, client: Any, name: str, env_file: Path, prometheus_port: int = 9090) -> None:
+    def __init__(self, client: Any, name: str, env_file: Path, prometheus_port: int = 9090,
+                 config: str | None = None) -> None:
         self.client = client
         self.name = name
         self.env = {**os.environ, "RLFLEET_ENV_FILE": str(env_file),
                     "RLFLEET_PROMETHEUS_PORT": str(prometheus_port), "COMPOSE_PROJECT_NAME": name}
+        if config is not None:  # the experiment file, as a user chooses it (RLFLEET_CONFIG)
+            self.env["RLFLEET_CONFIG"] = config
 
     def run(self, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
         cmd = [*compose_cli(), "-p", self.name, "--profile", "monitoring", *args]
@@ -171,10 +193,12 @@ class ComposeProject:
 class SwarmStack:
     """A swarm stack on this node; init/leave the swarm only if it was not active before."""
 
-    def __init__(self, client: Any, name: str, env_file: Path) -> None:
+    def __init__(self, client: Any, name: str, env_file: Path, config: str | None = None) -> None:
         self.client = client
         self.name = name
         self.env = {**os.environ, "RLFLEET_ENV_FILE": str(env_file)}
+        if config is not None:  # the experiment file, as a user chooses it (RLFLEET_CONFIG)
+            self.env["RLFLEET_CONFIG"] = config
         self.joined_here = False
 
     def init(self) -> None:

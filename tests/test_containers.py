@@ -2,34 +2,36 @@
 
 Needs a Docker engine and the images (`make images`; built here when missing).
 In CI (CI=true) a missing engine fails the run; elsewhere these tests skip
-with the reason. The fast checks at the top need no engine.
+with the reason. What needs no engine: tests/test_container_files.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
-import tomllib
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.docker_fleet import (
+    CONFIGS,
+    PPO_CONFIG,
+    PPO_ENV,
     ROOT,
     SERVICES,
     SHORT_ENV,
     ComposeProject,
     SwarmStack,
     client_or_reason,
+    compose_environ,
     ensure_images,
     healthz,
     in_ci,
@@ -38,89 +40,8 @@ from tests.docker_fleet import (
     write_env_file,
 )
 from tests.grafana_dashboards import empty_queries
-from tests.grafana_dashboards import queries as dashboard_queries
 
 STARTUP_S = 300  # first start on a loaded 2-core machine: torch import in 5 containers at once
-
-
-# -- fast checks: no engine needed --------------------------------------------------------
-
-
-def test_image_requirements_match_pyproject_pins() -> None:
-    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pinned = {p.split("==")[0].lower(): p for p in pins}
-    lines = (ROOT / "deploy/docker/requirements.txt").read_text().splitlines()
-    reqs = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    assert reqs
-    for req in reqs:
-        assert pinned.get(req.split("==")[0].lower()) == req, f"{req} differs from pyproject.toml"
-    torch_pin = pinned["torch"].split("==")[1]
-    assert f"torch=={torch_pin}" in (ROOT / "deploy/docker/install-deps.sh").read_text()
-
-
-def test_torch_free_images_can_start_their_services() -> None:
-    """The replay and paramserver images carry no torch: the CLI must not import it for them."""
-    code = (
-        "import sys\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] == 'torch': raise ImportError('torch is not in this image')\n"
-        "sys.meta_path.insert(0, Block())\n"
-        "import importlib, cli.main, cli.dispatch, common.roles\n"
-        "for s in ('replay', 'paramserver'): importlib.import_module(common.roles.role(s).entry)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-
-
-def test_compose_file_scales_and_is_a_valid_stack() -> None:
-    base = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    for name in SERVICES:
-        svc = base["services"][name]
-        assert "image" in svc, f"{name}: swarm needs image:"
-        assert isinstance(svc.get("depends_on", []), list), f"{name}: swarm accepts only list depends_on"
-        assert "profiles" not in svc
-    actor = base["services"]["actor"]
-    assert "container_name" not in actor and "ports" not in actor
-    override = yaml.safe_load((ROOT / "docker-compose.override.yml").read_text())
-    assert override["services"]["learner"]["depends_on"]["replay"]["condition"] == "service_healthy"
-    for name in ("prometheus", "grafana"):
-        assert override["services"][name]["profiles"] == ["monitoring"]
-
-
-def test_compose_builds_the_targets_of_the_one_dockerfile() -> None:
-    """Every image is a target of ./Dockerfile; torch-free targets come before the torch stage, so the
-    legacy builder (which builds every stage above the target) never installs torch for them."""
-    stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", (ROOT / "Dockerfile").read_text(), re.M | re.I)
-    assert not list(ROOT.glob("services/*/Dockerfile"))
-    files = [yaml.safe_load((ROOT / f).read_text()) for f in ("docker-compose.yml", "docker-compose.gpu.yml")]
-    for name, svc in [(n, s) for f in files for n, s in f["services"].items() if "build" in s]:
-        assert svc["build"]["target"] == name and "dockerfile" not in svc["build"], name
-    for name in ("replay", "paramserver", "learner", "actor"):
-        assert name in stages, f"the Dockerfile has no target {name}"
-    assert max(stages.index("replay"), stages.index("paramserver")) < stages.index("deps-torch")
-
-
-def test_the_images_hold_the_packages_their_entry_point_needs() -> None:
-    """The source stage copies each package the .dockerignore lets in, the entry point's among them."""
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    copied = re.findall(r"^COPY (\w+)/ /app/\1/$", dockerfile, re.M)
-    allowed = (ROOT / ".dockerignore").read_text().splitlines()
-    assert copied and all(f"!{pkg}/" in allowed for pkg in copied), (copied, allowed)
-    module = re.search(r'^ENTRYPOINT \["python", "-m", "([\w.]+)"\]$', dockerfile, re.M)
-    assert module and module[1].split(".")[0] in copied
-    path = ROOT / module[1].replace(".", "/")
-    assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), module[1]
-
-
-def test_grafana_provisioning_points_at_prometheus() -> None:
-    ds = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
-    assert ds["datasources"][0]["url"] == "http://prometheus:9090"
-    exprs = " ".join(q for _, _, q in dashboard_queries())
-    for needed in ("rlfleet_env_steps_total", "rlfleet_learner_updates_total", "rlfleet_replay_size",
-                   "rlfleet_rate_limiter_wait_seconds_total", "rlfleet_eval_return", "rlfleet_weights_staleness",
-                   "rlfleet_protocol_errors_total", "rlfleet_replay_wal_failures_total"):
-        assert needed in exprs
 
 
 # -- with an engine ---------------------------------------------------------------------
@@ -317,15 +238,93 @@ def test_compose_down_leaves_nothing(project: ComposeProject) -> None:
     assert project.client.volumes.list(filters={"label": f"com.docker.compose.project={project.name}"}) == []
 
 
+# What makes an env in the image: every experiment file, as compose gives it, probed and acted on.
+_ACT_IN_IMAGE = (
+    "import json, sys\n"
+    "from common.config import load\n"
+    "from common.envs import acting_policy\n"
+    "for path in sys.argv[2:]:\n"
+    "    cfg = load(path, environ=json.loads(sys.argv[1]))\n"
+    "    acting_policy(cfg)\n"
+    "    print(path, cfg.algorithm.name, cfg.env.id, flush=True)\n"
+)
+
+
+@pytest.mark.container
+def test_every_shipped_config_makes_its_env_and_policy_in_the_actor_image(docker_client: Any) -> None:
+    """Mounted as RLFLEET_CONFIG, each file under configs/ must find what its env needs in the image
+    (LunarLander: box2d and pygame, which gymnasium's box2d package imports) and its algorithm."""
+    paths = [f"/etc/rlfleet/configs/{p.name}" for p in CONFIGS]
+    out = docker_client.containers.run(
+        "rlfleet/actor:latest", ["-c", _ACT_IN_IMAGE, json.dumps(compose_environ()), *paths],
+        entrypoint=["python"], remove=True, stderr=True,
+        volumes={str(ROOT / "configs"): {"bind": "/etc/rlfleet/configs", "mode": "ro"}})
+    made = out.decode().split("\n")
+    assert [line.split()[0] for line in made if line] == paths, out.decode()[-3000:]
+
+
+def check_rounds_advance(fleet: ComposeProject | SwarmStack, actors: int, rounds: int = 5) -> None:
+    """PPO on the barrier: the fleet trains (check_fleet_trains), then ``rounds`` more versions while
+    every actor's segments are acked and the learner sees their versions and drops none."""
+    check_fleet_trains(fleet, actors)
+    learner = fleet.one("learner")
+    version = learner_progress(learner)[1]
+    acked = [metrics(c).get("rlfleet_actor_transitions_acked_total", 0.0) for c in fleet.containers("actor")]
+    m = wait_for(lambda: metrics(learner), lambda m: m.get("rlfleet_learner_version", -1) >= version + rounds,
+                 STARTUP_S, f"{rounds} more barrier rounds")
+    assert m.get("rlfleet_learner_item_staleness_count", 0) > 0, "the learner saw no item's version"
+    assert m.get("rlfleet_learner_items_dropped_total", -1) == 0, "barrier rounds drop no segment"
+    now = [metrics(c).get("rlfleet_actor_transitions_acked_total", 0.0) for c in fleet.containers("actor")]
+    assert len(now) == actors and all(b > a for a, b in zip(sorted(acked), sorted(now), strict=True)), (acked, now)
+
+
+@pytest.mark.container
+def test_compose_runs_ppo_from_the_config_variable(docker_client: Any, tmp_path: Path) -> None:
+    """RLFLEET_CONFIG=./configs/cartpole-ppo.yaml: DPPO rounds advance in compose."""
+    env_file = write_env_file(tmp_path / "fleet.env", PPO_ENV)
+    proj = ComposeProject(docker_client, f"rlfleettest{uuid.uuid4().hex[:8]}", env_file, free_port(), PPO_CONFIG)
+    try:
+        proj.up(2, *SERVICES)
+        check_rounds_advance(proj, 2)
+        wait_for(lambda: metrics(proj.one("evaluator")), lambda m: m.get("rlfleet_evaluations_total", 0) > 0,
+                 STARTUP_S, "the evaluator scores the PPO policy (deterministic)")
+    finally:
+        try:
+            proj.down()
+        finally:
+            left = proj.containers(all=True)
+            for c in left:
+                c.remove(force=True)
+    assert not left, f"down left containers: {[c.name for c in left]}"
+
+
+@contextmanager
+def swarm_stack(client: Any, tmp_path: Path, env: dict[str, str], actors: int,
+                config: str | None = None) -> Iterator[SwarmStack]:
+    """A stack deployed on this node (a swarm made for it if there is none), removed afterwards;
+    every container's last lines printed if the test fails."""
+    stack = SwarmStack(client, f"rlfleettest{uuid.uuid4().hex[:6]}", write_env_file(tmp_path / "fleet.env", env),
+                       config)
+    try:
+        stack.init()
+        stack.deploy(actors=actors)
+        yield stack
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        try:
+            stack.rm()
+        finally:
+            stack.leave()
+    assert stack.containers() == []
+
+
 @pytest.mark.container
 def test_swarm_stack_three_replicas_train_and_docker_kill_is_replaced(
     docker_client: Any, tmp_path: Path
 ) -> None:
-    env_file = write_env_file(tmp_path / "fleet.env", SHORT_ENV)
-    stack = SwarmStack(docker_client, f"rlfleettest{uuid.uuid4().hex[:6]}", env_file)
-    try:
-        stack.init()
-        stack.deploy(actors=3)
+    with swarm_stack(docker_client, tmp_path, SHORT_ENV, 3) as stack:
         check_fleet_trains(stack, 3)
         victim = stack.containers("actor")[0]
         victim.kill()
@@ -336,12 +335,10 @@ def test_swarm_stack_three_replicas_train_and_docker_kill_is_replaced(
         wait_for(lambda: [metrics(c).get("rlfleet_env_steps_total", 0) for c in stack.containers("actor")],
                  lambda steps: len(steps) == 3 and all(s > 0 for s in steps), STARTUP_S,
                  "every actor steps, the new one too")
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        try:
-            stack.rm()
-        finally:
-            stack.leave()
-    assert stack.containers() == []
+
+
+@pytest.mark.container
+def test_swarm_stack_runs_ppo_from_the_config_variable(docker_client: Any, tmp_path: Path) -> None:
+    """The stack takes RLFLEET_CONFIG as a swarm config: DPPO rounds advance."""
+    with swarm_stack(docker_client, tmp_path, PPO_ENV, 2, PPO_CONFIG) as stack:
+        check_rounds_advance(stack, 2)
