@@ -106,7 +106,8 @@ class PPOLearner:
             "return": returns.reshape(-1).astype(np.float32),
             "old_value": values.reshape(-1).astype(np.float32),
         }
-        return {key: torch.as_tensor(value).to(self.device) for key, value in rows.items()}
+        # copies: some columns are read-only views of the frames replay sent
+        return {key: torch.tensor(value).to(self.device) for key, value in rows.items()}
 
     def learn(self, batch: Mapping[str, Any], weights: Any = None) -> tuple[dict[str, float], None]:
         """GAE, then ``epochs`` passes over the batch in shuffled minibatches; returns mean figures."""
@@ -184,7 +185,7 @@ class PPOLearner:
         return obs if self.obs_rms is None else self.obs_rms.normalize(obs)
 
     def _values(self, obs: np.ndarray) -> np.ndarray:
-        x = torch.as_tensor(self._normalized(obs)).to(self.device)
+        x = torch.tensor(self._normalized(obs)).to(self.device)  # a copy: replay's arrays are read-only views
         return self.net.value(x).cpu().numpy().astype(np.float64)  # type: ignore[no-any-return]
 
     # -- publishing and checkpoints ------------------------------------------
