@@ -47,6 +47,7 @@ from common.runtime import FatalError, StartupError
 from common.security import client_curve, refused_hint
 from common.tboard import ScalarWriter
 from common.wire.errors import CommTimeout, RemoteError
+from services.learner.round_order import concat_in_canonical_order
 
 log = logging.getLogger("rlfleet.learner")
 
@@ -376,10 +377,8 @@ class LearnerService:
         if got < want and not self._stopping:
             log.warning("learner: round %d got %d of its %d items within %.0f s", self.version, got, want,
                         self.cfg.network.timeout_s)
-        if not parts:
-            return 0
-        data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        return 1 if self.learn(data) else 0
+        # in an order that arrival does not decide (same seeds, same weights: services/learner/round_order.py)
+        return 1 if parts and self.learn(concat_in_canonical_order(parts)) else 0
 
     # -- service contract ---------------------------------------------------------
     def stop(self) -> None:
