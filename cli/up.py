@@ -44,7 +44,9 @@ def up(
         from common.runtime import LOG_FORMAT
 
         logging.basicConfig(level="INFO", format=LOG_FORMAT)
-        extra = [f"sync={sync}"] if sync else []
+        # --actors goes through the config too: checks that depend on the actor count (a PPO barrier
+        # round must split into minibatches) then refuse it here, before any run dir or service
+        extra = ([f"sync={sync}"] if sync else []) + ([f"actor.count={actors}"] if actors else [])
         try:
             cfg = config_mod.load(config_path, [*sets, *extra])
         except config_mod.ConfigError as exc:

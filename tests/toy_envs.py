@@ -1,4 +1,4 @@
-"""A custom env reachable as ``tests.toy_envs:Corridor`` (the module:Class form)."""
+"""Custom envs reachable as ``tests.toy_envs:Class`` (the module:Class form)."""
 
 from __future__ import annotations
 
@@ -58,3 +58,11 @@ class Reach(gym.Env):  # type: ignore[type-arg]
         self.pos = float(np.clip(self.pos + 0.25 * move, -2.0, 2.0))
         self.steps += 1
         return self._obs(), -abs(self.pos - self.target), False, self.steps >= 20, {}
+
+
+class UnboundedReach(Reach):
+    """Reach with an action space PPO refuses: Box(-inf, inf), nothing to clip its actions to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)

@@ -31,6 +31,7 @@ from common.config import Experiment
 from common.metrics import ServiceMetrics
 from common.tboard import ScalarWriter
 from common.wire.errors import CommTimeout
+from services.learner.round_order import concat_in_canonical_order
 
 log = logging.getLogger("rlfleet.learner")
 
@@ -179,10 +180,8 @@ class Trainer:
         if got < want and not self.stopping():
             log.warning("learner: round %d got %d of its %d items within %.0f s", self.version(), got, want,
                         self.cfg.network.timeout_s)
-        if not parts:
-            return 0
-        data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        return 1 if self.learn(data) else 0
+        # in an order that arrival does not decide (same seeds, same weights: services/learner/round_order.py)
+        return 1 if parts and self.learn(concat_in_canonical_order(parts)) else 0
 
     def close(self) -> None:
         self.sampler.close()
