@@ -110,6 +110,7 @@ def run_rlfleet(env_id: str, seed: int, actors: int, budget: int, extra: list[st
         "env_steps_per_s": statistics.median(float(r["env_steps_per_s"]) for r in busy) if busy else 0.0,
         "updates_per_s": statistics.median(float(r["updates_per_s"]) for r in busy) if busy else 0.0,
         "steps_per_wall_s": round(steps / wall, 1) if wall > 0 else 0.0,
+        "updates": int(float(progress[-1]["updates"])) if progress else 0,
         "run_dir": str(run_dir),
     }
 
@@ -222,7 +223,8 @@ def ppo_main(args: argparse.Namespace) -> None:
     theirs_solved = [r for r in theirs if r["solved"]]
     rl = side(ours)
     rl["actor_env_steps_per_s"] = round(median(ours, "env_steps_per_s"), 1)  # progress.csv, while stepping
-    rl["learner_updates_per_s"] = round(median(ours, "updates_per_s"), 1)
+    # Gradient steps (minibatches) over the whole run: the learner idles while barrier actors act.
+    rl["learner_updates_per_wall_s"] = round(statistics.median(r["updates"] / r["wall_s"] for r in ours), 1)
     result: dict[str, Any] = {
         "algo": "ppo", "env": args.env, "sync": sync, "target": TARGETS[args.env], "actors": args.actors,
         "budget_env_steps": budget, "eval_every": PPO_EVAL_EVERY[args.env],
