@@ -1,24 +1,35 @@
-"""Wall time to solve an env: `rlfleet up` against Stable-Baselines3 DQN, same machine, same run.
+"""Wall time to solve an env: `rlfleet up` against Stable-Baselines3 (DQN or PPO), same machine, same run.
 
     .venv/bin/python -m bench.time_to_solve --env CartPole-v1 [--seeds 3] [--actors 2]
     .venv/bin/python -m bench.time_to_solve --env LunarLander-v3
+    .venv/bin/python -m bench.time_to_solve --algo ppo --env LunarLander-v3 [--sync barrier|async]
 
-Both are evaluated the same way: the mean return of 10 greedy episodes every
-5,000 env steps; the first evaluation at or above the target counts (475 for
-CartPole, 200 for LunarLander). rlfleet's time runs from launching
-`rlfleet up` (services started from cold) to that evaluation. SB3 runs the
-rl-baselines3-zoo hyperparameters for the env, at its best: envs built with
-render_mode=None (rgb_array leaks LunarLander particles and slows it 4-5x),
-one torch thread (faster than two for these small nets on 2 cores). A
-run that never reaches the target within the zoo's step budget counts as the
-wall time it took to spend that budget, and is reported as such. The runs
+Both sides are evaluated the same way: the mean return of 10 deterministic
+(greedy, or mean-action) episodes every EVAL_EVERY env steps; the first
+evaluation at or above the target counts (475 for CartPole, 200 for
+LunarLander). rlfleet's time runs from launching `rlfleet up` (services
+started from cold) to that evaluation; SB3's from building its envs and model
+to that evaluation, evaluations included. SB3 runs the rl-baselines3-zoo
+hyperparameters for the env at its best (bench/sb3_peers.py). The runs
 alternate (rlfleet seed 0, SB3 seed 0, rlfleet seed 1, ...).
 
-Also measured, each with its ceiling: env steps/s per rlfleet actor against
-raw gymnasium stepping with random actions, and learner updates/s against a
-plain in-process PyTorch loop of the same network and batch size.
+--algo dqn (the default): every 5,000 env steps, within the zoo's step budget;
+a run that never reaches the target counts as the wall time it took to spend
+that budget. Also measured, each with its ceiling: env steps/s per rlfleet
+actor against raw gymnasium stepping with random actions, and learner
+updates/s against a plain in-process PyTorch loop of the same network and
+batch size. ``ratio`` = rlfleet / SB3 median wall seconds over all runs.
 
-Last line: one JSON object; ``ratio`` = rlfleet / SB3 median wall seconds.
+--algo ppo: configs/<env>-ppo.yaml (--sync barrier = DPPO, async = APPO)
+against SB3 PPO; evaluations every 2,000 (CartPole) or 10,000 (LunarLander)
+env steps, budgets 200k and 1.5M env steps on both sides. ``ratio`` =
+rlfleet / SB3 median wall seconds over the solved runs of each side (null if
+a side solved none); ``ratio_all`` counts an unsolved run as the wall time it
+took to spend its budget (a lower bound of its time to solve).
+``env_steps_per_s`` on both sides: env steps / wall seconds of a run, start-up
+and evaluations included.
+
+Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -39,32 +50,32 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from bench.sb3_peers import (
+    DQN_EVAL_EVERY,
+    EVAL_EPISODES,
+    PPO_BUDGET,
+    PPO_EVAL_EVERY,
+    TARGETS,
+    ZOO_DQN,
+    run_sb3_dqn,
+    run_sb3_ppo,
+)
+
 ROOT = Path(__file__).resolve().parent.parent
 
-# rl-baselines3-zoo hyperparams/dqn.yml (LunarLander-v2 entry for v3).
-ZOO: dict[str, dict[str, Any]] = {
-    "CartPole-v1": dict(
-        n_timesteps=50_000, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
-        gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
-        exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]),
-    ),
-    "LunarLander-v3": dict(
-        n_timesteps=100_000, learning_rate=6.3e-4, batch_size=128, buffer_size=50_000, learning_starts=0,
-        gamma=0.99, target_update_interval=250, train_freq=4, gradient_steps=-1, exploration_fraction=0.12,
-        exploration_final_eps=0.1, policy_kwargs=dict(net_arch=[256, 256]),
-    ),
+CONFIGS = {
+    ("dqn", "CartPole-v1"): "configs/cartpole-dqn.yaml", ("dqn", "LunarLander-v3"): "configs/lunarlander-dqn.yaml",
+    ("ppo", "CartPole-v1"): "configs/cartpole-ppo.yaml", ("ppo", "LunarLander-v3"): "configs/lunarlander-ppo.yaml",
 }
-TARGETS = {"CartPole-v1": 475.0, "LunarLander-v3": 200.0}
-CONFIGS = {"CartPole-v1": "configs/cartpole-dqn.yaml", "LunarLander-v3": "configs/lunarlander-dqn.yaml"}
-EVAL_EVERY, EVAL_EPISODES = 5000, 10
 
 
-def run_rlfleet(env_id: str, seed: int, actors: int, budget: int, extra: list[str]) -> dict[str, Any]:
+def run_rlfleet(env_id: str, seed: int, actors: int, budget: int, extra: list[str], algo: str = "dqn",
+                eval_every: int = DQN_EVAL_EVERY) -> dict[str, Any]:
     runs = Path(tempfile.mkdtemp(prefix="tts-"))
     cmd = [
-        sys.executable, "-m", "cli", "up", "--config", str(ROOT / CONFIGS[env_id]),
+        sys.executable, "-m", "cli", "up", "--config", str(ROOT / CONFIGS[algo, env_id]),
         "--actors", str(actors), "--until-return", str(TARGETS[env_id]), "--max-env-steps", str(budget),
-        "--runs", str(runs), "--set", f"seed={seed}", "--set", f"evaluator.every_steps={EVAL_EVERY}",
+        "--runs", str(runs), "--set", f"seed={seed}", "--set", f"evaluator.every_steps={eval_every}",
         "--set", f"evaluator.episodes={EVAL_EPISODES}", *extra,
     ]
     start, start_epoch = time.perf_counter(), time.time()
@@ -89,50 +100,19 @@ def run_rlfleet(env_id: str, seed: int, actors: int, budget: int, extra: list[st
     with open(run_dir / "progress.csv", newline="") as f:
         progress = list(csv.DictReader(f))
     busy = [r for r in progress if float(r["env_steps_per_s"]) > 0]
+    wall = solved_at if solved_at is not None else ended
+    steps = int(hit["env_steps"]) if hit else int(float(progress[-1]["env_steps"])) if progress else 0
     return {
         "seed": seed,
         "solved": solved_at is not None,
-        "wall_s": round(solved_at if solved_at is not None else ended, 2),
-        "env_steps": int(hit["env_steps"]) if hit else int(float(progress[-1]["env_steps"])) if progress else 0,
+        "wall_s": round(wall, 2),
+        "env_steps": steps,
         "env_steps_per_s": statistics.median(float(r["env_steps_per_s"]) for r in busy) if busy else 0.0,
         "updates_per_s": statistics.median(float(r["updates_per_s"]) for r in busy) if busy else 0.0,
+        "steps_per_wall_s": round(steps / wall, 1) if wall > 0 else 0.0,
+        "updates": int(float(progress[-1]["updates"])) if progress else 0,
         "run_dir": str(run_dir),
     }
-
-
-def run_sb3(env_id: str, seed: int) -> dict[str, Any]:
-    from stable_baselines3 import DQN
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.evaluation import evaluate_policy
-
-    hp = dict(ZOO[env_id])
-    budget = hp.pop("n_timesteps")
-    target = TARGETS[env_id]
-
-    class EveryNSteps(BaseCallback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.hit: tuple[int, float] | None = None
-            self.eval_env = gym.make(env_id, render_mode=None)
-
-        def _on_step(self) -> bool:
-            if self.num_timesteps % EVAL_EVERY:
-                return True
-            returns, _ = evaluate_policy(self.model, self.eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
-            if float(np.mean(returns)) >= target:
-                self.hit = (self.num_timesteps, time.perf_counter() - start)
-                return False
-            return True
-
-    start = time.perf_counter()
-    env = make_vec_env(env_id, n_envs=1, seed=seed, env_kwargs={"render_mode": None})
-    model = DQN("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hp)
-    cb = EveryNSteps()
-    model.learn(total_timesteps=budget, callback=cb)
-    took = time.perf_counter() - start
-    return {"seed": seed, "solved": cb.hit is not None, "wall_s": round(cb.hit[1] if cb.hit else took, 2),
-            "env_steps": cb.hit[0] if cb.hit else budget}
 
 
 def raw_env_steps_per_s(env_id: str, seconds: float = 3.0) -> float:
@@ -153,7 +133,7 @@ def raw_updates_per_s(env_id: str, seconds: float = 3.0) -> float:
     from common import config as config_mod
     from common.algorithms.dqn.networks import build_q_network
 
-    cfg = config_mod.load(ROOT / CONFIGS[env_id], environ={}).algorithm
+    cfg = config_mod.load(ROOT / CONFIGS["dqn", env_id], environ={}).algorithm
     env = gym.make(env_id)
     assert env.observation_space.shape is not None and isinstance(env.action_space, gym.spaces.Discrete)
     net = build_q_network(cfg.hidden, cfg.dueling, env.observation_space, env.action_space)
@@ -182,28 +162,22 @@ def median(runs: list[dict[str, Any]], key: str) -> float:
     return float(statistics.median(r[key] for r in runs))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--env", choices=sorted(ZOO), default="CartPole-v1")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--actors", type=int, default=2)
-    ap.add_argument("--budget-factor", type=float, default=1.0,
-                    help="rlfleet's env-step budget as a multiple of the zoo's")
-    ap.add_argument("--set", dest="sets", action="append", default=[], help="extra rlfleet --set overrides")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    budget = int(ZOO[args.env]["n_timesteps"] * args.budget_factor)
+def dqn_main(args: argparse.Namespace) -> None:
+    budget = int(ZOO_DQN[args.env]["n_timesteps"] * args.budget_factor)
     extra = [x for s in args.sets for x in ("--set", s)]
+    if args.sync:
+        extra += ["--sync", args.sync]
     ours, theirs = [], []
     for seed in range(args.seeds):
         ours.append(run_rlfleet(args.env, seed, args.actors, budget, extra))
         print("rlfleet", json.dumps(ours[-1]), flush=True)
-        theirs.append(run_sb3(args.env, seed))
+        theirs.append(run_sb3_dqn(args.env, seed))
         print("sb3", json.dumps(theirs[-1]), flush=True)
     raw_steps = raw_env_steps_per_s(args.env)
     raw_updates = raw_updates_per_s(args.env)
     per_actor = median(ours, "env_steps_per_s") / args.actors
     result = {
+        "algo": "dqn",
         "env": args.env,
         "target": TARGETS[args.env],
         "actors": args.actors,
@@ -220,6 +194,68 @@ def main() -> None:
         "learner_ratio": round(median(ours, "updates_per_s") / raw_updates, 3),
     }
     print(json.dumps(result))
+
+
+def side(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's summary: medians over its solved runs (all runs where it solved none)."""
+    solved = [r for r in runs if r["solved"]]
+    over = solved or runs
+    return {"solved": len(solved), "runs": len(runs), "median_wall_s": median(over, "wall_s"),
+            "median_env_steps": median(over, "env_steps"),
+            "env_steps_per_s": round(median(runs, "steps_per_wall_s"), 1),
+            "wall_s": [r["wall_s"] for r in runs], "env_steps": [r["env_steps"] for r in runs],
+            "solved_by_seed": [r["solved"] for r in runs]}
+
+
+def ppo_main(args: argparse.Namespace) -> None:
+    budget = int(PPO_BUDGET[args.env] * args.budget_factor)
+    sync = args.sync or "barrier"
+    extra = ["--sync", sync, *[x for s in args.sets for x in ("--set", s)]]
+    ours, theirs = [], []
+    for seed in range(args.seeds):
+        ours.append(run_rlfleet(args.env, seed, args.actors, budget, extra, "ppo", PPO_EVAL_EVERY[args.env]))
+        print("rlfleet", json.dumps(ours[-1]), flush=True)
+        if not args.no_sb3:
+            theirs.append(run_sb3_ppo(args.env, seed, budget))
+            theirs[-1]["steps_per_wall_s"] = theirs[-1]["env_steps_per_s"]
+            print("sb3", json.dumps(theirs[-1]), flush=True)
+    ours_solved = [r for r in ours if r["solved"]]
+    theirs_solved = [r for r in theirs if r["solved"]]
+    rl = side(ours)
+    rl["actor_env_steps_per_s"] = round(median(ours, "env_steps_per_s"), 1)  # progress.csv, while stepping
+    # Gradient steps (minibatches) over the whole run: the learner idles while barrier actors act.
+    rl["learner_updates_per_wall_s"] = round(statistics.median(r["updates"] / r["wall_s"] for r in ours), 1)
+    result: dict[str, Any] = {
+        "algo": "ppo", "env": args.env, "sync": sync, "target": TARGETS[args.env], "actors": args.actors,
+        "budget_env_steps": budget, "eval_every": PPO_EVAL_EVERY[args.env],
+        "ratio": (round(median(ours_solved, "wall_s") / median(theirs_solved, "wall_s"), 3)
+                  if ours_solved and theirs_solved else None),
+        "ratio_all": round(median(ours, "wall_s") / median(theirs, "wall_s"), 3) if theirs else None,
+        "rlfleet": rl, "sb3": side(theirs) if theirs else None,
+        "raw_env_steps_per_s": round(raw_env_steps_per_s(args.env), 1),
+    }
+    print(json.dumps(result))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--algo", choices=["dqn", "ppo"], default="dqn")
+    ap.add_argument("--env", choices=sorted(TARGETS), default="CartPole-v1")
+    ap.add_argument("--sync", choices=["barrier", "async"], default=None,
+                    help="rlfleet's training protocol (default: the config's; ppo: barrier)")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--actors", type=int, default=2)
+    ap.add_argument("--budget-factor", type=float, default=1.0,
+                    help="the env-step budget as a multiple of the default (dqn: the zoo's, rlfleet only; "
+                         "ppo: 200k CartPole, 1.5M LunarLander, both sides)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="extra rlfleet --set overrides")
+    ap.add_argument("--no-sb3", action="store_true", help="ppo: rlfleet only (no peer, no ratio)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    if args.algo == "ppo":
+        ppo_main(args)
+    else:
+        dqn_main(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,171 @@
+"""The Stable-Baselines3 peers of bench.time_to_solve: DQN and PPO with the rl-baselines3-zoo settings.
+
+Each peer runs at its best on this machine: envs built with render_mode=None
+(rgb_array leaks LunarLander particles and slows it 4-5x), one torch thread
+(set by the caller; faster than two for these small nets on 2 cores), the
+zoo's hyperparameters for the env. Its wall time runs from building the envs
+and the model (start-up) to the first evaluation at or above the target,
+evaluations included; a run that never reaches the target within its budget
+reports the wall time it took to spend that budget.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+TARGETS = {"CartPole-v1": 475.0, "LunarLander-v3": 200.0}
+
+# rl-baselines3-zoo hyperparams/dqn.yml (LunarLander-v2 entry for v3).
+ZOO_DQN: dict[str, dict[str, Any]] = {
+    "CartPole-v1": dict(
+        n_timesteps=50_000, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
+        gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+        exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]),
+    ),
+    "LunarLander-v3": dict(
+        n_timesteps=100_000, learning_rate=6.3e-4, batch_size=128, buffer_size=50_000, learning_starts=0,
+        gamma=0.99, target_update_interval=250, train_freq=4, gradient_steps=-1, exploration_fraction=0.12,
+        exploration_final_eps=0.1, policy_kwargs=dict(net_arch=[256, 256]),
+    ),
+}
+DQN_EVAL_EVERY, EVAL_EPISODES = 5000, 10
+
+# rl-baselines3-zoo hyperparams/ppo.yml (LunarLander-v2 entry for v3), default MlpPolicy. "lin_X" is
+# X falling linearly to 0 over the zoo's n_timesteps ("anneal"), whatever budget the run is given.
+ZOO_PPO: dict[str, dict[str, Any]] = {
+    "CartPole-v1": dict(
+        n_envs=8, anneal=100_000, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+        ent_coef=0.0, learning_rate="lin_1e-3", clip_range="lin_0.2",
+    ),
+    "LunarLander-v3": dict(
+        n_envs=16, anneal=1_000_000, n_steps=1024, batch_size=64, n_epochs=4, gae_lambda=0.98, gamma=0.999,
+        ent_coef=0.01,
+    ),
+}
+# Env-step budgets and evaluation intervals of the PPO comparison (both sides).
+PPO_BUDGET = {"CartPole-v1": 200_000, "LunarLander-v3": 1_500_000}
+PPO_EVAL_EVERY = {"CartPole-v1": 2_000, "LunarLander-v3": 10_000}
+# The evaluation seeds: the same fixed seeds every evaluation, as rlfleet's evaluator (seed + 1,000,000 + i).
+EVAL_SEED_OFFSET = 1_000_000
+
+
+def run_sb3_dqn(env_id: str, seed: int) -> dict[str, Any]:
+    """SB3 DQN: 10 deterministic episodes on one env every 5,000 env steps; budget: the zoo's n_timesteps."""
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    hp = dict(ZOO_DQN[env_id])
+    budget = hp.pop("n_timesteps")
+    target = TARGETS[env_id]
+
+    class EveryNSteps(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hit: tuple[int, float] | None = None
+            self.eval_env = gym.make(env_id, render_mode=None)
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps % DQN_EVAL_EVERY:
+                return True
+            returns, _ = evaluate_policy(self.model, self.eval_env, n_eval_episodes=EVAL_EPISODES,
+                                         deterministic=True)
+            if float(np.mean(returns)) >= target:
+                self.hit = (self.num_timesteps, time.perf_counter() - start)
+                return False
+            return True
+
+    start = time.perf_counter()
+    env = make_vec_env(env_id, n_envs=1, seed=seed, env_kwargs={"render_mode": None})
+    model = DQN("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hp)
+    cb = EveryNSteps()
+    model.learn(total_timesteps=budget, callback=cb)
+    took = time.perf_counter() - start
+    return {"seed": seed, "solved": cb.hit is not None, "wall_s": round(cb.hit[1] if cb.hit else took, 2),
+            "env_steps": cb.hit[0] if cb.hit else budget}
+
+
+def _linear(value: float, anneal: int, budget: int) -> Callable[[float], float]:
+    """SB3 schedules see progress_remaining = 1 - steps / budget; the zoo's lin_X reaches 0 at ``anneal`` steps."""
+    def schedule(progress_remaining: float) -> float:
+        steps = (1.0 - progress_remaining) * budget
+        return value * max(0.0, 1.0 - steps / anneal)
+    return schedule
+
+
+def ppo_kwargs(env_id: str, budget: int) -> tuple[int, dict[str, Any]]:
+    """(n_envs, PPO keyword arguments) of the zoo's entry, lin_X turned into schedules."""
+    hp = dict(ZOO_PPO[env_id])
+    n_envs, anneal = int(hp.pop("n_envs")), int(hp.pop("anneal"))
+    for key in ("learning_rate", "clip_range"):
+        if isinstance(hp.get(key), str) and hp[key].startswith("lin_"):
+            hp[key] = _linear(float(hp[key][4:]), anneal, budget)
+    return n_envs, hp
+
+
+def deterministic_returns(model: Any, envs: gym.vector.VectorEnv, seed: int) -> np.ndarray:  # type: ignore[type-arg]
+    """One deterministic episode per slot, slots seeded seed..seed+K-1 (as rlfleet's evaluator)."""
+    k = envs.num_envs
+    obs, _ = envs.reset(seed=[seed + i for i in range(k)])  # type: ignore[arg-type]  # a list is allowed
+    returns, running = np.zeros(k), np.ones(k, bool)
+    while running.any():
+        actions, _ = model.predict(obs, deterministic=True)
+        obs, rewards, terminated, truncated, _ = envs.step(actions)
+        returns[running] += np.asarray(rewards, np.float64)[running]
+        running &= ~(np.asarray(terminated) | np.asarray(truncated))
+    return returns
+
+
+def run_sb3_ppo(env_id: str, seed: int, budget: int | None = None) -> dict[str, Any]:
+    """SB3 PPO: 10 deterministic episodes (10 vector slots, fixed seeds) once the env steps pass each multiple
+    of PPO_EVAL_EVERY, skipped while the weights are those already evaluated (PPO learns once a rollout)."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    budget = budget or PPO_BUDGET[env_id]
+    every, target = PPO_EVAL_EVERY[env_id], TARGETS[env_id]
+    n_envs, hp = ppo_kwargs(env_id, budget)
+
+    class Evaluations(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hit: tuple[int, float] | None = None
+            self.next_at = every
+            self.evaluated = -1  # model._n_updates at the last evaluation
+            self.evals = 0
+            self.eval_envs = gym.vector.SyncVectorEnv(
+                [lambda: gym.make(env_id, render_mode=None) for _ in range(EVAL_EPISODES)])
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps < self.next_at:
+                return True
+            self.next_at = (self.num_timesteps // every + 1) * every
+            updates = int(self.model._n_updates)
+            if updates == self.evaluated:
+                return True
+            self.evaluated = updates
+            self.evals += 1
+            returns = deterministic_returns(self.model, self.eval_envs, seed + EVAL_SEED_OFFSET)
+            if float(returns.mean()) >= target:
+                self.hit = (self.num_timesteps, time.perf_counter() - start)
+                return False
+            return True
+
+    start = time.perf_counter()
+    env = make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs={"render_mode": None})
+    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hp)
+    cb = Evaluations()
+    model.learn(total_timesteps=budget, callback=cb)
+    took = time.perf_counter() - start
+    cb.eval_envs.close()
+    wall = cb.hit[1] if cb.hit else took
+    steps = cb.hit[0] if cb.hit else int(model.num_timesteps)
+    return {"seed": seed, "solved": cb.hit is not None, "wall_s": round(wall, 2), "env_steps": steps,
+            "env_steps_per_s": round(steps / wall, 1), "evaluations": cb.evals}
