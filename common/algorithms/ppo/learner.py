@@ -61,7 +61,7 @@ class PPOLearner:
                              item_steps=cfg.segment_length)
         self.net = seeded_networks(cfg, observation_space, action_space, seed).to(self.device)
         self._params = list(self.net.parameters())
-        self.optimizer = torch.optim.Adam(self._params, lr=cfg.lr, eps=cfg.adam_eps)
+        self.optimizer = torch.optim.Adam(self._params, lr=cfg.lr, eps=cfg.adam_eps, fused=True)  # one kernel for all
         assert observation_space.shape is not None
         self.obs_rms = RunningMeanStd(tuple(observation_space.shape), cfg.obs_clip) if cfg.obs_norm else None
         self.rng = np.random.default_rng([seed, 2])  # minibatch order
