@@ -35,7 +35,7 @@ from services.learner.round_order import concat_in_canonical_order
 
 log = logging.getLogger("rlfleet.learner")
 
-STALENESS_SAMPLES = 64  # items of a batch observed in rlfleet_learner_item_staleness (evenly spaced)
+STALENESS_SAMPLES = 8  # items of a batch observed in rlfleet_learner_item_staleness (evenly spaced: ~1.5 us each)
 
 
 class Trainer:
