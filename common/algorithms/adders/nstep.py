@@ -33,10 +33,12 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from common.algorithms.adders.vector_steps import VectorStepAdder
+
 Columns = dict[str, np.ndarray]
 
 
-class NStepAdder:
+class NStepAdder(VectorStepAdder):
     """Turns vector-env steps into n-step transition columns.
 
     Usage::
@@ -59,14 +61,9 @@ class NStepAdder:
     ) -> None:
         if n_step < 1:
             raise ValueError(f"n_step={n_step}; allowed: >= 1")
-        mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
-        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
-            raise ValueError(f"autoreset mode {mode.value!r} is not supported; allowed: NextStep, SameStep")
-        self.num_envs = num_envs
+        super().__init__(num_envs, obs_shape, autoreset_mode)
         self.n_step = n_step
         self.gamma = gamma
-        self.obs_shape = tuple(obs_shape)
-        self.autoreset_mode = mode
         self._powers = gamma ** np.arange(n_step + 1, dtype=np.float64)
         # _upper[k, j] = gamma^(j - k) for j >= k: n-step returns of every window as one product.
         offsets = np.arange(n_step)[None, :] - np.arange(n_step)[:, None]
@@ -78,10 +75,6 @@ class NStepAdder:
         self._reward = np.zeros((num_envs, n_step), np.float64)
         self._version = np.zeros((num_envs, n_step), np.int64)
         self._head = np.zeros(num_envs, np.int64)
-        self._length = np.zeros(num_envs, np.int64)
-        self._current = np.zeros((num_envs, *self.obs_shape), np.float32)
-        self._skip = np.zeros(num_envs, bool)  # NEXT_STEP: this slot's next step is a reset
-        self._started = False
 
     @classmethod
     def for_env(cls, envs: VectorEnv, n_step: int, gamma: float) -> NStepAdder:
@@ -91,18 +84,10 @@ class NStepAdder:
         mode = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
         return cls(envs.num_envs, n_step, gamma, tuple(shape), mode)
 
-    @property
-    def pending(self) -> int:
-        """Steps recorded but not yet emitted (open windows, all slots)."""
-        return int(self._length.sum())
-
     def reset(self, obs: np.ndarray) -> None:
         """Start over from the observations of ``envs.reset()``; open windows are dropped."""
-        self._current[:] = self._check_obs(obs)
-        self._length[:] = 0
+        super().reset(obs)
         self._head[:] = 0
-        self._skip[:] = False
-        self._started = True
 
     def add(
         self,
@@ -116,13 +101,7 @@ class NStepAdder:
         version: int,
     ) -> Columns:
         """Record one vector step; return the transitions it completes (maybe none)."""
-        if not self._started:
-            raise RuntimeError("NStepAdder.add() before reset(): pass the observations of envs.reset()")
-        next_obs = self._check_obs(next_obs)
-        terminated = np.asarray(terminated, bool)
-        truncated = np.asarray(truncated, bool)
-        valid = ~self._skip
-        done = valid & (terminated | truncated)
+        next_obs, terminated, truncated, valid, done = self._begin(next_obs, terminated, truncated)
 
         slots = np.flatnonzero(valid)
         head = self._head[slots]
@@ -138,28 +117,10 @@ class NStepAdder:
             np.flatnonzero(done | (valid & (self._length == self.n_step))), done, terminated, final_obs
         )
 
-        self._current[:] = next_obs
-        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
-            self._skip = done
+        self._end(next_obs, done)
         return columns
 
     # -- internals ----------------------------------------------------------
-
-    def _check_obs(self, obs: np.ndarray) -> np.ndarray:
-        obs = np.asarray(obs)
-        if obs.shape != (self.num_envs, *self.obs_shape):
-            raise ValueError(f"observations of shape {obs.shape}; expected {(self.num_envs, *self.obs_shape)}")
-        return obs
-
-    def _final_obs(self, next_obs: np.ndarray, done: np.ndarray, infos: Mapping[str, Any] | None) -> np.ndarray:
-        if self.autoreset_mode is AutoresetMode.NEXT_STEP or not done.any():
-            return next_obs
-        if infos is None or "final_obs" not in infos:
-            raise ValueError("SAME_STEP autoreset: an episode ended but infos has no 'final_obs'")
-        final = next_obs.astype(np.float32, copy=True)
-        for slot in np.flatnonzero(done):
-            final[slot] = infos["final_obs"][slot]
-        return final
 
     def _emit(self, slots: np.ndarray, done: np.ndarray, terminated: np.ndarray, bootstrap: np.ndarray) -> Columns:
         """Emit the oldest window of full slots and every open window of ended ones.

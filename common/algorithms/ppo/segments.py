@@ -38,10 +38,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from common.algorithms.adders.vector_steps import VectorStepAdder
+
 Columns = dict[str, np.ndarray]
 
 
-class SegmentAdder:
+class SegmentAdder(VectorStepAdder):
     """Turns vector-env steps into T-step segments (see the module docstring for the columns)."""
 
     def __init__(
@@ -54,12 +56,9 @@ class SegmentAdder:
     ) -> None:
         if segment_length < 1:
             raise ValueError(f"segment_length={segment_length}; allowed: >= 1")
-        mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
-        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
-            raise ValueError(f"autoreset mode {mode.value!r} is not supported; allowed: NextStep, SameStep")
         assert observation_space.shape is not None
-        self.num_envs, self.T, self.autoreset_mode = num_envs, segment_length, mode
-        self.obs_shape = tuple(observation_space.shape)
+        super().__init__(num_envs, tuple(observation_space.shape), autoreset_mode)
+        self.T = segment_length
         discrete = isinstance(action_space, gym.spaces.Discrete)
         act_shape = () if discrete else tuple(action_space.shape or ())
         n, T = num_envs, segment_length
@@ -72,22 +71,6 @@ class SegmentAdder:
             "final_obs": np.zeros((n, T, *self.obs_shape), np.float32),
         }
         self._version = np.zeros((n, T), np.int64)
-        self._length = np.zeros(n, np.int64)
-        self._current = np.zeros((n, *self.obs_shape), np.float32)
-        self._skip = np.zeros(n, bool)  # NEXT_STEP: this slot's next step is a reset
-        self._started = False
-
-    @property
-    def pending(self) -> int:
-        """Steps recorded but not yet emitted (all slots)."""
-        return int(self._length.sum())
-
-    def reset(self, obs: np.ndarray) -> None:
-        """Start over from the observations of ``envs.reset()``; partial segments are dropped."""
-        self._current[:] = self._check_obs(obs)
-        self._length[:] = 0
-        self._skip[:] = False
-        self._started = True
 
     def add(
         self,
@@ -101,13 +84,7 @@ class SegmentAdder:
         version: int,
     ) -> Columns:
         """Record one vector step; return the segments it completes (zero or more rows)."""
-        if not self._started:
-            raise RuntimeError("SegmentAdder.add() before reset(): pass the observations of envs.reset()")
-        next_obs = self._check_obs(next_obs)
-        terminated = np.asarray(terminated, bool)
-        truncated = np.asarray(truncated, bool)
-        valid = ~self._skip
-        done = valid & (terminated | truncated)
+        next_obs, terminated, truncated, valid, done = self._begin(next_obs, terminated, truncated)
         final = self._final_obs(next_obs, done, infos)
 
         slots = np.flatnonzero(valid)
@@ -137,24 +114,5 @@ class SegmentAdder:
         items["version"] = self._version[full].min(axis=1) if len(full) else np.zeros(0, np.int64)
         self._length[full] = 0
 
-        self._current[:] = next_obs
-        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
-            self._skip = done
+        self._end(next_obs, done)
         return items
-
-    def _check_obs(self, obs: np.ndarray) -> np.ndarray:
-        obs = np.asarray(obs)
-        if obs.shape != (self.num_envs, *self.obs_shape):
-            raise ValueError(f"observations of shape {obs.shape}; expected {(self.num_envs, *self.obs_shape)}")
-        return obs
-
-    def _final_obs(self, next_obs: np.ndarray, done: np.ndarray, infos: Mapping[str, Any] | None) -> np.ndarray:
-        """Each slot's observation after this step: the final one where an episode ended."""
-        if self.autoreset_mode is AutoresetMode.NEXT_STEP or not done.any():
-            return next_obs
-        if infos is None or "final_obs" not in infos:
-            raise ValueError("SAME_STEP autoreset: an episode ended but infos has no 'final_obs'")
-        final = next_obs.astype(np.float32, copy=True)
-        for slot in np.flatnonzero(done):
-            final[slot] = infos["final_obs"][slot]
-        return final

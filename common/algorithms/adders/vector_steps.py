@@ -1,0 +1,82 @@
+"""What every adder of gymnasium vector-env steps keeps: the observation each slot acts on, the
+autoreset mode, and which slots' next step is a reset.
+
+gymnasium 1.x vector envs autoreset. In ``NEXT_STEP`` mode the step after an
+episode's end resets that slot, ignores its action and returns the reset
+observation with reward 0 and both flags False: it is no env step and adders
+drop it. In ``SAME_STEP`` mode the ending step already returns the reset
+observation and the final one is in ``infos["final_obs"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+Columns = dict[str, np.ndarray]
+
+
+class VectorStepAdder:
+    """The base of :class:`~common.algorithms.adders.nstep.NStepAdder` and the PPO segment adder."""
+
+    def __init__(self, num_envs: int, obs_shape: tuple[int, ...],
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP) -> None:
+        mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
+        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
+            raise ValueError(f"autoreset mode {mode.value!r} is not supported; allowed: NextStep, SameStep")
+        self.num_envs = num_envs
+        self.obs_shape = tuple(obs_shape)
+        self.autoreset_mode = mode
+        self._length = np.zeros(num_envs, np.int64)  # steps recorded, not yet emitted, per slot
+        self._current = np.zeros((num_envs, *self.obs_shape), np.float32)
+        self._skip = np.zeros(num_envs, bool)  # NEXT_STEP: this slot's next step is a reset
+        self._started = False
+
+    @property
+    def pending(self) -> int:
+        """Steps recorded but not yet emitted (all slots)."""
+        return int(self._length.sum())
+
+    def reset(self, obs: np.ndarray) -> None:
+        """Start over from the observations of ``envs.reset()``; what was not emitted is dropped."""
+        self._current[:] = self._check_obs(obs)
+        self._length[:] = 0
+        self._skip[:] = False
+        self._started = True
+
+    def _begin(self, next_obs: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Check a step's arrays; (next_obs, terminated, truncated, valid slots, slots whose episode ended)."""
+        if not self._started:
+            raise RuntimeError(f"{type(self).__name__}.add() before reset(): pass the observations of envs.reset()")
+        next_obs = self._check_obs(next_obs)
+        terminated = np.asarray(terminated, bool)
+        truncated = np.asarray(truncated, bool)
+        valid = ~self._skip
+        return next_obs, terminated, truncated, valid, valid & (terminated | truncated)
+
+    def _end(self, next_obs: np.ndarray, done: np.ndarray) -> None:
+        """After a step: its observations are the next ones acted on; NEXT_STEP: ended slots reset next."""
+        self._current[:] = next_obs
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+            self._skip = done
+
+    def _check_obs(self, obs: np.ndarray) -> np.ndarray:
+        obs = np.asarray(obs)
+        if obs.shape != (self.num_envs, *self.obs_shape):
+            raise ValueError(f"observations of shape {obs.shape}; expected {(self.num_envs, *self.obs_shape)}")
+        return obs
+
+    def _final_obs(self, next_obs: np.ndarray, done: np.ndarray, infos: Mapping[str, Any] | None) -> np.ndarray:
+        """Each slot's observation after this step: the final one where an episode ended."""
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP or not done.any():
+            return next_obs
+        if infos is None or "final_obs" not in infos:
+            raise ValueError("SAME_STEP autoreset: an episode ended but infos has no 'final_obs'")
+        final = next_obs.astype(np.float32, copy=True)
+        for slot in np.flatnonzero(done):
+            final[slot] = infos["final_obs"][slot]
+        return final
