@@ -89,15 +89,17 @@ def test_act_add_learn(name: str, env_id: str) -> None:
 
 def test_drop_stale() -> None:
     batch = {"version": np.array([3, 7, 5, 9], np.int64), "obs": np.arange(8, dtype=np.float32).reshape(4, 2)}
-    kept, dropped = drop_stale(batch, current_version=9, max_staleness=2)
+    weights = np.array([0.1, 0.2, 0.3, 0.4])
+    kept, kept_weights, dropped = drop_stale(batch, current_version=9, max_staleness=2, weights=weights)
     assert dropped == 2
     np.testing.assert_array_equal(kept["version"], [7, 9])
     np.testing.assert_array_equal(kept["obs"], [[2, 3], [6, 7]])
-    kept, dropped = drop_stale(batch, 9, None)
-    assert dropped == 0 and kept["version"] is batch["version"]
-    kept, dropped = drop_stale(batch, 9, 6)
-    assert dropped == 0 and len(kept["obs"]) == 4
-    kept, dropped = drop_stale(batch, 100, 0)
+    np.testing.assert_array_equal(kept_weights, [0.2, 0.4])  # importance weights follow their items
+    kept, kept_weights, dropped = drop_stale(batch, 9, None)
+    assert dropped == 0 and kept["version"] is batch["version"] and kept_weights is None
+    kept, kept_weights, dropped = drop_stale(batch, 9, 6, weights)
+    assert dropped == 0 and len(kept["obs"]) == 4 and kept_weights is weights
+    kept, _, dropped = drop_stale(batch, 100, 0)
     assert dropped == 4 and kept["obs"].shape == (0, 2)
     with pytest.raises(KeyError, match="version"):
         drop_stale({"obs": batch["obs"]}, 9, 2)

@@ -18,7 +18,7 @@ Learning (the learner service)::
 
     learner = algo.make_learner(cfg, obs_space, act_space, device=..., seed=exp_seed)
     learner.data                                      # DataSpec: how to sample for it
-    batch, dropped = drop_stale(batch, version, learner.data.max_staleness)
+    batch, weights, dropped = drop_stale(batch, version, learner.data.max_staleness, weights)
     metrics, priorities = learner.learn(batch, weights)    # built from compute_gradients + apply_gradients
     publish(learner.weights())                        # named float arrays, only what acting needs
 
@@ -189,20 +189,23 @@ class AlgorithmModule:
 
 
 def drop_stale(
-    batch: Mapping[str, np.ndarray], current_version: int, max_staleness: int | None
-) -> tuple[Columns, int]:
+    batch: Mapping[str, np.ndarray], current_version: int, max_staleness: int | None,
+    weights: np.ndarray | None = None,
+) -> tuple[Columns, np.ndarray | None, int]:
     """Keep the items acted with weights at most ``max_staleness`` versions older than ``current_version``.
 
-    Returns the kept rows of every column and how many were dropped. ``max_staleness`` None
-    keeps everything. Items need a ``version`` column (int64, one per item).
+    Returns the kept rows of every column, the kept rows of ``weights`` (per-item importance
+    weights, None stays None) and how many items were dropped. ``max_staleness`` None keeps
+    everything. Items need a ``version`` column (int64, one per item).
     """
     columns = dict(batch)
     if max_staleness is None:
-        return columns, 0
+        return columns, weights, 0
     if "version" not in columns:
         raise KeyError("batch has no 'version' column; every item carries the weights version it was acted with")
     keep = np.asarray(columns["version"]).reshape(-1) >= current_version - max_staleness
     dropped = int(keep.size - np.count_nonzero(keep))
     if dropped == 0:
-        return columns, 0
-    return {key: np.asarray(value)[keep] for key, value in columns.items()}, dropped
+        return columns, weights, 0
+    kept_weights = None if weights is None else np.asarray(weights)[keep]
+    return {key: np.asarray(value)[keep] for key, value in columns.items()}, kept_weights, dropped

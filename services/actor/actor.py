@@ -264,9 +264,9 @@ class ActorService:
         if not self.pending:
             return
         batch = {k: np.concatenate([c[k] for c in self.pending]) for k in self.pending[0]}
+        rows = self.pending_rows
         self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
         priorities = self.policy.priorities(batch)
-        rows = len(next(iter(batch.values())))
         end = None if deadline_s is None else time.monotonic() + deadline_s
         while end is not None or not self._stopping:
             try:

@@ -90,13 +90,11 @@ class Trainer:
             step = max(1, len(behind) // STALENESS_SAMPLES)  # a big batch: evenly spaced items, not all
             for b in behind[::step]:
                 self.m_staleness.observe(b)
-        kept, dropped = algorithms.drop_stale(data, self.version(), self.core.data.max_staleness)
+        kept, weights, dropped = algorithms.drop_stale(data, self.version(), self.core.data.max_staleness, weights)
         if dropped:
             self.m_dropped.labels("stale").inc(dropped)
-            if dropped == len(next(iter(data.values()))):
+            if len(kept["version"]) == 0:
                 return False
-            if weights is not None and behind is not None:  # importance weights follow the items kept
-                weights = np.asarray(weights)[behind <= (self.core.data.max_staleness or 0)]
         before = self.core.num_updates
         figures, priorities = self.core.learn(kept, weights)
         if priorities is not None and batch is not None and not dropped:  # (keys and priorities must match)
