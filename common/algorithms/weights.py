@@ -18,6 +18,18 @@ def publish_arrays(net: torch.nn.Module, prefix: str = "") -> dict[str, np.ndarr
     }
 
 
+def check_arrays(own: Mapping[str, tuple[int, ...]], arrays: Mapping[str, np.ndarray]) -> None:
+    """Raise ValueError unless ``arrays`` has exactly the names of ``own``, each of its shape."""
+    missing = sorted(set(own) - set(arrays))
+    extra = sorted(set(arrays) - set(own))
+    if missing or extra:
+        raise ValueError(f"weights do not fit the network: missing {missing}, unexpected {extra}")
+    for key, want in own.items():
+        shape = tuple(np.shape(arrays[key]))
+        if shape != tuple(want):
+            raise ValueError(f"weights {key!r} have shape {shape}; the network needs {tuple(want)}")
+
+
 def load_arrays(net: torch.nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
     """Copy named arrays into ``net``'s state_dict after checking names and shapes.
 
@@ -25,14 +37,7 @@ def load_arrays(net: torch.nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
     untouched.
     """
     own = net.state_dict()
-    missing = sorted(set(own) - set(arrays))
-    extra = sorted(set(arrays) - set(own))
-    if missing or extra:
-        raise ValueError(f"weights do not fit the network: missing {missing}, unexpected {extra}")
-    for key, tensor in own.items():
-        shape = tuple(np.shape(arrays[key]))
-        if shape != tuple(tensor.shape):
-            raise ValueError(f"weights {key!r} have shape {shape}; the network needs {tuple(tensor.shape)}")
+    check_arrays({key: tuple(tensor.shape) for key, tensor in own.items()}, arrays)
     with torch.no_grad():
         for key, tensor in own.items():
             tensor.copy_(to_device(np.asarray(arrays[key]), torch.device("cpu")))

@@ -23,6 +23,7 @@ from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, resol
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.dqn.networks import n_step_target, seeded_q_network
 from common.algorithms.dqn.policy import column
+from common.algorithms.optim import ClippedAdam
 from common.algorithms.weights import publish_arrays
 
 COLUMNS = ("obs", "action", "reward", "next_obs", "discount")
@@ -53,7 +54,8 @@ class DQNLearner:
         self.online = seeded_q_network(cfg, observation_space, action_space, seed).to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         # fused: one kernel for every parameter instead of a dozen small ops each (CPU and CUDA)
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
+        self.adam = ClippedAdam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.optimizer = self.adam.optimizer  # its state_dict is the checkpoint's
         self._online_params: list[torch.Tensor] = list(self.online.parameters())
         self._target_params: list[torch.Tensor] = list(self.target.parameters())
         self.num_updates = 0
@@ -96,15 +98,7 @@ class DQNLearner:
 
     def apply_gradients(self, grads: Grads) -> None:
         """Clip by global norm (as clip_grad_norm_), one Adam step, then the target network follows."""
-        with torch.no_grad():
-            q_grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads["q"], self._online_params,
-                                                                                 strict=True)]
-            if self.cfg.grad_clip is not None:  # scale by max_norm / (norm + 1e-6) when above
-                norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(q_grads)))
-                torch._foreach_mul_(q_grads, (self.cfg.grad_clip / (norm + 1e-6)).clamp_(max=1.0))
-            for param, grad in zip(self._online_params, q_grads, strict=True):
-                param.grad = grad
-        self.optimizer.step()
+        self.adam.step(grads["q"], self.cfg.grad_clip)
         self.num_updates += 1
         self._follow_target()
 

@@ -29,14 +29,15 @@ import torch
 
 from common.algorithms.contract import DataSpec, Grads
 from common.algorithms.device import cpu_copy, resolve_device
+from common.algorithms.optim import ClippedAdam
 from common.algorithms.ppo.config import PPOConfig
-from common.algorithms.ppo.losses import clipped_surrogate, gae, normalize_advantage, value_loss
+from common.algorithms.ppo.losses import clipped_surrogate, gae, normalize_advantage, normalize_chunks, value_loss
 from common.algorithms.ppo.networks import RunningMeanStd, seeded_networks
-from common.algorithms.weights import publish_arrays
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: actor and critic hidden layers stacked (TwinMLP)
 SEGMENT_COLUMNS = ("obs", "action", "reward", "terminated", "truncated", "final_obs", "logp", "bootstrap_obs")
 MINIBATCH_COLUMNS = ("obs", "action", "logp", "advantage", "return", "old_value")
+FIGURES = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")  # per minibatch, averaged
 
 
 class PPOLearner:
@@ -61,7 +62,8 @@ class PPOLearner:
                              item_steps=cfg.segment_length)
         self.net = seeded_networks(cfg, observation_space, action_space, seed).to(self.device)
         self._params = list(self.net.parameters())
-        self.optimizer = torch.optim.Adam(self._params, lr=cfg.lr, eps=cfg.adam_eps, fused=True)  # one kernel for all
+        self.adam = ClippedAdam(self._params, lr=cfg.lr, eps=cfg.adam_eps)
+        self.optimizer = self.adam.optimizer
         assert observation_space.shape is not None
         self.obs_rms = RunningMeanStd(tuple(observation_space.shape), cfg.obs_clip) if cfg.obs_norm else None
         self.rng = np.random.default_rng([seed, 2])  # minibatch order
@@ -118,18 +120,22 @@ class PPOLearner:
         n = len(rows["advantage"])
         # a round whose actor count changed at run time (compose --scale) may not split evenly: its last
         # minibatch is smaller (start-up refuses a configured fleet that does not split: check_fleet)
-        totals: dict[str, float] = {}
+        totals = torch.zeros(len(FIGURES), device=self.device)  # summed on the device: no sync per step
+        size = cfg.minibatch_size
         for _ in range(cfg.epochs):
+            # one gather per epoch, then minibatches are slices; advantages normalised per minibatch
             order = torch.as_tensor(self.rng.permutation(n), device=self.device)
-            for start in range(0, n, cfg.minibatch_size):
-                idx = order[start:start + cfg.minibatch_size]
-                grads, metrics, _ = self.compute_gradients({key: value[idx] for key, value in rows.items()})
+            epoch = {key: value[order] for key, value in rows.items()}
+            if cfg.normalize_advantage:
+                epoch["advantage"] = normalize_chunks(epoch["advantage"], size)
+            for start in range(0, n, size):
+                grads, step_figures = self._gradients(
+                    {key: value[start:start + size] for key, value in epoch.items()}, normalized=True)
                 self.apply_gradients(grads)
-                for key, value in metrics.items():
-                    totals[key] = totals.get(key, 0.0) + value
+                totals += step_figures
         steps = cfg.epochs * -(-n // cfg.minibatch_size)
         self.env_steps += n
-        figures = {key: value / steps for key, value in totals.items()}
+        figures = dict(zip(FIGURES, (totals / steps).tolist(), strict=True))
         figures.update(lr=self._lr(), clip_range=self._clip(), env_steps_trained=float(self.env_steps),
                        value_drift=float(np.abs(np.asarray(batch["value"], np.float32).reshape(-1)
                                                 - rows["old_value"].cpu().numpy()).mean()) if "value" in batch
@@ -144,35 +150,35 @@ class PPOLearner:
         loss = clipped surrogate + vf_coef * value loss - ent_coef * entropy; grads {"policy": [...]}
         over actor, critic and log-std (one optimizer).
         """
+        grads, figures = self._gradients(batch, normalized=False)
+        return grads, dict(zip(FIGURES, figures.tolist(), strict=True)), None
+
+    def _gradients(self, batch: Mapping[str, Any], normalized: bool) -> tuple[Grads, torch.Tensor]:
+        """The gradients and the :data:`FIGURES` as one tensor (left on the device); ``normalized``:
+        the advantages are normalised already."""
         cfg = self.cfg
-        b = {key: torch.as_tensor(batch[key]).to(self.device) for key in MINIBATCH_COLUMNS}
-        logp, entropy = self.net.logp_entropy(b["obs"].float(), b["action"])
-        value = self.net.value(b["obs"].float())
-        log_ratio = logp - b["logp"].float()
+        obs, action, old_logp, advantage, returns, old_value = (
+            torch.as_tensor(batch[key], device=self.device) for key in MINIBATCH_COLUMNS)
+        logp, entropy, value = self.net.evaluate(obs.float(), action)
+        log_ratio = logp - old_logp
         ratio = log_ratio.exp()
-        advantage = normalize_advantage(b["advantage"]) if cfg.normalize_advantage else b["advantage"]
+        if cfg.normalize_advantage and not normalized:
+            advantage = normalize_advantage(advantage)
         clip = self._clip()
         policy_loss = clipped_surrogate(ratio, advantage, clip)
-        v_loss = value_loss(value, b["old_value"], b["return"], cfg.clip_range_vf)
+        v_loss = value_loss(value, old_value, returns, cfg.clip_range_vf)
         entropy_mean = entropy.mean()
         loss = policy_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy_mean
         grads = list(torch.autograd.grad(loss, self._params, allow_unused=True))
         with torch.no_grad():
             approx_kl = ((ratio - 1) - log_ratio).mean()
             clip_fraction = ((ratio - 1).abs() > clip).float().mean()
-            figures = torch.stack([loss, policy_loss, v_loss, entropy_mean, approx_kl, clip_fraction]).cpu()
-        names = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
-        return {"policy": grads}, dict(zip(names, figures.tolist(), strict=True)), None
+            figures = torch.stack([loss, policy_loss, v_loss, entropy_mean, approx_kl, clip_fraction])
+        return {"policy": grads}, figures
 
     def apply_gradients(self, grads: Grads) -> None:
         """Global-norm clip (max_grad_norm), the annealed lr, one Adam step."""
-        for param, grad in zip(self._params, grads["policy"], strict=True):
-            param.grad = grad
-        if self.cfg.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self._params, self.cfg.max_grad_norm)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self._lr()
-        self.optimizer.step()
+        self.adam.step(grads["policy"], self.cfg.max_grad_norm, self._lr())
         self.num_updates += 1
 
     def _lr(self) -> float:
@@ -192,7 +198,7 @@ class PPOLearner:
 
     def weights(self) -> dict[str, np.ndarray]:
         """Actor, critic (the policy's value extra), log-std; with obs_norm its statistics."""
-        arrays = publish_arrays(self.net)
+        arrays = self.net.arrays()
         if self.obs_rms is not None:
             arrays.update(self.obs_rms.arrays())
         return arrays

@@ -4,7 +4,8 @@
 - :func:`clipped_surrogate`: -E[min(r A, clip(r, 1-e, 1+e) A)].
 - :func:`value_loss`: E[(V - R)^2], or with value clipping E[max((V - R)^2, (V_clip - R)^2)]
   with V_clip = V_old + clip(V - V_old, -c, c) (PPO2 / CleanRL).
-- :func:`normalize_advantage`: zero mean, unit std (per minibatch).
+- :func:`normalize_advantage`: zero mean, unit std (per minibatch); :func:`normalize_chunks`: of
+  every minibatch of an epoch at once.
 """
 
 from __future__ import annotations
@@ -48,6 +49,21 @@ def normalize_advantage(advantage: torch.Tensor) -> torch.Tensor:
     if advantage.numel() < 2:
         return advantage
     return (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+
+
+def normalize_chunks(advantage: torch.Tensor, size: int) -> torch.Tensor:
+    """:func:`normalize_advantage` of each run of ``size`` rows (the minibatches of an epoch), at once."""
+    full = len(advantage) // size * size
+    parts = []
+    if full:
+        chunks = advantage[:full].reshape(-1, size)
+        if size < 2:
+            parts.append(advantage[:full])
+        else:
+            parts.append(((chunks - chunks.mean(1, keepdim=True)) / (chunks.std(1, keepdim=True) + 1e-8)).reshape(-1))
+    if full < len(advantage):
+        parts.append(normalize_advantage(advantage[full:]))
+    return torch.cat(parts) if len(parts) != 1 else parts[0]
 
 
 def clipped_surrogate(ratio: torch.Tensor, advantage: torch.Tensor, clip: float) -> torch.Tensor:

@@ -3,12 +3,18 @@ log-std for continuous actions, and running observation normalisation.
 
 Orthogonal initialisation as in SB3 and CleanRL: gain sqrt(2) on hidden layers,
 0.01 on the policy head (near-uniform first policy), 1 on the value head, zero biases.
+
+The learner trains actor and critic as one :class:`TwinMLP`: their hidden layers (same widths)
+are stacked and run as one batched matmul per layer, which halves the kernel launches of a
+minibatch step (on 64-row minibatches the launches, not the arithmetic, are the cost). What
+is published keeps the plain layout of two ``nn.Sequential`` MLPs (``actor.0.weight`` [out, in],
+...), which acting reads in numpy.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -16,6 +22,7 @@ import torch
 from torch import nn
 
 from common.algorithms.ppo.config import PPOConfig
+from common.algorithms.weights import check_arrays
 
 NumpyLayers = list[tuple[np.ndarray, np.ndarray]]
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -37,10 +44,61 @@ def mlp(inputs: int, hidden: Sequence[int], outputs: int, activation: str, out_g
     return nn.Sequential(*layers, head)
 
 
+class TwinMLP(nn.Module):
+    """Two MLPs of the same hidden widths over the same input: ``forward(x) -> (first(x), second(x))``.
+
+    Hidden layer i is ``weight[i]`` [2, in, out] and ``bias[i]`` [2, 1, out] (index 0: first MLP,
+    1: second); the heads are plain linears. Built from two ``nn.Sequential`` of :func:`mlp`,
+    whose initialisation (and RNG use) it keeps.
+    """
+
+    def __init__(self, first: nn.Sequential, second: nn.Sequential, activation: str) -> None:
+        super().__init__()
+        pairs = [(a, b) for a, b in zip(first, second, strict=True)
+                 if isinstance(a, nn.Linear) and isinstance(b, nn.Linear)]
+        with torch.no_grad():
+            self.weight = nn.ParameterList(
+                [nn.Parameter(torch.stack([a.weight.t(), b.weight.t()]).contiguous()) for a, b in pairs[:-1]])
+            self.bias = nn.ParameterList(
+                [nn.Parameter(torch.stack([a.bias, b.bias]).unsqueeze(1).contiguous()) for a, b in pairs[:-1]])
+        self.head_first, self.head_second = pairs[-1]
+        # plain references for the forward passes: module calls and ParameterList iteration cost more
+        # than the matmuls of a 64-row minibatch (``.to(device)`` keeps these Parameter objects)
+        self._hidden: list[tuple[torch.Tensor, torch.Tensor]] = list(zip(self.weight, self.bias, strict=True))
+        self._heads: tuple[tuple[torch.Tensor, torch.Tensor], ...] = (
+            (self.head_first.weight, self.head_first.bias), (self.head_second.weight, self.head_second.bias))
+        self._fn: Callable[[torch.Tensor], torch.Tensor] = torch.tanh if activation == "tanh" else torch.relu
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        (wa, ba), (wc, bc) = self._heads
+        if not self._hidden:
+            return torch.addmm(ba, x, wa.t()), torch.addmm(bc, x, wc.t())
+        h = x.expand(2, *x.shape)
+        for weight, bias in self._hidden:
+            h = self._fn(torch.baddbmm(bias, h, weight))
+        return torch.addmm(ba, h[0], wa.t()), torch.addmm(bc, h[1], wc.t())
+
+    def one(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Only the first (0) or the second (1) MLP's output."""
+        h = x
+        for weight, bias in self._hidden:
+            h = self._fn(torch.addmm(bias[index], h, weight[index]))
+        w, b = self._heads[index]
+        return torch.addmm(b, h, w.t())
+
+    def layers(self, index: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(weight [out, in], bias [out]) per linear of one MLP, as ``nn.Linear`` holds them."""
+        head = self.head_first if index == 0 else self.head_second
+        hidden = [(w[index].t(), b[index, 0]) for w, b in zip(self.weight, self.bias, strict=True)]
+        return [*hidden, (head.weight, head.bias)]
+
+
 class PPONetworks(nn.Module):
     """actor(obs) -> logits (Discrete) or Gaussian mean (Box); critic(obs) -> V; log_std (Box only).
 
-    Observations come in normalised (see :class:`RunningMeanStd`) and flat.
+    Observations come in normalised (see :class:`RunningMeanStd`) and flat. ``arrays()`` /
+    ``load_arrays()`` speak the published layout: ``actor.{2i}.weight``/``.bias`` and
+    ``critic.{2i}...`` as two ``nn.Sequential`` MLPs would name them, and ``log_std``.
     """
 
     def __init__(self, cfg: PPOConfig, observation_space: gym.Space, action_space: gym.Space) -> None:
@@ -53,28 +111,59 @@ class PPONetworks(nn.Module):
         else:
             assert action_space.shape is not None
             outputs = int(np.prod(action_space.shape, dtype=np.int64))
-        self.actor = mlp(obs_dim, cfg.hidden, outputs, cfg.activation, 0.01)
-        self.critic = mlp(obs_dim, cfg.hidden, 1, cfg.activation, 1.0)
+        actor = mlp(obs_dim, cfg.hidden, outputs, cfg.activation, 0.01)
+        critic = mlp(obs_dim, cfg.hidden, 1, cfg.activation, 1.0)
+        self.twin = TwinMLP(actor, critic, cfg.activation)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((outputs,), float(cfg.log_std_init)))
 
+    def actor(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.twin.one(obs.flatten(1), 0)
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs.flatten(1)).squeeze(1)  # type: ignore[no-any-return]
+        return self.twin.one(obs.flatten(1), 1).squeeze(1)
 
     def logp_entropy(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """log pi(action | obs) and the policy's entropy at obs, one per row."""
-        out = self.actor(obs.flatten(1))
+        logp, entropy, _ = self.evaluate(obs, action)
+        return logp, entropy
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """log pi(action | obs), the policy's entropy and V(obs), one per row, in one pass."""
+        out, value = self.twin(obs.flatten(1))
         if self.discrete:
             logp_all = torch.log_softmax(out, dim=1)
             logp = logp_all.gather(1, action.long().reshape(-1, 1)).squeeze(1)
             entropy = -(logp_all.exp() * logp_all).sum(dim=1)
-            return logp, entropy
+            return logp, entropy, value.squeeze(1)
         action = action.reshape(out.shape)
         log_std = self.log_std.expand_as(out)
         z = (action - out) * torch.exp(-log_std)
         logp = (-0.5 * z.pow(2) - log_std - 0.5 * LOG_2PI).sum(dim=1)
         entropy = (0.5 + 0.5 * LOG_2PI + log_std).sum(dim=1)
-        return logp, entropy
+        return logp, entropy, value.squeeze(1)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """CPU float32 copies in the published layout."""
+        named: dict[str, torch.Tensor] = {}
+        for index, prefix in ((0, "actor"), (1, "critic")):
+            for i, (weight, bias) in enumerate(self.twin.layers(index)):
+                named[f"{prefix}.{2 * i}.weight"], named[f"{prefix}.{2 * i}.bias"] = weight, bias
+        if not self.discrete:
+            named["log_std"] = self.log_std
+        return {key: np.ascontiguousarray(value.detach().to("cpu", torch.float32, copy=True).numpy())
+                for key, value in named.items()}
+
+    def load_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Copy in arrays of the published layout, all checked (names, shapes) before any is copied."""
+        check_arrays({key: value.shape for key, value in self.arrays().items()}, arrays)
+        with torch.no_grad():
+            for index, prefix in ((0, "actor"), (1, "critic")):
+                for i, (weight, bias) in enumerate(self.twin.layers(index)):
+                    weight.copy_(torch.as_tensor(np.asarray(arrays[f"{prefix}.{2 * i}.weight"])))
+                    bias.copy_(torch.as_tensor(np.asarray(arrays[f"{prefix}.{2 * i}.bias"])))
+            if not self.discrete:
+                self.log_std.copy_(torch.as_tensor(np.asarray(arrays["log_std"])))
 
 
 def seeded_networks(cfg: PPOConfig, observation_space: gym.Space, action_space: gym.Space, seed: int) -> PPONetworks:
@@ -84,11 +173,15 @@ def seeded_networks(cfg: PPOConfig, observation_space: gym.Space, action_space: 
         return PPONetworks(cfg, observation_space, action_space)
 
 
-def numpy_layers(net: nn.Sequential) -> NumpyLayers:
-    """(W^T, b) float32 copies per Linear of ``net``, for :func:`numpy_mlp`."""
-    with torch.no_grad():
-        return [(np.array(m.weight.t().cpu().numpy(), np.float32, order="C"), m.bias.cpu().numpy().astype(np.float32))
-                for m in net if isinstance(m, nn.Linear)]
+def numpy_layers(arrays: Mapping[str, np.ndarray], prefix: str) -> NumpyLayers:
+    """(W^T, b) float32 copies per linear of the MLP ``prefix`` of :meth:`PPONetworks.arrays`."""
+    layers = []
+    i = 0
+    while f"{prefix}.{i}.weight" in arrays:
+        layers.append((np.array(np.asarray(arrays[f"{prefix}.{i}.weight"]).T, np.float32, order="C"),
+                       np.array(arrays[f"{prefix}.{i}.bias"], np.float32)))
+        i += 2
+    return layers
 
 
 def numpy_mlp(layers: NumpyLayers, x: np.ndarray, activation: str) -> np.ndarray:

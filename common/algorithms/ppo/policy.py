@@ -18,7 +18,7 @@ import torch
 from common.algorithms.contract import Columns, SeedLike
 from common.algorithms.ppo.config import PPOConfig
 from common.algorithms.ppo.networks import LOG_2PI, normalize, numpy_layers, numpy_mlp, seeded_networks
-from common.algorithms.weights import load_arrays
+from common.algorithms.weights import check_arrays
 
 NORM_KEYS = ("obs_norm.mean", "obs_norm.var", "obs_norm.count")
 
@@ -40,8 +40,9 @@ class PPOPolicy:
 
         check_env(cfg, observation_space, action_space)
         self.cfg = cfg
-        self.net = seeded_networks(cfg, observation_space, action_space, seed).eval()
-        self.discrete = self.net.discrete
+        net = seeded_networks(cfg, observation_space, action_space, seed)
+        self.discrete = net.discrete
+        self._shapes = {key: value.shape for key, value in net.arrays().items()}  # what load_weights accepts
         if not self.discrete:
             assert isinstance(action_space, gym.spaces.Box)
             self.low = action_space.low.reshape(-1).astype(np.float32)
@@ -51,12 +52,12 @@ class PPOPolicy:
         shape = tuple(observation_space.shape)
         self.obs_mean, self.obs_var = np.zeros(shape, np.float32), np.ones(shape, np.float32)
         self.rng = np.random.default_rng(seed if act_seed is None else act_seed)
-        self._refresh()
+        self._use(net.arrays())
 
-    def _refresh(self) -> None:
-        self._actor = numpy_layers(self.net.actor)
-        self._critic = numpy_layers(self.net.critic)
-        self._log_std = self.net.log_std.detach().numpy().astype(np.float64) if not self.discrete else None
+    def _use(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self._actor = numpy_layers(arrays, "actor")
+        self._critic = numpy_layers(arrays, "critic")
+        self._log_std = None if self.discrete else np.array(arrays["log_std"], np.float64)
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         """The networks' arrays (checked as DQN's) and, with obs_norm, the normalisation statistics."""
@@ -70,11 +71,12 @@ class PPOPolicy:
                     raise ValueError(f"weights {key!r} have shape {np.shape(norm[key])}; need {self.obs_mean.shape}")
         elif norm:
             raise ValueError(f"weights do not fit the policy: unexpected {sorted(norm)} (obs_norm is off)")
-        load_arrays(self.net, {key: value for key, value in weights.items() if key not in NORM_KEYS})
+        arrays = {key: value for key, value in weights.items() if key not in NORM_KEYS}
+        check_arrays(self._shapes, arrays)
         if norm:
             self.obs_mean = np.array(norm["obs_norm.mean"], np.float32)
             self.obs_var = np.array(norm["obs_norm.var"], np.float32)
-        self._refresh()
+        self._use(arrays)
 
     def explore(self, actor_index: int, num_actors: int, fleet_env_steps: int) -> dict[str, float]:
         """PPO explores by sampling its own stochastic policy: nothing to set."""
