@@ -1,0 +1,100 @@
+"""The learners' fast update paths give what the plain torch ones give.
+
+- ClippedAdam (common/algorithms/optim.py) against clip_grad_norm_ + torch.optim.Adam.
+- PPO's TwinMLP (actor and critic hidden layers stacked) against the two nn.Sequential MLPs
+  it was built from, and its published layout round-tripping through a policy.
+- normalize_chunks against normalize_advantage minibatch by minibatch.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from common.algorithms.optim import ClippedAdam
+from common.algorithms.ppo.config import PPOConfig
+from common.algorithms.ppo.learner import PPOLearner
+from common.algorithms.ppo.losses import normalize_advantage, normalize_chunks
+from common.algorithms.ppo.networks import TwinMLP, mlp
+from common.algorithms.ppo.policy import PPOPolicy
+
+
+@pytest.mark.parametrize("max_norm", [0.5, None, 1e6])
+def test_clipped_adam_matches_clip_grad_norm_and_adam(max_norm: float | None) -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    ref = copy.deepcopy(net)
+    fast = ClippedAdam(net.parameters(), lr=1e-3, eps=1e-5)
+    plain = torch.optim.Adam(ref.parameters(), lr=1e-3, eps=1e-5)
+    for _ in range(20):
+        x = torch.randn(16, 6) * 5
+        grads = list(torch.autograd.grad(net(x).pow(2).sum(), list(net.parameters())))
+        norm = fast.step(grads, max_norm)
+        plain.zero_grad()
+        ref(x).pow(2).sum().backward()
+        if max_norm is not None:
+            want = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm)
+            assert norm is not None and float(norm) == pytest.approx(float(want), rel=1e-5)
+        plain.step()
+    for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # the state is Adam's own: a plain Adam loads it and steps on identically
+    assert fast.optimizer.state_dict()["state"][0]["step"] == 20
+    plain.load_state_dict(fast.optimizer.state_dict())
+
+
+def test_clipped_adam_lr_and_missing_grads() -> None:
+    w = torch.nn.Parameter(torch.ones(3))
+    unused = torch.nn.Parameter(torch.ones(2))
+    fast = ClippedAdam([w, unused], lr=0.1)
+    fast.step([torch.ones(3), None], None, lr=0.01)
+    torch.testing.assert_close(w.detach(), torch.full((3,), 0.99))  # Adam's first step moves lr
+    torch.testing.assert_close(unused.detach(), torch.ones(2))
+    assert fast.optimizer.param_groups[0]["lr"] == 0.01
+
+
+@pytest.mark.parametrize("hidden", [[16, 8], []])
+def test_twin_mlp_matches_its_two_mlps(hidden: list[int]) -> None:
+    torch.manual_seed(1)
+    first, second = mlp(5, hidden, 3, "tanh", 0.01), mlp(5, hidden, 1, "tanh", 1.0)
+    twin = TwinMLP(copy.deepcopy(first), copy.deepcopy(second), "tanh")
+    x = torch.randn(7, 5)
+    a, c = twin(x)
+    torch.testing.assert_close(a, first(x))
+    torch.testing.assert_close(c, second(x))
+    torch.testing.assert_close(twin.one(x, 0), first(x))
+    torch.testing.assert_close(twin.one(x, 1), second(x))
+
+
+@pytest.mark.parametrize("space", [gym.spaces.Discrete(4), gym.spaces.Box(-1.0, 2.0, (2,))])
+def test_published_layout_round_trips_to_the_policy(space: gym.Space) -> None:
+    cfg = PPOConfig(hidden=[16, 16])
+    obs_space = gym.spaces.Box(-1.0, 1.0, (5,))
+    learner = PPOLearner(cfg, obs_space, space, device="cpu", seed=3)
+    with torch.no_grad():  # move away from the policy's own seeded start
+        for p in learner.net.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    weights = learner.weights()
+    assert {"actor.0.weight", "actor.2.weight", "actor.4.bias", "critic.4.weight"} <= set(weights)
+    assert weights["actor.0.weight"].shape == (16, 5)  # nn.Linear's [out, in]
+    policy = PPOPolicy(cfg, obs_space, space, seed=0)
+    policy.load_weights(weights)
+    obs = np.random.default_rng(0).uniform(-1, 1, (6, 5)).astype(np.float32)
+    _, extras = policy.act(obs, deterministic=True)
+    with torch.no_grad():
+        want = learner.net.value(torch.from_numpy(obs)).numpy()
+    np.testing.assert_allclose(extras["value"], want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"actor\.0\.weight.*shape"):
+        policy.load_weights({**weights, "actor.0.weight": np.zeros((16, 4), np.float32)})
+
+
+@pytest.mark.parametrize("n", [12, 14, 3])
+def test_normalize_chunks_is_per_minibatch(n: int) -> None:
+    adv = torch.randn(n) * 3 + 1
+    got = normalize_chunks(adv, 4)
+    want = torch.cat([normalize_advantage(adv[i:i + 4]) for i in range(0, n, 4)])
+    torch.testing.assert_close(got, want)
