@@ -15,7 +15,7 @@ implementation runs with the gradients scaled first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch.optim import adam
@@ -43,7 +43,7 @@ class ClippedAdam:
         return ([state[p]["exp_avg"] for p in self.params], [state[p]["exp_avg_sq"] for p in self.params],
                 [state[p]["step"] for p in self.params])
 
-    def step(self, grads: list[torch.Tensor | None], max_grad_norm: float | None = None,
+    def step(self, grads: Sequence[torch.Tensor | None], max_grad_norm: float | None = None,
              lr: float | None = None) -> torch.Tensor | None:
         """Clip ``grads`` (one per parameter, None = zero) to ``max_grad_norm``, one Adam step at ``lr``.
 
