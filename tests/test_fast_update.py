@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
+from common.algorithms.mlp import TwinMLP, mlp
 from common.algorithms.optim import ClippedAdam
 from common.algorithms.ppo.config import PPOConfig
 from common.algorithms.ppo.learner import PPOLearner
 from common.algorithms.ppo.losses import normalize_advantage, normalize_chunks
-from common.algorithms.ppo.networks import TwinMLP, mlp
 from common.algorithms.ppo.policy import PPOPolicy
 
 

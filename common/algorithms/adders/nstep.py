@@ -58,7 +58,11 @@ class NStepAdder(VectorStepAdder):
         gamma: float,
         obs_shape: tuple[int, ...],
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        action_shape: tuple[int, ...] = (),
+        action_dtype: type | np.dtype = np.int64,
     ) -> None:
+        """``action_shape`` / ``action_dtype``: one action as stored (``()`` int64 for Discrete;
+        ``(A,)`` float32 for a Box of A dimensions)."""
         if n_step < 1:
             raise ValueError(f"n_step={n_step}; allowed: >= 1")
         super().__init__(num_envs, obs_shape, autoreset_mode)
@@ -71,7 +75,8 @@ class NStepAdder(VectorStepAdder):
         # Per slot: a ring of the last n (obs, action, reward); `_length` entries
         # are open windows, the oldest at (_head - _length) % n.
         self._obs = np.zeros((num_envs, n_step, *self.obs_shape), np.float32)
-        self._action = np.zeros((num_envs, n_step), np.int64)
+        self.action_shape, self.action_dtype = tuple(action_shape), np.dtype(action_dtype)
+        self._action = np.zeros((num_envs, n_step, *self.action_shape), self.action_dtype)
         self._reward = np.zeros((num_envs, n_step), np.float64)
         self._version = np.zeros((num_envs, n_step), np.int64)
         self._head = np.zeros(num_envs, np.int64)
@@ -106,7 +111,11 @@ class NStepAdder(VectorStepAdder):
         slots = np.flatnonzero(valid)
         head = self._head[slots]
         self._obs[slots, head] = self._current[slots]
-        self._action[slots, head] = np.asarray(actions, np.int64)[slots]
+        actions = np.asarray(actions, self.action_dtype)
+        if actions.shape[1:] != self.action_shape:
+            raise ValueError(f"actions of shape {actions.shape}; this adder stores actions of shape"
+                             f" {self.action_shape} per env slot")
+        self._action[slots, head] = actions[slots]
         self._reward[slots, head] = np.asarray(rewards, np.float64)[slots]
         self._version[slots, head] = version
         self._head[slots] = (head + 1) % self.n_step

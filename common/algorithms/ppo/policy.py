@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 from common.algorithms.contract import Columns, SeedLike
+from common.algorithms.mlp import numpy_layers, numpy_mlp
 from common.algorithms.ppo.config import PPOConfig
-from common.algorithms.ppo.networks import LOG_2PI, normalize, numpy_layers, numpy_mlp, seeded_networks
+from common.algorithms.ppo.networks import LOG_2PI, normalize, seeded_networks
 from common.algorithms.weights import check_arrays
 
 NORM_KEYS = ("obs_norm.mean", "obs_norm.var", "obs_norm.count")
