@@ -16,8 +16,9 @@ from tests.toy_envs import Reach
 SMALL: dict[str, dict[str, Any]] = {
     "dqn": {"hidden": [8], "batch_size": 8},
     "ppo": {"hidden": [8], "segment_length": 4, "batch_segments": 2, "minibatch_size": 4, "epochs": 2},
+    "sac": {"hidden": [8], "batch_size": 8, "learning_starts": 0},
 }
-ENVS = [("dqn", "CartPole-v1"), ("ppo", "CartPole-v1"), ("ppo", "reach")]
+ENVS = [("dqn", "CartPole-v1"), ("ppo", "CartPole-v1"), ("ppo", "reach"), ("sac", "reach")]
 
 
 def make(env: str) -> gym.Env:

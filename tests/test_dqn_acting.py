@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from common.algorithms.contract import beta_schedule
 from common.algorithms.dqn.config import DQNConfig
-from common.algorithms.dqn.learner import DQNLearner, beta_schedule
+from common.algorithms.dqn.learner import DQNLearner
 from common.algorithms.dqn.policy import DQNPolicy, actor_epsilon, apex_epsilon, scheduled_epsilon
 from tests.dqn_helpers import ACT_SPACE, OBS_SPACE
 

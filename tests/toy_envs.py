@@ -66,3 +66,20 @@ class UnboundedReach(Reach):
     def __init__(self) -> None:
         super().__init__()
         self.action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+
+
+class LopsidedReach(Reach):
+    """Reach with asymmetric action bounds, Box(-2, 0.5): left fast, right slowly. An action outside
+    the bounds is an error here (the env checks what it is given, as a real robot's driver would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.action_space = gym.spaces.Box(np.array([-2.0], np.float32), np.array([0.5], np.float32))
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        a = np.asarray(action, np.float32).reshape(1)
+        if not self.action_space.contains(a):
+            raise ValueError(f"action {a} outside {self.action_space}")
+        self.pos = float(np.clip(self.pos + 0.25 * float(a[0]), -2.0, 2.0))
+        self.steps += 1
+        return self._obs(), -abs(self.pos - self.target), False, self.steps >= 20, {}

@@ -209,3 +209,9 @@ def drop_stale(
         return columns, weights, 0
     kept_weights = None if weights is None else np.asarray(weights)[keep]
     return {key: np.asarray(value)[keep] for key, value in columns.items()}, kept_weights, dropped
+
+
+def beta_schedule(updates: int, beta_start: float, beta_updates: int) -> float:
+    """Prioritized replay's importance-sampling exponent: linear from ``beta_start`` to 1 over
+    ``beta_updates`` updates (what a learner's ``beta()`` returns)."""
+    return float(min(1.0, beta_start + (1.0 - beta_start) * updates / beta_updates))

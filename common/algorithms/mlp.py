@@ -65,12 +65,18 @@ class TwinMLP(nn.Module):
             (self.head_first.weight, self.head_first.bias), (self.head_second.weight, self.head_second.bias))
         self._fn: Callable[[torch.Tensor], torch.Tensor] = torch.tanh if activation == "tanh" else torch.relu
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, detached: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both outputs. ``detached``: through detached parameters (gradients reach ``x``, not the
+        parameters: SAC's actor loss goes through the critics without training them)."""
         (wa, ba), (wc, bc) = self._heads
-        if not self._hidden:
+        hidden = self._hidden
+        if detached:
+            wa, ba, wc, bc = wa.detach(), ba.detach(), wc.detach(), bc.detach()
+            hidden = [(w.detach(), b.detach()) for w, b in hidden]
+        if not hidden:
             return torch.addmm(ba, x, wa.t()), torch.addmm(bc, x, wc.t())
         h = x.expand(2, *x.shape)
-        for weight, bias in self._hidden:
+        for weight, bias in hidden:
             h = self._fn(torch.baddbmm(bias, h, weight))
         return torch.addmm(ba, h[0], wa.t()), torch.addmm(bc, h[1], wc.t())
 

@@ -24,7 +24,7 @@ from torch.optim import adam
 class ClippedAdam:
     """``torch.optim.Adam`` (``self.optimizer``, for checkpoints) stepped from a list of gradients."""
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, eps: float = 1e-8,
+    def __init__(self, params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8,
                  betas: tuple[float, float] = (0.9, 0.999)) -> None:
         self.params: list[torch.Tensor] = list(params)
         self.fused = all(p.device.type in ("cpu", "cuda") for p in self.params)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.algorithms.contract import DataSpec, Grads
+from common.algorithms.contract import DataSpec, Grads, beta_schedule
 from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, resolve_device, to_device
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.dqn.networks import n_step_target, seeded_q_network
@@ -28,11 +28,6 @@ from common.algorithms.weights import publish_arrays
 
 COLUMNS = ("obs", "action", "reward", "next_obs", "discount")
 CHECKPOINT_FORMAT = 1  # unchanged by the move to compute/apply: same networks, same optimizer
-
-
-def beta_schedule(updates: int, beta_start: float, beta_updates: int) -> float:
-    """Importance-sampling exponent, linear from beta_start to 1 over beta_updates."""
-    return float(min(1.0, beta_start + (1.0 - beta_start) * updates / beta_updates))
 
 
 class DQNLearner:

@@ -1,0 +1,164 @@
+"""The SAC learner: critics, actor and temperature from one sampled batch of (n-step) transitions.
+
+One update, as SB3's and CleanRL's SAC, with every gradient taken from the same parameters
+(so compute and apply split cleanly for data-parallel learners and gradient workers):
+
+    y        = r + discount * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s')
+    critics  = 0.5 * (E[(Q1(s,a) - y)^2] + E[(Q2(s,a) - y)^2])   (importance-weighted when prioritized)
+    actor    = E[alpha * log pi(a~|s) - min(Q1, Q2)(s, a~)],      a~ ~ pi(.|s), reparameterised
+    alpha    = E[-log_alpha * (log pi(a~|s) + target_entropy)]    ('auto' only)
+
+then the target critics follow by Polyak (tau). SB3 steps the temperature, then the critics,
+then the actor against the critics just stepped; here all three come from the parameters
+before the update. One actor pass covers s and s'; the actor loss goes through the critics with
+their parameters detached, so one backward pass gives every gradient; both critics are one
+batched matmul per layer (TwinMLP). Figures and priorities leave the device once, at the end
+of compute_gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from common.algorithms.contract import DataSpec, Grads, beta_schedule
+from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, resolve_device, to_device
+from common.algorithms.optim import ClippedAdam
+from common.algorithms.sac.config import SACConfig
+from common.algorithms.sac.networks import ActionScale, dims, seeded_networks, squashed_sample
+from common.algorithms.weights import publish_arrays
+
+COLUMNS = ("obs", "action", "reward", "next_obs", "discount")
+CHECKPOINT_FORMAT = 1
+PRIORITY_EPS = 1e-6
+FIGURES = ("critic_loss", "actor_loss", "alpha", "entropy", "q_mean")
+
+
+class SACLearner:
+    """Actor, twin critics and their targets, three Adams, the temperature. No sockets."""
+
+    def __init__(
+        self,
+        cfg: SACConfig,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        *,
+        device: str | torch.device = "auto",
+        seed: int = 0,
+    ) -> None:
+        from common.algorithms.sac import check_env
+
+        check_env(cfg, observation_space, action_space)
+        assert isinstance(action_space, gym.spaces.Box)
+        self.cfg = cfg
+        self.device = resolve_device(device)
+        self.data = DataSpec(table_kinds=SACConfig.table_kinds, batch_items=cfg.batch_size, returns_priorities=True,
+                             max_staleness=None, round="updates")
+        self.nets = seeded_networks(cfg, observation_space, action_space, seed).to(self.device)
+        self.scale = ActionScale(action_space)
+        self.act_dim = dims(observation_space, action_space)[1]
+        self.target_entropy = float(-self.act_dim if cfg.target_entropy == "auto" else cfg.target_entropy)
+        self.auto_alpha = cfg.ent_coef == "auto"
+        start = cfg.ent_coef_init if cfg.ent_coef == "auto" else float(cfg.ent_coef)
+        self.log_alpha = torch.tensor(math.log(start), device=self.device, requires_grad=self.auto_alpha)
+        self._actor: list[torch.Tensor] = list(self.nets.actor.parameters())
+        self._critic: list[torch.Tensor] = list(self.nets.critic.parameters())
+        self._target: list[torch.Tensor] = list(self.nets.critic_target.parameters())
+        self.adams = {"critic": ClippedAdam(self._critic, lr=cfg.lr), "actor": ClippedAdam(self._actor, lr=cfg.lr)}
+        if self.auto_alpha:
+            self.adams["alpha"] = ClippedAdam([self.log_alpha], lr=cfg.lr)
+        self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)  # the actor's samples
+        self.num_updates = 0
+
+    def beta(self) -> float:
+        """Prioritized tables: the importance exponent now (uniform tables ignore it)."""
+        return beta_schedule(self.num_updates, self.cfg.beta_start, self.cfg.beta_updates)
+
+    def _sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """a ~ pi(. | obs) in [-1, 1] and its log-prob, from the learner's own generator."""
+        mean, log_std = self.nets.mean_log_std(obs)
+        return squashed_sample(mean, log_std, torch.randn(mean.shape, generator=self.gen, device=self.device))
+
+    def compute_gradients(
+        self, batch: Mapping[str, ArrayLike], weights: ArrayLike | None = None
+    ) -> tuple[Grads, dict[str, float], np.ndarray]:
+        """Gradients {"critic", "actor", "alpha" (auto only)}, the step's figures, new priorities
+        (mean |TD error| of the two critics)."""
+        missing = [key for key in COLUMNS if key not in batch]
+        if missing:
+            raise KeyError(f"batch has no column(s) {missing}; SAC needs {', '.join(COLUMNS)}")
+        b = batch_to_device({key: batch[key] for key in COLUMNS}, self.device)
+        obs, next_obs = b["obs"].float().flatten(1), b["next_obs"].float().flatten(1)
+        action = self.scale.to_unit(b["action"].float())
+        n = len(obs)
+        alpha = self.log_alpha.detach().exp()
+        sampled, logp = self._sample(torch.cat([obs, next_obs]))
+        a_pi, logp_pi = sampled[:n], logp[:n]
+        with torch.no_grad():
+            q1_next, q2_next = self.nets.q(self.nets.critic_target, next_obs, sampled[n:])
+            soft_next = torch.min(q1_next, q2_next) - alpha * logp[n:]
+            target = b["reward"].float() + b["discount"].float() * soft_next
+        q1, q2 = self.nets.q(self.nets.critic, obs, action)
+        td1, td2 = q1 - target, q2 - target
+        squared = td1.pow(2) + td2.pow(2)
+        if weights is not None:
+            squared = squared * to_device(weights, self.device).float()
+        critic_loss = 0.5 * squared.mean()
+        q1_pi, q2_pi = self.nets.q(self.nets.critic, obs, a_pi, detached=True)  # trains the actor only
+        actor_loss = (alpha * logp_pi - torch.min(q1_pi, q2_pi)).mean()
+        # one backward pass: the critic loss reaches only the critics, the actor loss only the actor
+        both = torch.autograd.grad(critic_loss + actor_loss, self._critic + self._actor)
+        grads: Grads = {"critic": list(both[:len(self._critic)]), "actor": list(both[len(self._critic):])}
+        with torch.no_grad():
+            entropy = -logp_pi.detach().mean()
+            if self.auto_alpha:  # d/dlog_alpha of -log_alpha * (log pi + target_entropy)
+                grads["alpha"] = [(entropy - self.target_entropy).reshape(self.log_alpha.shape)]
+            priorities = 0.5 * (td1.abs() + td2.abs()) + PRIORITY_EPS
+            figures = torch.stack([critic_loss, actor_loss, alpha, entropy, q1.mean()]).cpu()
+        return grads, dict(zip(FIGURES, figures.tolist(), strict=True)), priorities.double().cpu().numpy()
+
+    def apply_gradients(self, grads: Grads) -> None:
+        """One Adam step per network (clipped to grad_clip), then the target critics follow."""
+        for name, adam in self.adams.items():
+            adam.step(grads[name], self.cfg.grad_clip)
+        with torch.no_grad():
+            torch._foreach_lerp_(self._target, self._critic, self.cfg.tau)
+        self.num_updates += 1
+
+    def learn(self, batch: Mapping[str, ArrayLike], weights: ArrayLike | None = None
+              ) -> tuple[dict[str, float], np.ndarray]:
+        grads, figures, priorities = self.compute_gradients(batch, weights)
+        self.apply_gradients(grads)
+        return figures, priorities
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """Only the actor: what acting needs (``actor.{0,2,..}.weight``/``.bias``)."""
+        return publish_arrays(self.nets.actor, "actor.")
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "algorithm": "sac",
+            "format": CHECKPOINT_FORMAT,
+            "num_updates": self.num_updates,
+            "nets": cpu_copy(self.nets.state_dict()),
+            "optimizers": {name: cpu_copy(adam.optimizer.state_dict()) for name, adam in self.adams.items()},
+            "log_alpha": float(self.log_alpha.detach()),
+            "generator": self.gen.get_state().cpu(),
+        }
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("algorithm") != "sac" or state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"not a SAC checkpoint of format {CHECKPOINT_FORMAT}: algorithm="
+                             f"{state.get('algorithm')!r}, format={state.get('format')!r}")
+        self.nets.load_state_dict(state["nets"])
+        for name, adam in self.adams.items():
+            adam.optimizer.load_state_dict(state["optimizers"][name])
+        with torch.no_grad():
+            self.log_alpha.fill_(float(state["log_alpha"]))
+        self.gen.set_state(state["generator"])
+        self.num_updates = int(state["num_updates"])

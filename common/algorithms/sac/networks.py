@@ -1,0 +1,91 @@
+"""SAC's networks: a tanh-squashed diagonal Gaussian actor and twin Q critics.
+
+The actor is one MLP from the observation to [mean, log_std] (2 x action dims, log_std
+clamped); actions live in [-1, 1] inside the networks and are scaled to the env's bounds
+(:class:`ActionScale`) only at the env. The critics are a :class:`TwinMLP` over
+[observation, action in [-1, 1]]: both Q-functions in one batched matmul per layer.
+PyTorch's default initialisation, as SB3's SAC.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common.algorithms.mlp import TwinMLP, mlp
+from common.algorithms.sac.config import SACConfig
+
+LOG_2PI = math.log(2 * math.pi)
+LOG_2 = math.log(2.0)
+
+
+def dims(observation_space: gym.Space, action_space: gym.Space) -> tuple[int, int]:
+    assert observation_space.shape is not None and action_space.shape is not None
+    return (int(np.prod(observation_space.shape, dtype=np.int64)), int(np.prod(action_space.shape, dtype=np.int64)))
+
+
+class ActionScale:
+    """[-1, 1] <-> [low, high] per action dimension (asymmetric bounds too)."""
+
+    def __init__(self, action_space: gym.spaces.Box) -> None:
+        self.low = action_space.low.reshape(-1).astype(np.float64)
+        self.high = action_space.high.reshape(-1).astype(np.float64)
+        self.shape = tuple(action_space.shape or ())
+
+    def to_env(self, unit: np.ndarray) -> np.ndarray:
+        """Actions in [-1, 1] -> the env's bounds, float32, clipped (rounding never leaves the box)."""
+        env = self.low + (np.asarray(unit, np.float64) + 1.0) * 0.5 * (self.high - self.low)
+        return np.clip(env, self.low, self.high).astype(np.float32).reshape(len(unit), *self.shape)
+
+    def to_unit(self, env: torch.Tensor) -> torch.Tensor:
+        """Env actions (a batch, any device) -> [-1, 1]."""
+        low = torch.as_tensor(self.low, dtype=env.dtype, device=env.device)
+        high = torch.as_tensor(self.high, dtype=env.dtype, device=env.device)
+        return (2.0 * (env.reshape(len(env), -1) - low) / (high - low) - 1.0).clamp(-1.0, 1.0)
+
+
+def squashed_sample(mean: torch.Tensor, log_std: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a = tanh(mean + std * eps) in [-1, 1] and log pi(a), reparameterised, with the tanh change of
+    variables (log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), stable for large |u|)."""
+    u = mean + log_std.exp() * eps
+    logp = (-0.5 * eps.pow(2) - log_std - 0.5 * LOG_2PI).sum(1)
+    logp = logp - (2.0 * (LOG_2 - u - F.softplus(-2.0 * u))).sum(1)
+    return torch.tanh(u), logp
+
+
+class SACNetworks(nn.Module):
+    """``actor`` (published), ``critic`` (twin Q) and ``critic_target`` (follows by Polyak)."""
+
+    def __init__(self, cfg: SACConfig, observation_space: gym.Space, action_space: gym.Space) -> None:
+        super().__init__()
+        obs_dim, act_dim = dims(observation_space, action_space)
+        self.cfg = cfg
+        self.actor = mlp(obs_dim, cfg.hidden, 2 * act_dim, "relu")
+        widths = cfg.critic_hidden if cfg.critic_hidden is not None else cfg.hidden
+        self.critic = TwinMLP(mlp(obs_dim + act_dim, widths, 1, "relu"), mlp(obs_dim + act_dim, widths, 1, "relu"),
+                              "relu")
+        self.critic_target = TwinMLP(mlp(obs_dim + act_dim, widths, 1, "relu"),
+                                     mlp(obs_dim + act_dim, widths, 1, "relu"), "relu").requires_grad_(False)
+        self.critic_target.load_state_dict(self.critic.state_dict())
+
+    def mean_log_std(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = self.actor(obs.flatten(1)).chunk(2, dim=1)
+        return mean, log_std.clamp(self.cfg.log_std_min, self.cfg.log_std_max)
+
+    def q(self, critic: TwinMLP, obs: torch.Tensor, action: torch.Tensor,
+          detached: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q1 and Q2 of ``critic``; ``detached``: gradients reach the action only."""
+        q1, q2 = critic(torch.cat([obs.flatten(1), action], dim=1), detached)
+        return q1.squeeze(1), q2.squeeze(1)
+
+
+def seeded_networks(cfg: SACConfig, observation_space: gym.Space, action_space: gym.Space, seed: int) -> SACNetworks:
+    """The networks initialised from ``seed`` without disturbing anyone else's torch RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return SACNetworks(cfg, observation_space, action_space)
