@@ -18,7 +18,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-TARGETS = {"CartPole-v1": 475.0, "LunarLander-v3": 200.0}
+TARGETS = {"CartPole-v1": 475.0, "LunarLander-v3": 200.0, "Pendulum-v1": -200.0,
+           "LunarLanderContinuous-v3": 200.0}
 
 # rl-baselines3-zoo hyperparams/dqn.yml (LunarLander-v2 entry for v3).
 ZOO_DQN: dict[str, dict[str, Any]] = {

@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.time_to_solve --env CartPole-v1 [--seeds 3] [--actors 2]
     .venv/bin/python -m bench.time_to_solve --env LunarLander-v3
     .venv/bin/python -m bench.time_to_solve --algo ppo --env LunarLander-v3 [--sync barrier|async]
+    .venv/bin/python -m bench.time_to_solve --algo sac --env Pendulum-v1 [--sync async|barrier]
 
 Both sides are evaluated the same way: the mean return of 10 deterministic
 (greedy, or mean-action) episodes every EVAL_EVERY env steps; the first
@@ -29,6 +30,11 @@ took to spend its budget (a lower bound of its time to solve).
 ``env_steps_per_s`` on both sides: env steps / wall seconds of a run, start-up
 and evaluations included.
 
+--algo sac: configs/pendulum-sac.yaml (or lunarlandercontinuous-sac.yaml), async by default,
+against SB3 SAC with the zoo's settings (bench/sb3_sac.py), evaluations every 1,000 (Pendulum,
+target -200) or 10,000 (LunarLanderContinuous, target 200) env steps, budgets the zoo's
+n_timesteps (20k, 500k) on both sides; ratios as for ppo.
+
 Last line: one JSON object.
 """
 
@@ -43,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +67,20 @@ from bench.sb3_peers import (
     run_sb3_dqn,
     run_sb3_ppo,
 )
+from bench.sb3_sac import SAC_BUDGET, SAC_EVAL_EVERY, run_sb3_sac
 
 ROOT = Path(__file__).resolve().parent.parent
 
 CONFIGS = {
     ("dqn", "CartPole-v1"): "configs/cartpole-dqn.yaml", ("dqn", "LunarLander-v3"): "configs/lunarlander-dqn.yaml",
     ("ppo", "CartPole-v1"): "configs/cartpole-ppo.yaml", ("ppo", "LunarLander-v3"): "configs/lunarlander-ppo.yaml",
+    ("sac", "Pendulum-v1"): "configs/pendulum-sac.yaml",
+    ("sac", "LunarLanderContinuous-v3"): "configs/lunarlandercontinuous-sac.yaml",
+}
+# algo -> (env-step budgets, evaluation intervals, the SB3 peer) of the side-by-side runs with medians over solved
+PAIRED: dict[str, tuple[dict[str, int], dict[str, int], Callable[[str, int, int], dict[str, Any]]]] = {
+    "ppo": (PPO_BUDGET, PPO_EVAL_EVERY, run_sb3_ppo),
+    "sac": (SAC_BUDGET, SAC_EVAL_EVERY, run_sb3_sac),
 }
 
 
@@ -207,16 +222,20 @@ def side(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "solved_by_seed": [r["solved"] for r in runs]}
 
 
-def ppo_main(args: argparse.Namespace) -> None:
-    budget = int(PPO_BUDGET[args.env] * args.budget_factor)
-    sync = args.sync or "barrier"
+def paired_main(args: argparse.Namespace) -> None:
+    """PPO or SAC against its SB3 peer: same budget, same evaluations, medians over solved runs."""
+    budgets, evals, peer = PAIRED[args.algo]
+    if (args.algo, args.env) not in CONFIGS:
+        raise SystemExit(f"--algo {args.algo} runs on {', '.join(e for a, e in CONFIGS if a == args.algo)}")
+    budget = int(budgets[args.env] * args.budget_factor)
+    sync = args.sync or ("barrier" if args.algo == "ppo" else "async")
     extra = ["--sync", sync, *[x for s in args.sets for x in ("--set", s)]]
     ours, theirs = [], []
     for seed in range(args.seeds):
-        ours.append(run_rlfleet(args.env, seed, args.actors, budget, extra, "ppo", PPO_EVAL_EVERY[args.env]))
+        ours.append(run_rlfleet(args.env, seed, args.actors, budget, extra, args.algo, evals[args.env]))
         print("rlfleet", json.dumps(ours[-1]), flush=True)
         if not args.no_sb3:
-            theirs.append(run_sb3_ppo(args.env, seed, budget))
+            theirs.append(peer(args.env, seed, budget))
             theirs[-1]["steps_per_wall_s"] = theirs[-1]["env_steps_per_s"]
             print("sb3", json.dumps(theirs[-1]), flush=True)
     ours_solved = [r for r in ours if r["solved"]]
@@ -226,8 +245,8 @@ def ppo_main(args: argparse.Namespace) -> None:
     # Gradient steps (minibatches) over the whole run: the learner idles while barrier actors act.
     rl["learner_updates_per_wall_s"] = round(statistics.median(r["updates"] / r["wall_s"] for r in ours), 1)
     result: dict[str, Any] = {
-        "algo": "ppo", "env": args.env, "sync": sync, "target": TARGETS[args.env], "actors": args.actors,
-        "budget_env_steps": budget, "eval_every": PPO_EVAL_EVERY[args.env],
+        "algo": args.algo, "env": args.env, "sync": sync, "target": TARGETS[args.env], "actors": args.actors,
+        "budget_env_steps": budget, "eval_every": evals[args.env],
         "ratio": (round(median(ours_solved, "wall_s") / median(theirs_solved, "wall_s"), 3)
                   if ours_solved and theirs_solved else None),
         "ratio_all": round(median(ours, "wall_s") / median(theirs, "wall_s"), 3) if theirs else None,
@@ -239,7 +258,7 @@ def ppo_main(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--algo", choices=["dqn", "ppo"], default="dqn")
+    ap.add_argument("--algo", choices=["dqn", "ppo", "sac"], default="dqn")
     ap.add_argument("--env", choices=sorted(TARGETS), default="CartPole-v1")
     ap.add_argument("--sync", choices=["barrier", "async"], default=None,
                     help="rlfleet's training protocol (default: the config's; ppo: barrier)")
@@ -249,11 +268,11 @@ def main() -> None:
                     help="the env-step budget as a multiple of the default (dqn: the zoo's, rlfleet only; "
                          "ppo: 200k CartPole, 1.5M LunarLander, both sides)")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="extra rlfleet --set overrides")
-    ap.add_argument("--no-sb3", action="store_true", help="ppo: rlfleet only (no peer, no ratio)")
+    ap.add_argument("--no-sb3", action="store_true", help="ppo, sac: rlfleet only (no peer, no ratio)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    if args.algo == "ppo":
-        ppo_main(args)
+    if args.algo in PAIRED:
+        paired_main(args)
     else:
         dqn_main(args)
 
