@@ -45,6 +45,10 @@ PPO_ENV = {
     "RLFLEET_EVALUATOR__EPISODES": "2",
 }
 
+# SAC (async, Pendulum): the experiment file as shipped, short evaluations.
+SAC_CONFIG = "./configs/pendulum-sac.yaml"
+SAC_ENV = PPO_ENV
+
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))  # what RLFLEET_CONFIG may name
 
 T = TypeVar("T")

@@ -26,6 +26,8 @@ from tests.docker_fleet import (
     PPO_CONFIG,
     PPO_ENV,
     ROOT,
+    SAC_CONFIG,
+    SAC_ENV,
     SERVICES,
     SHORT_ENV,
     ComposeProject,
@@ -342,3 +344,24 @@ def test_swarm_stack_runs_ppo_from_the_config_variable(docker_client: Any, tmp_p
     """The stack takes RLFLEET_CONFIG as a swarm config: DPPO rounds advance."""
     with swarm_stack(docker_client, tmp_path, PPO_ENV, 2, PPO_CONFIG) as stack:
         check_rounds_advance(stack, 2)
+
+
+@pytest.mark.container
+def test_compose_and_swarm_run_sac(docker_client: Any, tmp_path: Path) -> None:
+    """RLFLEET_CONFIG=./configs/pendulum-sac.yaml (Box actions, only the actor published): the learner
+    updates and the evaluator scores the deterministic policy, in compose and then in a Swarm stack."""
+    env_file = write_env_file(tmp_path / "fleet.env", SAC_ENV)
+    proj = ComposeProject(docker_client, f"rlfleettest{uuid.uuid4().hex[:8]}", env_file, free_port(), SAC_CONFIG)
+    try:
+        proj.up(2, *SERVICES)
+        check_fleet_trains(proj, 2)
+        wait_for(lambda: metrics(proj.one("evaluator")), lambda m: m.get("rlfleet_evaluations_total", 0) > 0,
+                 STARTUP_S, "the evaluator scores the SAC policy")
+    finally:
+        try:
+            proj.down()
+        finally:
+            for c in proj.containers(all=True):
+                c.remove(force=True)
+    with swarm_stack(docker_client, tmp_path, SAC_ENV, 2, SAC_CONFIG) as stack:
+        check_fleet_trains(stack, 2)
