@@ -73,8 +73,17 @@ def test_shipped_configs_run(tmp_path: Path, name: str) -> None:
                    "--max-seconds", "120", "--runs", str(tmp_path), "--set", "algorithm.learning_starts=300",
                    "--set", "replay.tables.0.min_size=300", timeout=200)
     assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}"
-    progress = read_csv(only_run_dir(tmp_path) / "progress.csv")
+    run_dir = only_run_dir(tmp_path)
+    progress = read_csv(run_dir / "progress.csv")
     assert int(progress[-1]["updates"]) > 100, progress[-1]
+    if name == "pendulum":  # eval --video and report read a SAC run as any other
+        gif = tmp_path / "sac.gif"
+        res = rlfleet("eval", "--checkpoint", str(run_dir / "learner" / "checkpoint.pt"), "--video", str(gif),
+                      timeout=300)
+        assert res.returncode == 0 and "Pendulum-v1, sac" in res.stdout, res.stdout[-3000:]
+        assert gif.read_bytes()[:3] == b"GIF"
+        res = rlfleet("report", str(run_dir), "--out", str(tmp_path / "report"), timeout=120)
+        assert res.returncode == 0 and (tmp_path / "report" / "report.md").exists(), res.stdout[-3000:]
 
 
 def test_sac_learner_resumes_with_its_optimizers_and_temperature(tmp_path: Path) -> None:
