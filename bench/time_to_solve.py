@@ -19,13 +19,15 @@ a run that never reaches the target counts as the wall time it took to spend
 that budget. Also measured, each with its ceiling: env steps/s per rlfleet
 actor against raw gymnasium stepping with random actions, and learner
 updates/s against a plain in-process PyTorch loop of the same network and
-batch size. ``ratio`` = rlfleet / SB3 median wall seconds over all runs.
+batch size. ``ratio`` = rlfleet / SB3 median wall seconds over all runs;
+``ratio_counts`` false: rlfleet solved fewer seeds than SB3 and the ratio is no claim.
 
 --algo ppo: configs/<env>-ppo.yaml (--sync barrier = DPPO, async = APPO)
 against SB3 PPO; evaluations every 2,000 (CartPole) or 10,000 (LunarLander)
 env steps, budgets 200k and 1.5M env steps on both sides. ``ratio`` =
 rlfleet / SB3 median wall seconds over the solved runs of each side (null if
-a side solved none); ``ratio_all`` counts an unsolved run as the wall time it
+a side solved none); ``ratio_counts`` is false when rlfleet solved fewer seeds than SB3 (its
+ratio is then no claim), ``solved`` prints both counts; ``ratio_all`` counts an unsolved run as the wall time it
 took to spend its budget (a lower bound of its time to solve).
 ``env_steps_per_s`` on both sides: env steps / wall seconds of a run, start-up
 and evaluations included.
@@ -201,6 +203,10 @@ def dqn_main(args: argparse.Namespace) -> None:
         "sb3": {"median_wall_s": median(theirs, "wall_s"), "median_env_steps": median(theirs, "env_steps"),
                 "solved": sum(r["solved"] for r in theirs), "runs": len(theirs)},
         "ratio": round(median(ours, "wall_s") / median(theirs, "wall_s"), 3),
+        # a ratio only counts where rlfleet solved as many seeds as the peer: an unsolved run's time is
+        # the time it took to spend the budget, which can make a failing side look fast
+        "ratio_counts": sum(r["solved"] for r in ours) >= sum(r["solved"] for r in theirs),
+        "solved": f"{sum(r['solved'] for r in ours)}/{len(ours)} vs {sum(r['solved'] for r in theirs)}/{len(theirs)}",
         "env_steps_per_s_per_actor": round(per_actor, 1),
         "raw_env_steps_per_s": round(raw_steps, 1),
         "actor_ratio": round(per_actor / raw_steps, 3),
@@ -250,6 +256,8 @@ def paired_main(args: argparse.Namespace) -> None:
         "ratio": (round(median(ours_solved, "wall_s") / median(theirs_solved, "wall_s"), 3)
                   if ours_solved and theirs_solved else None),
         "ratio_all": round(median(ours, "wall_s") / median(theirs, "wall_s"), 3) if theirs else None,
+        "ratio_counts": len(ours_solved) >= len(theirs_solved) if theirs else None,
+        "solved": f"{len(ours_solved)}/{len(ours)} vs {len(theirs_solved)}/{len(theirs)}" if theirs else None,
         "rlfleet": rl, "sb3": side(theirs) if theirs else None,
         "raw_env_steps_per_s": round(raw_env_steps_per_s(args.env), 1),
     }
