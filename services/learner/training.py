@@ -60,8 +60,12 @@ class Trainer:
             "learner_item_staleness", "Versions between the weights an item was acted with and the learner's.",
             buckets=(0, 1, 2, 4, 8, 16, 32, 64))
         self.m_dropped = m.counter("learner_items_dropped", "Items not trained on, by reason (stale: acted with"
-                                   " weights more than the algorithm's max_staleness versions old).", ("reason",))
-        self.m_dropped.labels("stale").inc(0)
+                                   " weights more than the algorithm's max_staleness versions old; malformed: a"
+                                   " batch the algorithm could not learn from, e.g. columns it does not have).",
+                                   ("reason",))
+        for reason in ("stale", "malformed"):
+            self.m_dropped.labels(reason).inc(0)
+        self._bad_batches: set[str] = set()  # the kinds of bad batch already logged (each once)
         self.m_wait = m.counter("learner_sample_wait_seconds", "Seconds the learner waited for a batch.")
         self.m_ups = m.gauge("learner_updates_per_second", "Updates per second over the last 10 s.")
         self.m_reconnects = m.counter("reconnects", "Connections re-established to a peer that had gone.", ("peer",))
@@ -85,18 +89,25 @@ class Trainer:
     def learn(self, data: dict[str, np.ndarray], weights: np.ndarray | None = None,
               batch: SampleBatch | None = None) -> bool:
         """Drop stale items, learn on the rest, send priorities back to ``batch``'s shard; False if all were stale."""
-        behind = self.version() - np.asarray(data["version"]).reshape(-1) if "version" in data else None
-        if behind is not None and len(behind):
-            step = max(1, len(behind) // STALENESS_SAMPLES)  # a big batch: evenly spaced items, not all
-            for b in behind[::step]:
-                self.m_staleness.observe(b)
-        kept, weights, dropped = algorithms.drop_stale(data, self.version(), self.core.data.max_staleness, weights)
-        if dropped:
-            self.m_dropped.labels("stale").inc(dropped)
-            if len(kept["version"]) == 0:
-                return False
-        before = self.core.num_updates
-        figures, priorities = self.core.learn(kept, weights)
+        try:
+            behind = self.version() - np.asarray(data["version"], np.int64).reshape(-1) if "version" in data else None
+            if behind is not None and len(behind):
+                step = max(1, len(behind) // STALENESS_SAMPLES)  # a big batch: evenly spaced items, not all
+                for b in behind[::step]:
+                    self.m_staleness.observe(b)
+            kept, weights, dropped = algorithms.drop_stale(data, self.version(), self.core.data.max_staleness,
+                                                           weights)
+            if dropped:
+                self.m_dropped.labels("stale").inc(dropped)
+                if len(kept["version"]) == 0:
+                    return False
+            before = self.core.num_updates
+            figures, priorities = self.core.learn(kept, weights)
+        except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as exc:
+            # replay accepted what this algorithm cannot learn from (a table whose schema another client
+            # fixed, a column of the wrong shape): skip it and go on, counted; each kind logged once
+            self._skip_malformed(data, exc)
+            return True
         if priorities is not None and batch is not None and not dropped:  # (keys and priorities must match)
             self.sampler.update_priorities(batch, priorities)
         self.m_updates.inc(self.core.num_updates - before)
@@ -112,6 +123,16 @@ class Trainer:
             self.m_ups.set((self.core.num_updates - self._rate[1]) / (now - self._rate[0]))
             self._rate = (now, self.core.num_updates)
         return True
+
+    def _skip_malformed(self, data: dict[str, np.ndarray], exc: Exception) -> None:
+        rows = len(next(iter(data.values()))) if data else 0
+        self.m_dropped.labels("malformed").inc(rows)
+        kind = f"{type(exc).__name__}: {exc}"
+        if kind not in self._bad_batches:
+            self._bad_batches.add(kind)
+            log.warning("learner: skipped a batch it cannot learn from (%s); columns %s; counted in"
+                        " rlfleet_learner_items_dropped_total{reason=\"malformed\"}", kind,
+                        {k: f"{np.asarray(v).dtype}{list(np.shape(v))}" for k, v in data.items()})
 
     def update_once(self, timeout_s: float) -> bool:
         """One learn call on one sampled batch; False if no batch came within timeout_s (or all was stale)."""
