@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,21 +69,27 @@ RejectFn = Callable[[str, str], None]
 
 _rejected: dict[str, int] = {}
 _rejected_lock = threading.Lock()
+KEYS_NAMED = 5  # unknown keys logged one by one per server socket; the rest in a summary...
+SUMMARY_EVERY_S = 60.0  # ...at most this often
+KEYS_COUNTED = 1000  # fingerprints counted one by one per process; more are counted as "(other keys)"
 
 
 class _Allowlist:
     """The ZAP credentials provider of one server socket: accepts exactly its allowlisted keys.
 
-    Every rejection is reported to ``on_reject``; the first one of each key (and
-    the first failed handshake) is logged, so a stranger that reconnects every
-    100 ms costs one log line, not thousands.
+    Every rejection is reported to ``on_reject``. The log stays short whatever a stranger does:
+    the first KEYS_NAMED unknown keys are logged by fingerprint, refusals after them in one
+    summary line at most every SUMMARY_EVERY_S seconds, and the first failed handshake once.
     """
 
     def __init__(self, allowed: Iterable[bytes], name: str, on_reject: RejectFn | None) -> None:
         self.allowed = {zmq.utils.z85.encode(k) if len(k) == 32 else k for k in allowed}
         self.name = name or "server"
         self.on_reject = on_reject
-        self._logged: set[str] = set()
+        self._named: set[str] = set()
+        self._handshake_logged = False
+        self._quiet = 0  # refusals since the last log line about unknown keys
+        self._summary_at = 0.0
         self._lock = threading.Lock()
 
     def callback(self, domain: str, key: bytes) -> bool:
@@ -93,21 +100,40 @@ class _Allowlist:
         return False
 
     def reject(self, reason: str, fp: str) -> None:
-        with self._lock:
-            first = fp not in self._logged
-            self._logged.add(fp)
         with _rejected_lock:
             name = fp or "(handshake)"
+            if name not in _rejected and len(_rejected) >= KEYS_COUNTED:
+                name = "(other keys)"
             _rejected[name] = _rejected.get(name, 0) + 1
         if self.on_reject is not None:
             self.on_reject(reason, fp)
-        if first and reason == "unknown_key":
+        if reason != "unknown_key":
+            with self._lock:
+                first, self._handshake_logged = not self._handshake_logged, True
+            if first:
+                log.warning("%s: refused a connection whose handshake failed (a client without CurveZMQ, "
+                            "with the wrong server key, or not ZeroMQ at all); further ones are only counted",
+                            self.name)
+            return
+        now = time.monotonic()
+        with self._lock:
+            known = fp in self._named
+            name_it = not known and len(self._named) < KEYS_NAMED
+            if name_it:
+                self._named.add(fp)
+            else:
+                self._quiet += 1
+            summary = not name_it and self._quiet and now - self._summary_at >= SUMMARY_EVERY_S and \
+                len(self._named) >= KEYS_NAMED
+            if summary:
+                quiet, self._quiet, self._summary_at = self._quiet, 0, now
+        if name_it:
             log.warning("%s: refused a client whose CurveZMQ key is not allowlisted (fingerprint %s); "
                         "further refusals of this key are only counted", self.name, fp)
-        elif first:
-            log.warning("%s: refused a connection whose handshake failed (a client without CurveZMQ, "
-                        "with the wrong server key, or not ZeroMQ at all); further ones are only counted",
-                        self.name)
+        elif summary:
+            log.warning("%s: refused %d more connections with keys that are not allowlisted (after the %d"
+                        " named above); counted in rlfleet_auth_rejected_total, logged at most every %.0f s",
+                        self.name, quiet, KEYS_NAMED, SUMMARY_EVERY_S)
 
 
 _auth_lock = threading.Lock()
