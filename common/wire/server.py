@@ -89,7 +89,8 @@ class Server:
             ("reason",),
         )
         self.sock = make_socket(zmq.ROUTER, bind=bind, hwm=hwm, curve=curve, ctx=ctx, name=self.name,
-                                on_reject=lambda reason, _fp: self.auth_rejected.labels(reason).inc())
+                                on_reject=lambda reason, _fp: self.auth_rejected.labels(reason).inc(),
+                                max_frame_bytes=limits.max_message_bytes)
         self.handlers: dict[str, Handler] = {}
         self._stop = threading.Event()
         self.replies_dropped = metrics.counter(

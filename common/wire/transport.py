@@ -170,8 +170,13 @@ def make_socket(
     send_timeout_ms: int = 2000,
     name: str = "",
     on_reject: RejectFn | None = None,
+    max_frame_bytes: int | None = None,
 ) -> zmq.Socket[Any]:
     """A socket with linger 0, bounded send/receive queues and a send timeout.
+
+    ``max_frame_bytes`` (ZMQ_MAXMSGSIZE): a peer that sends a larger frame is disconnected by
+    libzmq as the frame's size arrives, before its body is read: servers set it to the largest
+    message they accept, so an oversized message never occupies their memory.
 
     With ``curve`` a socket that binds is a CurveZMQ server that accepts only
     ``curve.allowed_clients`` (its own ZAP domain) and reports every refused
@@ -192,6 +197,8 @@ def make_socket(
     sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
+    if max_frame_bytes is not None:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     if kind == zmq.ROUTER:
         # A reply to a peer that has gone is an error we can count, not a silent drop.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
