@@ -65,9 +65,20 @@ def test_bad_inserts_get_errors_and_the_server_goes_on(packed: bool) -> None:
                 seq += 1
             reply = request(sock, insert_frames(good(), seq, table="other", packed=packed))
             assert reply["reason"] == "unknown_table"
-            # oversize message: refused by the decoder before anything is built
-            big = {**good(), "obs": np.zeros((4, 1 << 17), np.float32)}
-            assert request(sock, insert_frames(big, 99, packed=packed))["reason"] == "message_too_large"
+            # oversize message, frames that add up to more than the limit: refused by the decoder before
+            # anything is built (packed, they are one frame: the case below)
+            if not packed:
+                wide = np.zeros((4, 40_000), np.float32)  # 640 KB a frame, under the 1 MiB limit alone
+                big = {**good(), "obs": wide, "next_obs": wide}
+                assert request(sock, insert_frames(big, 99, packed=packed))["reason"] == "message_too_large"
+            # one frame larger than the limit: libzmq drops the connection before reading it (ZMQ_MAXMSGSIZE)
+            hostile = make_socket(zmq.DEALER, connect=server.endpoint)
+            try:
+                hostile.send_multipart(insert_frames({**good(), "obs": np.zeros((4, 1 << 17), np.float32)}, 1,
+                                                     packed=packed))
+                assert not hostile.poll(1000), "an oversized frame was answered: it was read"
+            finally:
+                hostile.close(linger=0)
             # garbage frames
             assert request(sock, [b"\x00garbage"])["reason"] in ("bad_msgpack", "bad_header")
             assert request(sock, [msgpack.packb({"v": 1, "type": "insert"})])["reason"] == "missing_field"
@@ -104,3 +115,20 @@ def test_insert_client_raises_the_refusal_and_continues() -> None:
             ic.insert("main", good())
             ic.flush(5)
         assert server.tables["main"].size == 8
+
+
+def test_a_duplicate_with_bad_content_is_refused_not_acked() -> None:
+    """A resend of an already stored (sender, seq) is checked as the first send was: invalid content
+    gets the error that names it, not a duplicate ack (which would tell its sender all is well)."""
+    with serving(replay_config(capacity=100)) as server:
+        sock = make_socket(zmq.DEALER, connect=server.endpoint)
+        try:
+            assert request(sock, insert_frames(good(), 1))["stored"] == 4
+            assert request(sock, insert_frames(good(), 1))["duplicate"] is True  # a true resend
+            for name, make, reason, word in BAD:
+                reply = request(sock, insert_frames(make(), 1))
+                assert reply.type == "error" and reply["reason"] == reason, (name, reply.body)
+                assert word in reply["detail"], (name, reply["detail"])
+        finally:
+            sock.close(linger=0)
+        assert server.tables["main"].size == 4

@@ -144,12 +144,6 @@ class ReplayServer(FastInsertServer):
         table = self._table(msg.body["table"])
         sender, seq = msg.sender, msg.seq
         merge = msg.body.get("merge_acks") is True
-        if self.dedup.seen(sender, seq):
-            self._duplicate(table, peer, acked=True, merge=merge)
-            return
-        if self.held_keys and (sender, seq) in self.held_keys:
-            self._duplicate(table, peer, acked=False, merge=merge)
-            return
         arrays = msg.arrays
         priority = arrays.get("priority")
         if priority is not None:
@@ -164,6 +158,14 @@ class ReplayServer(FastInsertServer):
                 check_priorities(priority)
             except TableError as exc:
                 raise RequestError(exc.reason, exc.detail) from None
+        # a resend is checked as the first send was: a duplicate whose content is invalid is refused
+        # (with the reason), not acked as stored
+        if self.dedup.seen(sender, seq):
+            self._duplicate(table, peer, acked=True, merge=merge)
+            return
+        if self.held_keys and (sender, seq) in self.held_keys:
+            self._duplicate(table, peer, acked=False, merge=merge)
+            return
         ws = msg.body.get("window_start")
         ws = ws if isinstance(ws, int) else None
         held = self.held_inserts[table.name]
