@@ -132,3 +132,25 @@ def test_a_duplicate_with_bad_content_is_refused_not_acked() -> None:
         finally:
             sock.close(linger=0)
         assert server.tables["main"].size == 4
+
+
+def test_error_ref_seq_is_the_seq_whenever_the_header_had_one() -> None:
+    """A client with several requests out can tell which one failed, for decoder errors too."""
+    with serving(replay_config(capacity=100), limits=Limits(max_message_bytes=1 << 20)) as server:
+        sock = make_socket(zmq.DEALER, connect=server.endpoint)
+        try:
+            header = {"v": 1, "type": "insert", "sender": "x", "seq": 41, "body": {"table": "main"},
+                      "arrays": [["obs", "float32", [4, 4]]]}
+            cases = [
+                ([msgpack.packb(header), b"short"], "frame_length_mismatch", 41),
+                ([msgpack.packb({**header, "v": 7, "seq": 42})], "version_mismatch", 42),
+                ([msgpack.packb({**header, "type": "nope", "seq": 43})], "unknown_type", 43),
+                ([msgpack.packb({**header, "seq": 44}), b"x" * (1 << 19), b"y" * (1 << 19)], "message_too_large", 44),
+                ([msgpack.packb({**header, "seq": -5})], "bad_field", -1),  # out of range: not a seq
+                ([b"\x00garbage"], "bad_msgpack", -1),
+            ]
+            for frames, reason, ref in cases:
+                reply = request(sock, frames)
+                assert (reply["reason"], reply["ref_seq"]) == (reason, ref), reply.body
+        finally:
+            sock.close(linger=0)

@@ -75,6 +75,7 @@ class ProtocolError(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.seq = -1  # the message's seq where its header was readable: the error's ref_seq
 
 
 @dataclass(frozen=True)

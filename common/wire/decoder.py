@@ -162,6 +162,23 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
         buffers = [_buffer(f) for f in frames]
     except TypeError:
         raise ProtocolError("bad_header", "frames must be bytes-like") from None
+    try:
+        return _decode(buffers, limits)
+    except ProtocolError as exc:
+        exc.seq = _readable_seq(buffers[0], limits)  # so a client with several requests out knows which
+        raise
+
+
+def _readable_seq(header_frame: memoryview, limits: Limits) -> int:
+    """The header's seq if it is readable and in range, else -1."""
+    try:
+        seq = _unpack_header(header_frame, limits).get("seq")
+    except ProtocolError:
+        return -1
+    return seq if type(seq) is int and 0 <= seq < 1 << 64 else -1
+
+
+def _decode(buffers: list[memoryview], limits: Limits) -> Message:
     total = sum(map(len, buffers))
     if total > limits.max_message_bytes:
         raise ProtocolError("message_too_large", f"{total} bytes; at most {limits.max_message_bytes}")

@@ -148,7 +148,7 @@ class Server:
                 t.flush()
 
     def reply_error(self, peer: Peer, reason: str, detail: str, *, count: bool = True) -> None:
-        """Send an ``error`` whose ref_seq is the request's (-1 if it did not decode).
+        """Send an ``error`` whose ref_seq is the request's (-1 if its header had no readable seq).
 
         Counted in rlfleet_protocol_errors_total unless ``count`` is False: an
         expected outcome such as a long poll's timeout is not a protocol error.
@@ -169,7 +169,7 @@ class Server:
             msg = decode(body, self.limits)
         except ProtocolError as exc:
             self.count("undecodable", "in", nbytes)
-            self.reply_error(Peer(identity, -1), exc.reason, exc.detail)
+            self.reply_error(Peer(identity, exc.seq), exc.reason, exc.detail)
             return
         self.count(msg.type, "in", nbytes)
         peer = Peer(identity, msg.seq, msg.sender)
