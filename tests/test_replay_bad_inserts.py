@@ -147,6 +147,8 @@ def test_error_ref_seq_is_the_seq_whenever_the_header_had_one() -> None:
                 ([msgpack.packb({**header, "type": "nope", "seq": 43})], "unknown_type", 43),
                 ([msgpack.packb({**header, "seq": 44}), b"x" * (1 << 19), b"y" * (1 << 19)], "message_too_large", 44),
                 ([msgpack.packb({**header, "seq": -5})], "bad_field", -1),  # out of range: not a seq
+                ([msgpack.packb({**header, "v": "1", "seq": 45})], "version_mismatch", 45),  # v not an int
+                ([msgpack.packb({k: v for k, v in header.items() if k != "v"} | {"seq": 46})], "missing_field", 46),
                 ([b"\x00garbage"], "bad_msgpack", -1),
             ]
             for frames, reason, ref in cases:

@@ -92,8 +92,11 @@ def _check_depth(where: str, name: str, value: Any, depth: int) -> None:
 
 def _envelope(header: dict[str, Any]) -> tuple[int, str, str, int, list[Any], dict[str, Any]]:
     version = header.get("v")
-    if type(version) is not int:  # msgpack gives exact types: bool is refused here too
+    if "v" not in header:
         raise ProtocolError("missing_field", "header.v (protocol version, int) is missing")
+    if type(version) is not int:  # msgpack gives exact types: bool is refused here too
+        raise ProtocolError("version_mismatch", f"header.v is {version!r}, not an int; this side speaks"
+                            f" protocol version {PROTOCOL_VERSION}")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
             "version_mismatch",
