@@ -150,6 +150,7 @@ def test_error_ref_seq_is_the_seq_whenever_the_header_had_one() -> None:
                 ([msgpack.packb({**header, "v": "1", "seq": 45})], "version_mismatch", 45),  # v not an int
                 ([msgpack.packb({k: v for k, v in header.items() if k != "v"} | {"seq": 46})], "missing_field", 46),
                 ([b"\x00garbage"], "bad_msgpack", -1),
+                ([msgpack.packb({**header, "body": {"x": msgpack.ExtType(5, b"")}})], "bad_msgpack", -1),  # no ext
             ]
             for frames, reason, ref in cases:
                 reply = request(sock, frames)

@@ -46,6 +46,10 @@ def _buffer(frame: Any) -> Any:
     return buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
 
 
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack ext type {code} is not allowed")
+
+
 def _unpack_header(raw: Any, limits: Limits) -> dict[str, Any]:
     if len(raw) > limits.max_header_bytes:
         raise ProtocolError(
@@ -63,6 +67,7 @@ def _unpack_header(raw: Any, limits: Limits) -> dict[str, Any]:
             max_array_len=n,
             max_map_len=n,
             max_ext_len=0,
+            ext_hook=_no_ext,  # max_ext_len=0 still lets a zero-length ext through
         )
     except Exception as exc:  # msgpack raises many types on hostile input
         raise ProtocolError("bad_msgpack", f"header is not valid msgpack ({type(exc).__name__})") from None
