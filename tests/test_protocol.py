@@ -310,8 +310,13 @@ def test_read_insert_tail_reads_what_the_encoder_wrote(ws: int, seq: int) -> Non
         assert got is None
     else:
         assert got == (ws, seq)
-        msg = decode([head, np.zeros((3, 4), np.float32).tobytes()])
-        assert (msg.body["window_start"], msg.seq) == got
+        frames = [head, np.zeros((3, 4), np.float32).tobytes()]
+        if ws < 0:  # read here, refused by the decoder (the server's fast path hands it over)
+            with pytest.raises(ProtocolError, match="window_start"):
+                decode(frames)
+        else:
+            msg = decode(frames)
+            assert (msg.body["window_start"], msg.seq) == got
 
 
 @pytest.mark.parametrize("tail", [b"", b"\xcf" + bytes(8), b"\xcf" + bytes(8) + b"\xa3seX\xcf" + bytes(8),
@@ -319,3 +324,17 @@ def test_read_insert_tail_reads_what_the_encoder_wrote(ws: int, seq: int) -> Non
                                   b"\xcf" + bytes(8) + b"\xa3seq\xcf" + bytes(9)])
 def test_read_insert_tail_refuses_any_other_tail(tail: bytes) -> None:
     assert read_insert_tail(b"prefix" + tail, 6) is None
+
+
+@pytest.mark.parametrize("mtype,body,field", [
+    ("sample", {"table": "main", "batch_size": 4, "timeout_ms": -1}, "timeout_ms"),
+    ("sample", {"table": "main", "batch_size": 4, "timeout_ms": -(2**63)}, "timeout_ms"),
+    ("get", {"have_version": -2}, "have_version"),
+    ("wait", {"min_version": -7, "timeout_ms": 10}, "min_version"),
+])
+def test_out_of_range_ints_are_refused_naming_the_field(mtype: str, body: dict[str, object], field: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(encode(Message(mtype, body, sender="s", seq=1)))
+    assert info.value.reason == "bad_field" and f"{mtype}.{field}" in info.value.detail and "allowed" in \
+        info.value.detail
+    assert info.value.seq == 1  # readable: the error's ref_seq

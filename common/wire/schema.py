@@ -26,6 +26,7 @@ class FieldSpec:
     kind: str
     required: bool = True
     doc: str = ""
+    bounds: tuple[int, int] | None = None  # ints: allowed [low, high], checked (bad_field) on receipt
 
     def accepts(self, value: Any) -> bool:
         if self.kind != "bool" and isinstance(value, bool):
@@ -55,8 +56,13 @@ class MessageSpec:
     open_arrays: bool = False  # True: arrays beyond those listed are data columns / tensors
 
 
-def _f(kind: str, doc: str, required: bool = True) -> FieldSpec:
-    return FieldSpec(kind, required, doc)
+def _f(kind: str, doc: str, required: bool = True, bounds: tuple[int, int] | None = None) -> FieldSpec:
+    return FieldSpec(kind, required, doc, bounds)
+
+
+SEQ_RANGE = (0, (1 << 64) - 1)
+TIMEOUT_RANGE = (0, (1 << 63) - 1)  # never negative; servers cap long ones (replay: 10 minutes)
+VERSION_RANGE = (-1, (1 << 63) - 1)  # -1: none
 
 
 _KEY = ArraySpec(("uint64",), 1, True, "item keys")
@@ -78,7 +84,8 @@ _SPECS = [
     # -- replay -----------------------------------------------------------
     MessageSpec("insert", "Store a batch of N transitions; (sender, seq) makes it exactly-once.", {
         "table": _f("str", "table name"),
-        "window_start": _f("int", "lowest seq the sender has not seen acked; older seqs are never resent", False),
+        "window_start": _f("int", "lowest seq the sender has not seen acked; older seqs are never resent", False,
+                           SEQ_RANGE),
         "merge_acks": _f("bool", "true: this insert may be acked together with others of the sender (ack.more)",
                          False),
     }, {
@@ -95,7 +102,7 @@ _SPECS = [
         "table": _f("str", "table name"),
         "batch_size": _f("int", "number of items"),
         "beta": _f("float", "importance-weight exponent (prioritized tables)", False),
-        "timeout_ms": _f("int", "give up after this long; error reason 'timeout'", False),
+        "timeout_ms": _f("int", "give up after this long; error reason 'timeout'", False, TIMEOUT_RANGE),
     }),
     MessageSpec("batch", "The reply to sample: data columns plus key, probability, weight.", {
         "ref_seq": _f("int", "seq of the sample request"),
@@ -133,14 +140,14 @@ _SPECS = [
         "free": _f("list", "files of dropped versions no reader maps, for the publisher's next shm slice", False),
     }),
     MessageSpec("get", "Poll for weights.", {
-        "have_version": _f("int", "version the reader holds (-1: none)"),
+        "have_version": _f("int", "version the reader holds (-1: none)", True, VERSION_RANGE),
         "version": _f("int", "exact version wanted (one of the two kept)", False),
         "shm": _f("bool", "the reader can map this host's /dev/shm: answer with weights.shm", False),
     }),
     MessageSpec("wait", "Long poll: answer when a version >= min_version is held, or at timeout.", {
-        "min_version": _f("int", "lowest acceptable version"),
-        "timeout_ms": _f("int", "answer not_modified after this long"),
-        "have_version": _f("int", "version the reader holds (-1: none)", False),
+        "min_version": _f("int", "lowest acceptable version", True, VERSION_RANGE),
+        "timeout_ms": _f("int", "answer not_modified after this long", True, TIMEOUT_RANGE),
+        "have_version": _f("int", "version the reader holds (-1: none)", False, VERSION_RANGE),
         "shm": _f("bool", "the reader can map this host's /dev/shm: answer with weights.shm", False),
     }),
     MessageSpec("weights", "One shard's tensors of one version.", {
@@ -177,7 +184,7 @@ _SPECS = [
     }),
     MessageSpec("barrier", "The learner waits until every live actor waits for round + 1.", {
         "round": _f("int", "round k: actors have finished acting on version k"),
-        "timeout_ms": _f("int", "answer with error reason 'timeout' after this long"),
+        "timeout_ms": _f("int", "answer with error reason 'timeout' after this long", True, TIMEOUT_RANGE),
     }),
     MessageSpec("barrier_reply", "Every live actor is waiting for version round + 1.", {
         "ref_seq": _f("int", "seq of the barrier request"),

@@ -135,7 +135,7 @@ class FastInsertServer(HeldRequestServer):
                 or len(header) + fast.nbytes > self.limits.max_message_bytes):
             return False
         tail = read_insert_tail(header, len(prefix))
-        if tail is None:
+        if tail is None or tail[0] < 0:  # a window_start out of range: the full decoder refuses it
             return False
         ws, seq = tail
         sender, n = fast.sender, fast.n
