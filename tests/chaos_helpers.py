@@ -51,13 +51,13 @@ def restart(fleet: Fleet, m: Member, timeout_s: float = 120) -> None:
 # -- what actors were told was stored, and what replay stored ---------------------------------------------
 
 def acked(run_dir: Path) -> dict[tuple[str, int], int]:
-    """(actor id, seq) -> items of every insert an actor logged as acked (actor.acked_log)."""
+    """(sender, seq) -> items of every insert an actor logged as acked (actor.acked_log)."""
     out: dict[tuple[str, int], int] = {}
     for path in sorted((run_dir / "acked").glob("*.csv")):
         with open(path, newline="") as f:
             for row in csv.DictReader(f):
                 if row.get("items"):  # a row cut by the kill has no items yet: it was never complete
-                    out[(path.stem, int(row["seq"]))] = int(row["items"])
+                    out[(row["sender"], int(row["seq"]))] = int(row["items"])
     return out
 
 

@@ -7,10 +7,16 @@ import os
 import subprocess
 
 import numpy as np
+import pytest
+import zmq
 
+import services.replay.dedup as dedup_mod
 from common.clients.replay_sample import SampleClient
+from common.wire.codec import Message, encode
+from common.wire.decoder import decode
+from common.wire.transport import make_socket
 from services.replay.dedup import WINDOW, Dedup
-from tests.replay_helpers import PYTHON, ROOT, replay_config, serving
+from tests.replay_helpers import PYTHON, ROOT, replay_config, serving, transitions
 
 WRITERS = 4
 PER_WRITER = 50_000
@@ -71,3 +77,36 @@ def test_dedup_window_bound_applies_with_and_without_window_start() -> None:
     # without window_start, only the 4,096 bound applies
     d.add("c", 5 + WINDOW)
     assert d.seen("c", 5) and not d.seen("c", 6)
+
+
+def test_a_flood_of_new_senders_never_makes_a_live_sender_forget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replay forgets a sender only after IDLE_S of silence; while all it remembers are live, a new
+    sender is refused (too_many_senders), so a live sender's resend is still a duplicate, never
+    stored twice. Through the server's insert path."""
+    clock = [0.0]
+    monkeypatch.setattr(dedup_mod.time, "monotonic", lambda: clock[0])
+    with serving(replay_config(capacity=1000, min_size=1)) as server:
+        server.dedup.max_senders = 3
+        sock = make_socket(zmq.DEALER, connect=server.endpoint)
+        try:
+            def insert(sender: str, seq: int) -> Message:
+                msg = Message("insert", {"table": "main"}, transitions(0, seq, 2), sender=sender, seq=seq)
+                sock.send_multipart(encode(msg))
+                assert sock.poll(5000)
+                return decode(sock.recv_multipart())
+
+            assert insert("live", 1)["stored"] == 2
+            for i in range(2):
+                assert insert(f"x{i}", 1)["stored"] == 2
+            clock[0] += 1.0
+            refused = insert("flood", 1)  # full, and nobody has been idle for IDLE_S
+            assert refused.type == "error" and refused["reason"] == "too_many_senders", refused.body
+            reply = insert("live", 1)  # the live sender's resend: still known
+            assert reply["duplicate"] is True and reply["stored"] == 0
+            clock[0] += dedup_mod.IDLE_S + 1
+            assert insert("live", 2)["stored"] == 2  # live again; x0 and x1 now idle
+            assert insert("flood", 1)["stored"] == 2  # takes the place of the longest silent (x0)
+            assert "x0" not in server.dedup.senders and "live" in server.dedup.senders
+        finally:
+            sock.close(linger=0)
+        assert server.tables["main"].size == 10  # live 1 and 2, x0, x1, flood: nothing twice

@@ -10,6 +10,7 @@ publishes once every live actor is waiting.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections import deque
 from pathlib import Path
@@ -82,20 +83,21 @@ def fleet_size(welcome: Welcome) -> int:
 
 
 class AckedLog:
-    """Every insert replay acked, as ``seq,items`` rows (``actor.acked_log``).
+    """Every insert replay acked, as ``sender,seq,items`` rows (``actor.acked_log``).
 
     Written at the ack, line by line: a row survives a kill -9 of the actor,
     so the chaos test can check that replay holds everything it ever acked.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sender: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.sender = sender
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 (closed in close())
         if self._file.tell() == 0:
-            self._file.write("seq,items\n")
+            self._file.write("sender,seq,items\n")
 
     def write(self, seq: int, items: int) -> None:
-        self._file.write(f"{seq},{items}\n")
+        self._file.write(f"{self.sender},{seq},{items}\n")
 
     def close(self) -> None:
         self._file.close()
@@ -122,8 +124,13 @@ class ActorService:
         self.adder = self.algo.make_adder(cfg.algorithm, cfg.env.num_envs, self.envs.single_observation_space,
                                           self.envs.single_action_space, self.algo.autoreset_mode)
         shard = self.index % cfg.replay.shards  # an actor sticks to one replay shard
-        self.acked_log = AckedLog(Path(cfg.run_dir) / "acked" / f"{actor_id}.csv") if cfg.actor.acked_log else None
-        self.replay = InsertClient.from_config(cfg, shard, actor_id,
+        # replay knows this incarnation by a sender id nobody can guess (128 random bits after the
+        # readable name), kept across reconnects so its resends still dedupe: no other client can
+        # claim its seqs and make its next inserts ack as duplicates
+        self.sender = f"{actor_id}/{secrets.token_hex(16)}"
+        self.acked_log = (AckedLog(Path(cfg.run_dir) / "acked" / f"{actor_id}.csv", self.sender)
+                          if cfg.actor.acked_log else None)
+        self.replay = InsertClient.from_config(cfg, shard, self.sender,
                                                on_ack=self.acked_log.write if self.acked_log else None)
         self._replay_reconnects = 0
         self._weights_at = time.monotonic()

@@ -13,25 +13,31 @@ remembered, so a sender cannot grow the set without bound (e.g. with a stale
 inserts un-acked with consecutive seqs, which is why the config caps
 ``actor.max_unacked`` at 4,096; older seqs would be taken as already stored.
 
-Senders are kept in LRU order and the least recent are forgotten beyond
-``max_senders``.
+Senders are kept in order of their last insert. Beyond ``max_senders`` the least
+recent is forgotten only if it has been silent for ``idle_s`` (the documented
+horizon, 10 minutes): a live sender is never forgotten to make room, so a flood of
+new sender ids cannot make a live sender's resend look new and be stored twice.
+When every sender is live, a new one is refused (:meth:`admits`).
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from typing import Any
 
 WINDOW = 4096
+IDLE_S = 600.0  # a sender silent this long may be forgotten (its resends are then taken as new)
 
 
 class _Sender:
-    __slots__ = ("floor", "above", "top")
+    __slots__ = ("floor", "above", "top", "at")
 
     def __init__(self, floor: int) -> None:
         self.floor = floor
         self.above: set[int] = set()
         self.top = floor  # highest seq seen
+        self.at = time.monotonic()  # last insert
 
     def advance(self, floor: int) -> None:
         if floor > self.floor:
@@ -43,10 +49,19 @@ class _Sender:
 
 
 class Dedup:
-    def __init__(self, max_senders: int = 100_000, window: int = WINDOW) -> None:
+    def __init__(self, max_senders: int = 100_000, window: int = WINDOW, idle_s: float = IDLE_S) -> None:
         self.max_senders = max_senders
         self.window = window
+        self.idle_s = idle_s
         self.senders: OrderedDict[str, _Sender] = OrderedDict()
+
+    def admits(self, sender: str) -> bool:
+        """Whether an insert of ``sender`` can be remembered: a known sender, room for a new one,
+        or a sender silent for ``idle_s`` to forget in its place."""
+        if sender in self.senders or len(self.senders) < self.max_senders:
+            return True
+        oldest = next(iter(self.senders.values()))
+        return time.monotonic() - oldest.at >= self.idle_s
 
     def seen(self, sender: str, seq: int) -> bool:
         s = self.senders.get(sender)
@@ -57,10 +72,11 @@ class Dedup:
         if s is None:
             start = window_start if window_start is not None else seq - self.window
             s = self.senders[sender] = _Sender(min(start, seq) - 1)
-            while len(self.senders) > self.max_senders:
+            while len(self.senders) > self.max_senders:  # only idle ones: the server asks admits() first
                 self.senders.popitem(last=False)
         else:
             self.senders.move_to_end(sender)
+            s.at = time.monotonic()
             if seq == s.floor + 1 and not s.above:
                 # the next seq in order (the usual case): nothing above the floor, so nothing
                 # above it was seen (top <= floor) and window_start cannot pass seq

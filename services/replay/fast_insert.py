@@ -139,7 +139,8 @@ class FastInsertServer(HeldRequestServer):
             return False
         ws, seq = tail
         sender, n = fast.sender, fast.n
-        if (self.dedup.seen(sender, seq) or (self.held_keys and (sender, seq) in self.held_keys)
+        if (not self.dedup.admits(sender) or self.dedup.seen(sender, seq)
+                or (self.held_keys and (sender, seq) in self.held_keys)
                 or self.held_inserts[table.name] or not table.can_insert(n)):
             return False
         priority = None
