@@ -9,8 +9,9 @@ Rate limiting holds requests instead of refusing them:
   inserts fills up and its ``insert()`` blocks: that is the back-pressure.
   A resend of a held insert is dropped (it is already queued); its one ack
   comes when it is stored. Beyond ``max_held_inserts`` (10,000) held per
-  table, an insert is dropped without a reply (counted in
-  ``rlfleet_replay_inserts_dropped_total``); its sender resends it later.
+  table, or ``max_held_bytes`` (256 MiB) held in all, an insert is dropped
+  without a reply (counted in ``rlfleet_replay_inserts_dropped_total``); its
+  sender resends it later.
 - A sample the limiter does not admit (learner ahead, or the table below
   ``min_size``) is held and answered when it may go, or with an ``error``
   of reason ``timeout`` (not counted as a protocol error: it is an expected
@@ -48,6 +49,7 @@ from services.replay.storage import WalError, WriteAheadLog
 from services.replay.tables import QueueTable
 
 MAX_HELD_INSERTS = 10_000  # per table; beyond, inserts are dropped unacked and the client resends
+MAX_HELD_BYTES = 256 << 20  # all tables: the arrays held inserts keep alive; beyond, dropped the same way
 MAX_HELD_SAMPLES = 1_000  # per table; beyond, samples are refused with reason 'busy'
 ACKS_PER_MESSAGE = 200  # inserts one ack message answers at most (a header list holds at most 256 items)
 
@@ -61,6 +63,7 @@ class HeldInsert:
     n: int
     since: float
     merge_acks: bool = False
+    nbytes: int = 0  # of its arrays and priorities (what holding it keeps in memory)
 
 
 @dataclass
@@ -83,6 +86,7 @@ class HeldRequestServer(Server):
     wal: WriteAheadLog | None
     shard: int
     held_inserts: dict[str, deque[HeldInsert]]
+    held_bytes: int
     held_keys: set[tuple[str, int]]
     held_samples: dict[str, deque[HeldSample]]
     deferred: list[tuple[Peer, list[Any], str]]
@@ -126,6 +130,7 @@ class HeldRequestServer(Server):
 
     def _store(self, table: Table, h: HeldInsert) -> None:
         self.held_keys.discard((h.peer.sender, h.peer.seq))
+        self.held_bytes -= h.nbytes
         try:
             self._commit(table, h.peer, h.arrays, h.priority, h.window_start, h.n, h.merge_acks)
         except RequestError as exc:  # wal_failed: its sender is told, not whoever's request pumped it

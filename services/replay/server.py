@@ -41,7 +41,13 @@ from common.wire.transport import DEFAULT_HWM, CurveConfig
 from services.replay.columnar import MAX_SAMPLE_BATCH, Table, TableError
 from services.replay.dedup import Dedup
 from services.replay.fast_insert import FastInsert, FastInsertServer
-from services.replay.held_requests import MAX_HELD_INSERTS, MAX_HELD_SAMPLES, HeldInsert, HeldSample
+from services.replay.held_requests import (
+    MAX_HELD_BYTES,
+    MAX_HELD_INSERTS,
+    MAX_HELD_SAMPLES,
+    HeldInsert,
+    HeldSample,
+)
 from services.replay.priorities import check_priorities
 from services.replay.recovery import restore_tables, start_snapshot
 from services.replay.storage import SNAPSHOT, Snapshotter, WriteAheadLog
@@ -71,11 +77,14 @@ class ReplayServer(FastInsertServer):
         ctx: zmq.Context[Any] | None = None,
         max_held_inserts: int = MAX_HELD_INSERTS,
         max_held_samples: int = MAX_HELD_SAMPLES,
+        max_held_bytes: int = MAX_HELD_BYTES,
     ) -> None:
         super().__init__(metrics, bind, limits=limits, curve=curve, hwm=hwm, ctx=ctx)
         self.cfg = cfg
         self.max_held_inserts = max_held_inserts
         self.max_held_samples = max_held_samples
+        self.max_held_bytes = max_held_bytes
+        self.held_bytes = 0
         self.shard = shard
         rng = np.random.default_rng(seed)
         self.tables: dict[str, Table] = {t.name: make_table(t, rng) for t in cfg.tables}
@@ -113,7 +122,7 @@ class ReplayServer(FastInsertServer):
         self.m_wait = m.counter("rate_limiter_wait_seconds", "Seconds requests were held by the rate limiter.",
                                 ("side",))
         self.m_held = m.gauge("rate_limiter_held", "Requests held by the rate limiter now.", ("side",))
-        self.m_dropped = m.counter("replay_inserts_dropped", "Inserts dropped unacked: too many held.")
+        self.m_dropped = m.counter("replay_inserts_dropped", "Inserts dropped unacked: too many held, or too many bytes held.")
         self.m_snap = m.gauge("replay_snapshot_seconds", "Seconds the last snapshot took to write.")
         self.m_wal_failed = m.counter("replay_wal_failures", "Records the write-ahead log could not take (disk "
                                       "full): inserts refused and queue pops not served, by op.", ("op",))
@@ -179,10 +188,12 @@ class ReplayServer(FastInsertServer):
             if self.held_samples[table.name]:
                 self._pump(table)
             return
-        if len(held) >= self.max_held_inserts:
+        nbytes = sum(a.nbytes for a in arrays.values()) + (priority.nbytes if priority is not None else 0)
+        if len(held) >= self.max_held_inserts or self.held_bytes + nbytes > self.max_held_bytes:
             self.m_dropped.inc()
             return
-        held.append(HeldInsert(peer, arrays, priority, ws, n, time.monotonic(), merge))
+        held.append(HeldInsert(peer, arrays, priority, ws, n, time.monotonic(), merge, nbytes))
+        self.held_bytes += nbytes
         self.held_keys.add((sender, seq))
         self._pump(table)
 
