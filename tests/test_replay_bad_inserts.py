@@ -13,7 +13,7 @@ from common.clients.replay_insert import InsertClient
 from common.wire.codec import Limits, Message, encode
 from common.wire.decoder import decode
 from common.wire.transport import make_socket
-from tests.replay_helpers import replay_config, serving, transitions
+from tests.replay_helpers import ask, replay_config, serving, transitions
 
 
 def request(sock: zmq.Socket[Any], frames: list[Any], timeout_ms: int = 5000) -> Message:
@@ -157,3 +157,14 @@ def test_error_ref_seq_is_the_seq_whenever_the_header_had_one() -> None:
                 assert (reply["reason"], reply["ref_seq"]) == (reason, ref), reply.body
         finally:
             sock.close(linger=0)
+
+
+def test_info_shows_each_tables_schema() -> None:
+    """What an insert must match is visible before sending one: null until the first insert fixes it."""
+    with serving(replay_config(capacity=100)) as server:
+        before = ask(server.endpoint, Message("info", {}))
+        assert before["stats"]["tables"]["main"]["schema"] is None
+        assert ask(server.endpoint, Message("insert", {"table": "main"}, good()), seq=2)["stored"] == 4
+        schema = ask(server.endpoint, Message("info", {}), seq=3)["stats"]["tables"]["main"]["schema"]
+        assert schema["obs"] == "float32[4]" and schema["action"] == "int64[]", schema
+        assert set(schema) == set(good())

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from common.config import TableConfig
+from common.wire.codec import DTYPE_NAMES
 from services.replay.prefault import Prefaulter
 from services.replay.ratelimiter import RateLimiter
 
@@ -320,4 +321,8 @@ class Table:
             "limiter_inserts": self.limiter.inserts,
             "limiter_samples": self.limiter.samples,
             "limiter_diff": self.limiter.diff,
+            # the columns its first insert fixed, as "dtype[per-item shape]": every later insert must
+            # match (null: none yet)
+            "schema": None if self.schema is None else
+            {n: f"{DTYPE_NAMES.get(sp.dtype, sp.dtype.str)}{list(sp.shape)}" for n, sp in self.schema.items()},
         }

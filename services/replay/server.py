@@ -122,7 +122,8 @@ class ReplayServer(FastInsertServer):
         self.m_wait = m.counter("rate_limiter_wait_seconds", "Seconds requests were held by the rate limiter.",
                                 ("side",))
         self.m_held = m.gauge("rate_limiter_held", "Requests held by the rate limiter now.", ("side",))
-        self.m_dropped = m.counter("replay_inserts_dropped", "Inserts dropped unacked: too many held, or too many bytes held.")
+        self.m_dropped = m.counter("replay_inserts_dropped",
+                                   "Inserts dropped unacked: too many held, or too many bytes held.")
         self.m_snap = m.gauge("replay_snapshot_seconds", "Seconds the last snapshot took to write.")
         self.m_wal_failed = m.counter("replay_wal_failures", "Records the write-ahead log could not take (disk "
                                       "full): inserts refused and queue pops not served, by op.", ("op",))
