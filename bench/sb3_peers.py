@@ -123,35 +123,24 @@ def deterministic_returns(model: Any, envs: gym.vector.VectorEnv, seed: int) -> 
     return returns
 
 
-def run_sb3_ppo(env_id: str, seed: int, budget: int | None = None) -> dict[str, Any]:
-    """SB3 PPO: 10 deterministic episodes (10 vector slots, fixed seeds) once the env steps pass each multiple
-    of PPO_EVAL_EVERY, skipped while the weights are those already evaluated (PPO learns once a rollout)."""
-    from stable_baselines3 import PPO
+def evaluations(env_id: str, seed: int, start: float, due: Callable[[Any, int], bool]) -> Any:
+    """An SB3 callback: 10 deterministic episodes (10 vector slots, fixed seeds) at each step where
+    ``due(model, num_timesteps)``; stops learning at the first mean at or above the env's target."""
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_vec_env
 
-    budget = budget or PPO_BUDGET[env_id]
-    every, target = PPO_EVAL_EVERY[env_id], TARGETS[env_id]
-    n_envs, hp = ppo_kwargs(env_id, budget)
+    target = TARGETS[env_id]
 
     class Evaluations(BaseCallback):
         def __init__(self) -> None:
             super().__init__()
             self.hit: tuple[int, float] | None = None
-            self.next_at = every
-            self.evaluated = -1  # model._n_updates at the last evaluation
             self.evals = 0
             self.eval_envs = gym.vector.SyncVectorEnv(
                 [lambda: gym.make(env_id, render_mode=None) for _ in range(EVAL_EPISODES)])
 
         def _on_step(self) -> bool:
-            if self.num_timesteps < self.next_at:
+            if not due(self.model, self.num_timesteps):
                 return True
-            self.next_at = (self.num_timesteps // every + 1) * every
-            updates = int(self.model._n_updates)
-            if updates == self.evaluated:
-                return True
-            self.evaluated = updates
             self.evals += 1
             returns = deterministic_returns(self.model, self.eval_envs, seed + EVAL_SEED_OFFSET)
             if float(returns.mean()) >= target:
@@ -159,14 +148,43 @@ def run_sb3_ppo(env_id: str, seed: int, budget: int | None = None) -> dict[str, 
                 return False
             return True
 
-    start = time.perf_counter()
-    env = make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs={"render_mode": None})
-    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hp)
-    cb = Evaluations()
-    model.learn(total_timesteps=budget, callback=cb)
+    return Evaluations()
+
+
+def peer_result(seed: int, cb: Any, model: Any, start: float) -> dict[str, Any]:
+    """A peer run's figures once ``model.learn`` returned (``cb``: its :func:`evaluations`)."""
     took = time.perf_counter() - start
     cb.eval_envs.close()
     wall = cb.hit[1] if cb.hit else took
     steps = cb.hit[0] if cb.hit else int(model.num_timesteps)
     return {"seed": seed, "solved": cb.hit is not None, "wall_s": round(wall, 2), "env_steps": steps,
             "env_steps_per_s": round(steps / wall, 1), "evaluations": cb.evals}
+
+
+def run_sb3_ppo(env_id: str, seed: int, budget: int | None = None) -> dict[str, Any]:
+    """SB3 PPO: evaluations once the env steps pass each multiple of PPO_EVAL_EVERY, skipped while the
+    weights are those already evaluated (PPO learns once a rollout)."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    budget = budget or PPO_BUDGET[env_id]
+    every = PPO_EVAL_EVERY[env_id]
+    n_envs, hp = ppo_kwargs(env_id, budget)
+    state = {"next_at": every, "evaluated": -1}  # model._n_updates at the last evaluation
+
+    def due(model: Any, steps: int) -> bool:
+        if steps < state["next_at"]:
+            return False
+        state["next_at"] = (steps // every + 1) * every
+        updates = int(model._n_updates)
+        if updates == state["evaluated"]:
+            return False
+        state["evaluated"] = updates
+        return True
+
+    start = time.perf_counter()
+    env = make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs={"render_mode": None})
+    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hp)
+    cb = evaluations(env_id, seed, start, due)
+    model.learn(total_timesteps=budget, callback=cb)
+    return peer_result(seed, cb, model, start)

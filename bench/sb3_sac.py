@@ -13,7 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from bench.sb3_peers import EVAL_EPISODES, EVAL_SEED_OFFSET, TARGETS, deterministic_returns
+from bench.sb3_peers import evaluations, peer_result
 
 # rl-baselines3-zoo hyperparams/sac.yml (LunarLanderContinuous-v2 entry for v3); the rest SB3's defaults.
 ZOO_SAC: dict[str, dict[str, Any]] = {
@@ -29,42 +29,17 @@ SAC_BUDGET = {env: int(hp["n_timesteps"]) for env, hp in ZOO_SAC.items()}
 
 
 def run_sb3_sac(env_id: str, seed: int, budget: int | None = None) -> dict[str, Any]:
-    """SB3 SAC: 10 deterministic episodes (10 vector slots, fixed seeds) every SAC_EVAL_EVERY env steps."""
+    """SB3 SAC: evaluations every SAC_EVAL_EVERY env steps (it learns every step)."""
     from stable_baselines3 import SAC
-    from stable_baselines3.common.callbacks import BaseCallback
 
     hp = dict(ZOO_SAC[env_id])
-    budget = budget or int(hp["n_timesteps"])
-    hp.pop("n_timesteps")
-    every, target = SAC_EVAL_EVERY[env_id], TARGETS[env_id]
-
-    class Evaluations(BaseCallback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.hit: tuple[int, float] | None = None
-            self.evals = 0
-            self.eval_envs = gym.vector.SyncVectorEnv(
-                [lambda: gym.make(env_id, render_mode=None) for _ in range(EVAL_EPISODES)])
-
-        def _on_step(self) -> bool:
-            if self.num_timesteps % every:
-                return True
-            self.evals += 1
-            returns = deterministic_returns(self.model, self.eval_envs, seed + EVAL_SEED_OFFSET)
-            if float(returns.mean()) >= target:
-                self.hit = (self.num_timesteps, time.perf_counter() - start)
-                return False
-            return True
-
+    budget = budget or int(hp.pop("n_timesteps"))
+    hp.pop("n_timesteps", None)
+    every = SAC_EVAL_EVERY[env_id]
     start = time.perf_counter()
     env = gym.make(env_id, render_mode=None)
     model = SAC("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hp)
-    cb = Evaluations()
+    cb = evaluations(env_id, seed, start, lambda _model, steps: steps % every == 0)
     model.learn(total_timesteps=budget, callback=cb)
-    took = time.perf_counter() - start
-    cb.eval_envs.close()
-    wall = cb.hit[1] if cb.hit else took
-    steps = cb.hit[0] if cb.hit else int(model.num_timesteps)
-    return {"seed": seed, "solved": cb.hit is not None, "wall_s": round(wall, 2), "env_steps": steps,
-            "env_steps_per_s": round(steps / wall, 1), "steps_per_wall_s": round(steps / wall, 1),
-            "evaluations": cb.evals, "budget": budget}
+    result = peer_result(seed, cb, model, start)
+    return {**result, "steps_per_wall_s": result["env_steps_per_s"], "budget": budget}
