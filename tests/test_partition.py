@@ -54,3 +54,15 @@ def test_check_shard_and_wire_round_trip() -> None:
         Layout.from_wire([["x", "complex128", [2]]], 2)
     with pytest.raises(ValueError):
         Layout.from_wire([["x", "float32", [-1]]], 2)
+
+
+def test_layout_hash_is_the_documented_bytes() -> None:
+    """docs/protocol.md gives the exact bytes and hash of one layout: a client in another language
+    checks itself against them."""
+    import hashlib
+
+    from common.tensor_shards import fingerprint
+
+    blob = b'{"tensors":[["b","float32",[4]],["w","float32",[3,4]]],"num_shards":2}'
+    assert fingerprint([("w", "float32", (3, 4)), ("b", "float32", (4,))], 2) == "a7345c4d053db377"
+    assert hashlib.sha256(blob).hexdigest()[:16] == "a7345c4d053db377"
