@@ -149,12 +149,14 @@ class Fleet:
                       cut["rlfleet_env_steps_total"], self.metrics("actor-steady")["rlfleet_env_steps_total"])
 
     def wal_seqs(self) -> dict[str, Counter[int]]:
-        """(actor id -> seq -> records) of every insert replay stored, from its write-ahead log."""
+        """(actor id -> seq -> records) of every insert replay stored, from its write-ahead log.
+
+        An actor sends as "<actor id>/<random token>" (one token per process; none restarts here)."""
         out: dict[str, Counter[int]] = {}
         for seg in sorted((self.run_dir / "replay" / "shard-0").glob("wal-*.log")):
             for header, _ in read_segment(seg):
                 if header["op"] == "insert":
-                    out.setdefault(header["sender"], Counter())[int(header["seq"])] += 1
+                    out.setdefault(header["sender"].split("/")[0], Counter())[int(header["seq"])] += 1
         return out
 
 
