@@ -9,8 +9,8 @@ Replay (durability ``wal``, a uniform table) and a paramserver run as real proce
 transitions that name themselves (writer, idx) through ``InsertClient`` for ``--seconds``,
 once undisturbed (the reference) and once while a hostile process sends, in a loop:
 undecodable frames, headers that break every rule, inserts whose sender ids imitate the
-writers' readable names, resends of stored seqs with bad content, inserts from ever new
-sender ids, oversized single frames (600 MiB: refused as their size arrives), and garbage to
+writers' readable names (at seq 2^64-1, or with frames that do not match their header),
+inserts from ever new sender ids, oversized single frames (600 MiB: refused as their size arrives), and garbage to
 the paramserver. Afterwards replay's write-ahead log is read back.
 
 - ``acked_lost``: inserts a writer was acked for that the log does not hold with the same

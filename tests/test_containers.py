@@ -280,16 +280,15 @@ def check_rounds_advance(fleet: ComposeProject | SwarmStack, actors: int, rounds
     assert len(now) == actors and all(b > a for a, b in zip(sorted(acked), sorted(now), strict=True)), (acked, now)
 
 
-@pytest.mark.container
-def test_compose_runs_ppo_from_the_config_variable(docker_client: Any, tmp_path: Path) -> None:
-    """RLFLEET_CONFIG=./configs/cartpole-ppo.yaml: DPPO rounds advance in compose."""
-    env_file = write_env_file(tmp_path / "fleet.env", PPO_ENV)
-    proj = ComposeProject(docker_client, f"rlfleettest{uuid.uuid4().hex[:8]}", env_file, free_port(), PPO_CONFIG)
+@contextmanager
+def compose_project(client: Any, tmp_path: Path, env: dict[str, str], config: str) -> Iterator[ComposeProject]:
+    """A compose project of every service with 2 actors, RLFLEET_CONFIG=``config``; down afterwards,
+    and nothing of it may be left."""
+    proj = ComposeProject(client, f"rlfleettest{uuid.uuid4().hex[:8]}", write_env_file(tmp_path / "fleet.env", env),
+                          free_port(), config)
     try:
         proj.up(2, *SERVICES)
-        check_rounds_advance(proj, 2)
-        wait_for(lambda: metrics(proj.one("evaluator")), lambda m: m.get("rlfleet_evaluations_total", 0) > 0,
-                 STARTUP_S, "the evaluator scores the PPO policy (deterministic)")
+        yield proj
     finally:
         try:
             proj.down()
@@ -298,6 +297,19 @@ def test_compose_runs_ppo_from_the_config_variable(docker_client: Any, tmp_path:
             for c in left:
                 c.remove(force=True)
     assert not left, f"down left containers: {[c.name for c in left]}"
+
+
+def check_evaluates(proj: ComposeProject) -> None:
+    wait_for(lambda: metrics(proj.one("evaluator")), lambda m: m.get("rlfleet_evaluations_total", 0) > 0,
+             STARTUP_S, "the evaluator scores the policy (deterministic)")
+
+
+@pytest.mark.container
+def test_compose_runs_ppo_from_the_config_variable(docker_client: Any, tmp_path: Path) -> None:
+    """RLFLEET_CONFIG=./configs/cartpole-ppo.yaml: DPPO rounds advance in compose."""
+    with compose_project(docker_client, tmp_path, PPO_ENV, PPO_CONFIG) as proj:
+        check_rounds_advance(proj, 2)
+        check_evaluates(proj)
 
 
 @contextmanager
@@ -350,18 +362,8 @@ def test_swarm_stack_runs_ppo_from_the_config_variable(docker_client: Any, tmp_p
 def test_compose_and_swarm_run_sac(docker_client: Any, tmp_path: Path) -> None:
     """RLFLEET_CONFIG=./configs/pendulum-sac.yaml (Box actions, only the actor published): the learner
     updates and the evaluator scores the deterministic policy, in compose and then in a Swarm stack."""
-    env_file = write_env_file(tmp_path / "fleet.env", SAC_ENV)
-    proj = ComposeProject(docker_client, f"rlfleettest{uuid.uuid4().hex[:8]}", env_file, free_port(), SAC_CONFIG)
-    try:
-        proj.up(2, *SERVICES)
+    with compose_project(docker_client, tmp_path, SAC_ENV, SAC_CONFIG) as proj:
         check_fleet_trains(proj, 2)
-        wait_for(lambda: metrics(proj.one("evaluator")), lambda m: m.get("rlfleet_evaluations_total", 0) > 0,
-                 STARTUP_S, "the evaluator scores the SAC policy")
-    finally:
-        try:
-            proj.down()
-        finally:
-            for c in proj.containers(all=True):
-                c.remove(force=True)
+        check_evaluates(proj)
     with swarm_stack(docker_client, tmp_path, SAC_ENV, 2, SAC_CONFIG) as stack:
         check_fleet_trains(stack, 2)

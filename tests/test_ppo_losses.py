@@ -61,7 +61,7 @@ def test_logp_entropy_match_torch_distributions() -> None:
     learner = PPOLearner(cfg, obs_space, box, device="cpu", seed=1)
     obs = torch.randn(5, 3)
     action = torch.randn(5, 2)
-    logp, entropy = learner.net.logp_entropy(obs, action)
+    logp, entropy, _ = learner.net.evaluate(obs, action)
     dist = torch.distributions.Normal(learner.net.actor(obs), learner.net.log_std.exp())
     torch.testing.assert_close(logp, dist.log_prob(action).sum(1))
     torch.testing.assert_close(entropy, dist.entropy().sum(1))
@@ -70,7 +70,7 @@ def test_logp_entropy_match_torch_distributions() -> None:
     policy.load_weights(learner.weights())
     env_action, extras = policy.act(obs.numpy())
     raw = torch.as_tensor(extras["raw_action"])
-    np.testing.assert_allclose(extras["logp"], learner.net.logp_entropy(obs, raw)[0].detach().numpy(), rtol=1e-5)
+    np.testing.assert_allclose(extras["logp"], learner.net.evaluate(obs, raw)[0].detach().numpy(), rtol=1e-5)
     np.testing.assert_array_equal(env_action, np.clip(extras["raw_action"], -1, 1))
     np.testing.assert_allclose(extras["value"], learner.net.value(obs).detach().numpy(), rtol=1e-5, atol=1e-6)
 
@@ -78,7 +78,7 @@ def test_logp_entropy_match_torch_distributions() -> None:
     logits = disc.net.actor(obs)
     cat = torch.distributions.Categorical(logits=logits)
     a = torch.tensor([0, 1, 2, 1, 0])
-    logp, entropy = disc.net.logp_entropy(obs, a)
+    logp, entropy, _ = disc.net.evaluate(obs, a)
     torch.testing.assert_close(logp, cat.log_prob(a))
     torch.testing.assert_close(entropy, cat.entropy())
     assert entropy.mean().item() == pytest.approx(math.log(3), abs=1e-3)  # head gain 0.01: near uniform

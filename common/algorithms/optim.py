@@ -29,7 +29,6 @@ class ClippedAdam:
         self.params: list[torch.Tensor] = list(params)
         self.fused = all(p.device.type in ("cpu", "cuda") for p in self.params)
         self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=eps, betas=betas, fused=self.fused or None)
-        self.lr = lr
 
     def _state(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """exp_avg, exp_avg_sq and step of every parameter, created as Adam would on its first step."""

@@ -14,7 +14,6 @@ is published keeps the plain layout of two ``nn.Sequential`` MLPs (``actor.0.wei
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -23,7 +22,6 @@ from torch import nn
 
 from common.algorithms.mlp import TwinMLP, mlp
 from common.algorithms.ppo.config import PPOConfig
-from common.algorithms.weights import check_arrays
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -31,9 +29,9 @@ LOG_2PI = math.log(2 * math.pi)
 class PPONetworks(nn.Module):
     """actor(obs) -> logits (Discrete) or Gaussian mean (Box); critic(obs) -> V; log_std (Box only).
 
-    Observations come in normalised (see :class:`RunningMeanStd`) and flat. ``arrays()`` /
-    ``load_arrays()`` speak the published layout: ``actor.{2i}.weight``/``.bias`` and
-    ``critic.{2i}...`` as two ``nn.Sequential`` MLPs would name them, and ``log_std``.
+    Observations come in normalised (see :class:`RunningMeanStd`) and flat. ``arrays()`` gives
+    the published layout: ``actor.{2i}.weight``/``.bias`` and ``critic.{2i}...`` as two
+    ``nn.Sequential`` MLPs would name them, and ``log_std``.
     """
 
     def __init__(self, cfg: PPOConfig, observation_space: gym.Space, action_space: gym.Space) -> None:
@@ -57,11 +55,6 @@ class PPONetworks(nn.Module):
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.twin.one(obs.flatten(1), 1).squeeze(1)
-
-    def logp_entropy(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """log pi(action | obs) and the policy's entropy at obs, one per row."""
-        logp, entropy, _ = self.evaluate(obs, action)
-        return logp, entropy
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """log pi(action | obs), the policy's entropy and V(obs), one per row, in one pass."""
@@ -88,17 +81,6 @@ class PPONetworks(nn.Module):
             named["log_std"] = self.log_std
         return {key: np.ascontiguousarray(value.detach().to("cpu", torch.float32, copy=True).numpy())
                 for key, value in named.items()}
-
-    def load_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Copy in arrays of the published layout, all checked (names, shapes) before any is copied."""
-        check_arrays({key: value.shape for key, value in self.arrays().items()}, arrays)
-        with torch.no_grad():
-            for index, prefix in ((0, "actor"), (1, "critic")):
-                for i, (weight, bias) in enumerate(self.twin.layers(index)):
-                    weight.copy_(torch.as_tensor(np.asarray(arrays[f"{prefix}.{2 * i}.weight"])))
-                    bias.copy_(torch.as_tensor(np.asarray(arrays[f"{prefix}.{2 * i}.bias"])))
-            if not self.discrete:
-                self.log_std.copy_(torch.as_tensor(np.asarray(arrays["log_std"])))
 
 
 def seeded_networks(cfg: PPOConfig, observation_space: gym.Space, action_space: gym.Space, seed: int) -> PPONetworks:

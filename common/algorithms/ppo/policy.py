@@ -43,7 +43,8 @@ class PPOPolicy:
         self.cfg = cfg
         net = seeded_networks(cfg, observation_space, action_space, seed)
         self.discrete = net.discrete
-        self._shapes = {key: value.shape for key, value in net.arrays().items()}  # what load_weights accepts
+        arrays = net.arrays()
+        self._shapes = {key: value.shape for key, value in arrays.items()}  # what load_weights accepts
         if not self.discrete:
             assert isinstance(action_space, gym.spaces.Box)
             self.low = action_space.low.reshape(-1).astype(np.float32)
@@ -53,7 +54,7 @@ class PPOPolicy:
         shape = tuple(observation_space.shape)
         self.obs_mean, self.obs_var = np.zeros(shape, np.float32), np.ones(shape, np.float32)
         self.rng = np.random.default_rng(seed if act_seed is None else act_seed)
-        self._use(net.arrays())
+        self._use(arrays)
 
     def _use(self, arrays: Mapping[str, np.ndarray]) -> None:
         self._actor = numpy_layers(arrays, "actor")

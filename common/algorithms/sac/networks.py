@@ -36,6 +36,7 @@ class ActionScale:
         self.low = action_space.low.reshape(-1).astype(np.float64)
         self.high = action_space.high.reshape(-1).astype(np.float64)
         self.shape = tuple(action_space.shape or ())
+        self._bounds: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def to_env(self, unit: np.ndarray) -> np.ndarray:
         """Actions in [-1, 1] -> the env's bounds, float32, clipped (rounding never leaves the box)."""
@@ -44,8 +45,12 @@ class ActionScale:
 
     def to_unit(self, env: torch.Tensor) -> torch.Tensor:
         """Env actions (a batch, any device) -> [-1, 1]."""
-        low = torch.as_tensor(self.low, dtype=env.dtype, device=env.device)
-        high = torch.as_tensor(self.high, dtype=env.dtype, device=env.device)
+        bounds = self._bounds.get((env.dtype, env.device))
+        if bounds is None:  # made once per dtype and device, not every update
+            bounds = self._bounds[(env.dtype, env.device)] = (
+                torch.as_tensor(self.low, dtype=env.dtype, device=env.device),
+                torch.as_tensor(self.high, dtype=env.dtype, device=env.device))
+        low, high = bounds
         return (2.0 * (env.reshape(len(env), -1) - low) / (high - low) - 1.0).clamp(-1.0, 1.0)
 
 
