@@ -70,7 +70,8 @@ _KEY = ArraySpec(("uint64",), 1, True, "item keys")
 _SPECS = [
     # -- common -----------------------------------------------------------
     MessageSpec("error", "Reply to a request that failed or could not be decoded.", {
-        "ref_seq": _f("int", "seq of the request (-1 if it could not be decoded)"),
+        "ref_seq": _f("int", "seq of the request, also when the rest could not be decoded; -1 only without a"
+                             " readable seq"),
         "reason": _f("str", "machine-readable reason"),
         "detail": _f("str", "human-readable explanation"),
     }),
