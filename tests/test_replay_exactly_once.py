@@ -107,6 +107,46 @@ def test_a_flood_of_new_senders_never_makes_a_live_sender_forget(monkeypatch: py
             assert insert("live", 2)["stored"] == 2  # live again; x0 and x1 now idle
             assert insert("flood", 1)["stored"] == 2  # takes the place of the longest silent (x0)
             assert "x0" not in server.dedup.senders and "live" in server.dedup.senders
+            late = insert("x0", 1)  # x0's resend after it was forgotten: refused, not stored twice
+            assert late.type == "error" and late["reason"] == "sender_forgotten", late.body
+            assert "new sender id" in late["detail"]
         finally:
             sock.close(linger=0)
         assert server.tables["main"].size == 10  # live 1 and 2, x0, x1, flood: nothing twice
+
+
+def test_a_seq_far_ahead_of_the_window_is_refused_and_the_sender_goes_on() -> None:
+    """A seq 2^63-1 (or anything beyond MAX_AHEAD above the floor) would move the window past every
+    seq the sender has yet to send; it is refused and the sender's next inserts are stored."""
+    with serving(replay_config(capacity=1000, min_size=1)) as server:
+        sock = make_socket(zmq.DEALER, connect=server.endpoint)
+        try:
+            def insert(seq: int, window_start: int) -> Message:
+                msg = Message("insert", {"table": "main", "window_start": window_start}, transitions(0, seq % 1000, 1),
+                              sender="a", seq=seq)
+                sock.send_multipart(encode(msg))
+                assert sock.poll(5000)
+                return decode(sock.recv_multipart())
+
+            assert insert(1, 1)["stored"] == 1
+            for far in (2 + dedup_mod.MAX_AHEAD, 2**63 - 1):
+                refused = insert(far, far)
+                assert refused.type == "error" and refused["reason"] == "seq_out_of_window", refused.body
+                assert refused["ref_seq"] == far and str(dedup_mod.MAX_AHEAD) in refused["detail"]
+            assert insert(2, 2)["stored"] == 1 and insert(3, 2)["stored"] == 1
+            assert insert(1 + dedup_mod.MAX_AHEAD, 4)["stored"] == 1  # the bound itself is allowed
+        finally:
+            sock.close(linger=0)
+        assert server.tables["main"].size == 4
+
+
+def test_a_restored_sender_re_anchors_on_its_first_insert() -> None:
+    """A snapshot may be older than what its senders have since sent: their first insert after the
+    restart moves the window however far, resends at or below the restored floor stay duplicates."""
+    d = Dedup()
+    d.restore({"a": [10, [12]]})
+    far = 10 + dedup_mod.MAX_AHEAD + 500
+    assert d.refusal("a", far) is None and d.seen("a", 10) and d.seen("a", 12) and not d.seen("a", 11)
+    d.add("a", far, far)
+    assert d.seen("a", far - 1) and not d.seen("a", far + 1)
+    assert d.refusal("a", far + dedup_mod.MAX_AHEAD + 1) is not None  # anchored again

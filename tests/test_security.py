@@ -27,6 +27,7 @@ from common.clients.replay_sample import SampleClient
 from common.clients.weights_publisher import WeightsPublisher
 from common.clients.weights_reader import WeightsReader
 from common.wire.codec import Message, encode
+from common.wire.decoder import decode
 from common.wire.transport import CurveConfig, fingerprint, free_tcp_port, make_socket
 from tests.fleet_helpers import CONFIGS, only_run_dir, read_csv, rlfleet
 from tests.replay_helpers import transitions
@@ -352,3 +353,46 @@ def test_a_client_whose_key_is_not_allowlisted_is_told_its_fingerprint(tmp_path:
         assert params.metric("rlfleet_auth_rejected_total", reason="unknown_key") >= 1
     finally:
         params.stop()
+
+
+def test_with_curve_a_sender_id_belongs_to_its_key(tmp_path: Path) -> None:
+    """Another allowlisted key that uses a victim's sender id (and its next seqs) reaches only a sender
+    of its own: the victim's next inserts are stored, not acked as duplicates; the victim's resends
+    over a new connection with its own key are still recognised."""
+    from services.replay.dedup import MAX_AHEAD
+    from tests.replay_helpers import replay_config, serving
+
+    server_pub, server_sec = zmq.curve_keypair()
+    victim, spoofer = zmq.curve_keypair(), zmq.curve_keypair()
+    server_curve = CurveConfig(public_key=server_pub, secret_key=server_sec,
+                               allowed_clients=[victim[0], spoofer[0]])
+    with serving(replay_config(capacity=1000, min_size=1), curve=server_curve) as server:
+        def insert(key: tuple[bytes, bytes], seq: int) -> Message:
+            sock = make_socket(zmq.DEALER, connect=server.endpoint,
+                               curve=CurveConfig(public_key=key[0], secret_key=key[1], server_key=server_pub))
+            try:
+                msg = Message("insert", {"table": "main", "window_start": seq}, transitions(0, seq, 1),
+                              sender="actor-0/0123", seq=seq)
+                sock.send_multipart(encode(msg))
+                assert sock.poll(10_000)
+                return decode(sock.recv_multipart())
+            finally:
+                sock.close(linger=0)
+
+        assert insert(victim, 1)["stored"] == 1
+        for seq in (2, 3, MAX_AHEAD):  # the spoofer takes the victim's next seqs
+            assert insert(spoofer, seq)["stored"] == 1
+        for seq in (2, 3):  # ... which are the victim's still
+            reply = insert(victim, seq)
+            assert reply["stored"] == 1 and reply["duplicate"] is False, reply.body
+        assert insert(victim, 3)["duplicate"] is True  # a resend on a new connection: recognised
+        assert len(server.dedup.senders) == 2
+        assert all(name.startswith("actor-0/0123@") for name in server.dedup.senders)
+        assert server.tables["main"].size == 6
+        # a client's usual inserts take the fast path under CurveZMQ too, as its own sender
+        with InsertClient(server.endpoint, "actor-0/4567",
+                          curve=CurveConfig(public_key=victim[0], secret_key=victim[1], server_key=server_pub)) as ic:
+            for i in range(20):
+                ic.insert("main", transitions(1, i, 1), timeout_s=10)
+            ic.flush(10)
+        assert server.fast_inserts >= 10 and server.tables["main"].size == 26

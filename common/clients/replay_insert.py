@@ -20,8 +20,10 @@ disk full) stays in the window; the first such insert is resent every
 is held there), the others on their back-off until it is acked, then all at once:
 the actor blocks until replay can log again and goes on within ``resend_after_s``
 once it can, and the window does not cross the wire every ``resend_after_s``.
-Seqs start at the wall clock in microseconds, so an actor that
-restarts under the same id never reuses a seq; each insert also carries
+A sender id belongs to one client: actors send as ``<actor id>/<128 random bits>``,
+new at each start. Seqs start at the wall clock in microseconds, so a second client
+under a used id never has its inserts taken as the first one's resends: replay
+refuses them (``seq_out_of_window``) unless it restarted since. Each insert also carries
 ``window_start`` (its lowest un-acked seq) so replay can forget older seqs,
 and ``merge_acks``: replay answers all of a burst's inserts with one ack.
 """

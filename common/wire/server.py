@@ -30,6 +30,7 @@ from common.wire.transport import (
     NOBLOCK,
     SNDMORE_NOBLOCK,
     CurveConfig,
+    fingerprint,
     make_socket,
     recv_frames,
     send_parts,
@@ -88,6 +89,10 @@ class Server:
             "auth_rejected", "Connections refused by CurveZMQ: reason unknown_key (not allowlisted) or handshake.",
             ("reason",),
         )
+        # with CurveZMQ a sender id is its client's only: "<sender>@<key fingerprint>" everywhere
+        # inside the server (dedup, logs), so no other key can reach a sender's seqs
+        self.bind_senders = curve is not None
+        self._owner_suffixes: dict[str, str] = {}
         self.sock = make_socket(zmq.ROUTER, bind=bind, hwm=hwm, curve=curve, ctx=ctx, name=self.name,
                                 on_reject=lambda reason, _fp: self.auth_rejected.labels(reason).inc(),
                                 max_frame_bytes=limits.max_message_bytes)
@@ -157,6 +162,18 @@ class Server:
             self.metrics.protocol_errors.labels(reason).inc()
         self.reply(peer, Message("error", {"ref_seq": peer.seq, "reason": reason, "detail": detail[:1000]}))
 
+    def owner_suffix(self, frames: list[zmq.Frame]) -> str:
+        """``"@<fingerprint>"`` of the CurveZMQ key that sent ``frames`` ("" without CurveZMQ)."""
+        if not self.bind_senders:
+            return ""
+        user_id = frames[0].get("User-Id")  # ZAP's user id: the client's public key (z85)
+        suffix = self._owner_suffixes.get(user_id)
+        if suffix is None:
+            if len(self._owner_suffixes) >= 4096:
+                self._owner_suffixes.clear()
+            suffix = self._owner_suffixes[user_id] = "@" + fingerprint(user_id.encode())
+        return suffix
+
     # -- loop ---------------------------------------------------------------
     def tick(self) -> None:
         """Timers: expire waits, checkpoint, ... Called at least every tick_interval_s."""
@@ -172,6 +189,8 @@ class Server:
             self.reply_error(Peer(identity, exc.seq), exc.reason, exc.detail)
             return
         self.count(msg.type, "in", nbytes)
+        if self.bind_senders:
+            msg.sender += self.owner_suffix(frames)
         peer = Peer(identity, msg.seq, msg.sender)
         handler = self.handlers.get(msg.type)
         if handler is None:

@@ -17,7 +17,17 @@ Senders are kept in order of their last insert. Beyond ``max_senders`` the least
 recent is forgotten only if it has been silent for ``idle_s`` (the documented
 horizon, 10 minutes): a live sender is never forgotten to make room, so a flood of
 new sender ids cannot make a live sender's resend look new and be stored twice.
-When every sender is live, a new one is refused (:meth:`admits`).
+When every sender is live, a new one is refused (:meth:`refusal`, ``too_many_senders``).
+A forgotten sender's name is kept (names only, as many as ``max_senders``): if it inserts
+again, its inserts are refused (``sender_forgotten``) instead of taken as new, so a resend
+older than the horizon is never stored twice; its client starts over with a new sender id.
+
+A known sender's seq more than ``MAX_AHEAD`` (8,192) above its floor is refused
+(``seq_out_of_window``): no client that keeps at most ``WINDOW`` inserts un-acked sends one,
+and taking it would move the window past every seq the sender has yet to send, which would
+then be acked as duplicates with nothing stored. After a restart from a snapshot (without a
+write-ahead log the snapshot may be older than what the sender has since sent), each restored
+sender's first insert re-anchors its window instead.
 """
 
 from __future__ import annotations
@@ -27,17 +37,19 @@ from collections import OrderedDict
 from typing import Any
 
 WINDOW = 4096
-IDLE_S = 600.0  # a sender silent this long may be forgotten (its resends are then taken as new)
+IDLE_S = 600.0  # a sender silent this long may be forgotten (its later inserts are then refused)
+MAX_AHEAD = 2 * WINDOW  # how far above its floor a known sender's seq may be
 
 
 class _Sender:
-    __slots__ = ("floor", "above", "top", "at")
+    __slots__ = ("floor", "above", "top", "at", "anchored")
 
-    def __init__(self, floor: int) -> None:
+    def __init__(self, floor: int, anchored: bool = True) -> None:
         self.floor = floor
         self.above: set[int] = set()
         self.top = floor  # highest seq seen
         self.at = time.monotonic()  # last insert
+        self.anchored = anchored  # False for a sender restored from a snapshot, until its next insert
 
     def advance(self, floor: int) -> None:
         if floor > self.floor:
@@ -54,14 +66,27 @@ class Dedup:
         self.window = window
         self.idle_s = idle_s
         self.senders: OrderedDict[str, _Sender] = OrderedDict()
+        self.forgotten: OrderedDict[str, None] = OrderedDict()  # names of senders forgotten for room
 
-    def admits(self, sender: str) -> bool:
-        """Whether an insert of ``sender`` can be remembered: a known sender, room for a new one,
-        or a sender silent for ``idle_s`` to forget in its place."""
-        if sender in self.senders or len(self.senders) < self.max_senders:
-            return True
+    def refusal(self, sender: str, seq: int) -> tuple[str, str] | None:
+        """Why an insert of ``sender`` with ``seq`` cannot be taken (reason, detail), or None."""
+        s = self.senders.get(sender)
+        if s is not None:
+            if s.anchored and seq > s.floor + MAX_AHEAD:
+                return ("seq_out_of_window", f"seq {seq} is more than {MAX_AHEAD} above {s.floor}, the highest"
+                        f" seq of sender {sender!r} below which all are stored; a sender keeps at most {self.window}"
+                        " inserts un-acked with consecutive seqs")
+            return None
+        if sender in self.forgotten:
+            return ("sender_forgotten", f"replay forgot sender {sender!r} after {self.idle_s:.0f} s without an"
+                    " insert, so it cannot tell its resends from new inserts; send as a new sender id")
+        if len(self.senders) < self.max_senders:
+            return None
         oldest = next(iter(self.senders.values()))
-        return time.monotonic() - oldest.at >= self.idle_s
+        if time.monotonic() - oldest.at >= self.idle_s:
+            return None
+        return ("too_many_senders", f"replay remembers {self.max_senders} senders and all inserted within"
+                f" {self.idle_s:.0f} s; try again later")
 
     def seen(self, sender: str, seq: int) -> bool:
         s = self.senders.get(sender)
@@ -72,11 +97,14 @@ class Dedup:
         if s is None:
             start = window_start if window_start is not None else seq - self.window
             s = self.senders[sender] = _Sender(min(start, seq) - 1)
-            while len(self.senders) > self.max_senders:  # only idle ones: the server asks admits() first
-                self.senders.popitem(last=False)
+            while len(self.senders) > self.max_senders:  # only idle ones: the server asks refusal() first
+                self.forgotten[self.senders.popitem(last=False)[0]] = None
+                while len(self.forgotten) > self.max_senders:
+                    self.forgotten.popitem(last=False)
         else:
             self.senders.move_to_end(sender)
             s.at = time.monotonic()
+            s.anchored = True  # a restored sender's window goes on from here, however far ahead
             if seq == s.floor + 1 and not s.above:
                 # the next seq in order (the usual case): nothing above the floor, so nothing
                 # above it was seen (top <= floor) and window_start cannot pass seq
@@ -99,6 +127,6 @@ class Dedup:
     def restore(self, state: dict[str, Any]) -> None:
         self.senders.clear()
         for name, (floor, above) in state.items():
-            s = self.senders[name] = _Sender(int(floor))
+            s = self.senders[name] = _Sender(int(floor), anchored=False)
             s.above = {int(x) for x in above}
             s.top = max(s.above, default=s.floor)

@@ -39,7 +39,8 @@ class FastInsert:
     generation: int  # the table's columns it was checked against and copies into
     n: int
     nbytes: int  # of the payload frame
-    sender: str
+    sender: str  # as the server knows it (with its key's suffix under CurveZMQ)
+    owner: str  # that suffix ("" without CurveZMQ)
     plan: PackedPlan
     items: tuple[tuple[str, np.dtype[Any], tuple[int, ...], int], ...]  # the decoder's, priority included
     priority: tuple[np.dtype[Any], int] | None  # its dtype and offset in the payload
@@ -112,7 +113,8 @@ class FastInsertServer(HeldRequestServer):
                 return
             descriptors.append([name, dtype.name, list(shape)])
         header = frames[1].bytes
-        prefix = insert_header_prefix(table.name, peer.sender, descriptors)
+        owner = self.owner_suffix(frames)
+        prefix = insert_header_prefix(table.name, peer.sender[:len(peer.sender) - len(owner)], descriptors)
         if not header.startswith(prefix) or read_insert_tail(header, len(prefix)) != (ws, peer.seq):
             return
         plan = table.packed_plan(items)
@@ -121,7 +123,8 @@ class FastInsertServer(HeldRequestServer):
         priority = next(((dtype, offset) for name, dtype, _, offset in items if name == "priority"), None)
         if len(self.fast) >= MAX_FAST_PEERS:
             self.fast.clear()
-        self.fast[identity] = FastInsert(prefix, table, table.generation, n, nbytes, peer.sender, plan, items, priority)
+        self.fast[identity] = FastInsert(prefix, table, table.generation, n, nbytes, peer.sender, owner, plan, items,
+                                          priority)
 
     def _insert_fast(self, fast: FastInsert, identity: bytes, frames: list[Any]) -> bool:
         """Store an insert whose header is ``fast.prefix`` and two ints and whose payload has the
@@ -132,14 +135,15 @@ class FastInsertServer(HeldRequestServer):
         prefix = fast.prefix
         if (len(payload) != fast.nbytes or not header.startswith(prefix) or table.generation != fast.generation
                 or len(header) > self.limits.max_header_bytes
-                or len(header) + fast.nbytes > self.limits.max_message_bytes):
+                or len(header) + fast.nbytes > self.limits.max_message_bytes
+                or (self.bind_senders and self.owner_suffix(frames) != fast.owner)):
             return False
         tail = read_insert_tail(header, len(prefix))
         if tail is None or tail[0] < 0:  # a window_start out of range: the full decoder refuses it
             return False
         ws, seq = tail
         sender, n = fast.sender, fast.n
-        if (not self.dedup.admits(sender) or self.dedup.seen(sender, seq)
+        if (self.dedup.refusal(sender, seq) is not None or self.dedup.seen(sender, seq)
                 or (self.held_keys and (sender, seq) in self.held_keys)
                 or self.held_inserts[table.name] or not table.can_insert(n)):
             return False

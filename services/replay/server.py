@@ -170,9 +170,9 @@ class ReplayServer(FastInsertServer):
                 raise RequestError(exc.reason, exc.detail) from None
         # a resend is checked as the first send was: a duplicate whose content is invalid is refused
         # (with the reason), not acked as stored
-        if not self.dedup.admits(sender):
-            raise RequestError("too_many_senders", f"replay remembers {self.dedup.max_senders} senders and all"
-                               f" inserted within {self.dedup.idle_s:.0f} s; try again later")
+        refused = self.dedup.refusal(sender, seq)
+        if refused is not None:
+            raise RequestError(*refused)
         if self.dedup.seen(sender, seq):
             self._duplicate(table, peer, acked=True, merge=merge)
             return
