@@ -166,7 +166,7 @@ class Server:
         """``"@<fingerprint>"`` of the CurveZMQ key that sent ``frames`` ("" without CurveZMQ)."""
         if not self.bind_senders:
             return ""
-        user_id = frames[0].get("User-Id")  # ZAP's user id: the client's public key (z85)
+        user_id = str(frames[0].get("User-Id"))  # ZAP's user id: the client's public key (z85)
         suffix = self._owner_suffixes.get(user_id)
         if suffix is None:
             if len(self._owner_suffixes) >= 4096:
