@@ -119,7 +119,8 @@ def weight_sync(cfg: config.Experiment, rounds: int = 30) -> tuple[float, float]
 def run_mode(mode: str, tmp: Path, seconds: float) -> dict[str, float]:
     sets = [f"network.replay=[tcp://127.0.0.1:{free_tcp_port()}]",
             f"network.paramserver=[tcp://127.0.0.1:{free_tcp_port()}]", "network.bind_host=127.0.0.1",
-            "replay.tables.0.samples_per_insert=null", "replay.tables.0.kind=uniform", f"run_dir={tmp / mode}"]
+            "replay.tables.0.samples_per_insert=null", "replay.tables.0.kind=uniform", f"run_dir={tmp / mode}",
+            "replay.tables.0.columns=first_insert"]
     if mode == "curve":
         make_keys(tmp / "keys", force=True)
         sets += ["security.mode=curve", f"security.keys_dir={tmp / 'keys'}"]

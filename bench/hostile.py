@@ -175,7 +175,8 @@ def main() -> None:
     replay, params = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))
     sets = [f"network.replay=[{replay}]", f"network.paramserver=[{params}]", "replay.durability=wal",
             "replay.tables.0.kind=uniform", "replay.tables.0.capacity=4000000", "replay.tables.0.min_size=1",
-            "replay.tables.0.samples_per_insert=null", "replay.checkpoint_every_s=3600"]
+            "replay.tables.0.samples_per_insert=null", "replay.checkpoint_every_s=3600",
+            "replay.tables.0.columns=first_insert"]  # the writers' own columns
     services = {name: start(name, run_dir, sets) for name in ("replay", "paramserver")}
     try:
         time.sleep(6.0)  # both up (the writers' clients wait for replay anyway)

@@ -156,6 +156,13 @@ def probe_env(cfg: Experiment) -> tuple[gym.Space, gym.Space]:  # type: ignore[t
     return spaces
 
 
+def experience_schema(cfg: Experiment) -> algorithms.ColumnSchema:
+    """The columns actors insert for this config (its algorithm's adder on its env's spaces)."""
+    obs_space, act_space = probe_env(cfg)
+    algo = algorithms.get(cfg.algorithm.name)
+    return algo.make_adder(cfg.algorithm, 1, obs_space, act_space, algo.autoreset_mode).schema()
+
+
 def acting_policy(cfg: Experiment, act_seed: int | Sequence[int] | None = None) -> algorithms.Policy:
     """The CPU acting policy actors, the evaluator and `rlfleet eval` build.
 

@@ -90,7 +90,8 @@ class ReplayProcess:
         self.port = port or free_tcp_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.sets = [f"run_dir={run_dir}", f"network.replay=[{self.address}]", "metrics.port=0",
-                     "network.bind_host=127.0.0.1", *sets]
+                     "network.bind_host=127.0.0.1",
+                     "replay.tables.0.columns=first_insert", *sets]  # the tests' own columns
         self.log_path = run_dir / f"replay-{time.monotonic_ns()}.log"  # one per process
         self.proc: subprocess.Popen[bytes] | None = None
 

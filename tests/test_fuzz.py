@@ -57,7 +57,7 @@ def _fuzz(address: str, fuzzer: Fuzzer, count: int) -> dict[str, int]:
 
 
 def _good_replay_client(cfg: config.Experiment) -> None:
-    with InsertClient.from_config(cfg, 0, "actor-0") as ic:
+    with InsertClient.from_config(cfg, 0, f"actor-0/{time.monotonic_ns()}") as ic:  # a sender id per client
         ic.insert("main", rows(64), timeout_s=10)
         ic.flush(10)
     with SampleClient.from_config(cfg, "learner", batch_size=16) as sc:
@@ -82,7 +82,7 @@ def _good_paramserver_client(cfg: config.Experiment) -> None:
 def test_malformed_messages_are_refused_and_counted_once(service: str, tmp_path: Path) -> None:
     address = f"tcp://127.0.0.1:{free_tcp_port()}"
     sets = [f"network.{service}=[{address}]", "replay.tables.0.min_size=10",
-            "replay.tables.0.samples_per_insert=null"]
+            "replay.tables.0.samples_per_insert=null", "replay.tables.0.columns=first_insert"]
     svc = ServiceProcess(service, tmp_path, sets).wait_healthy()
     try:
         fuzzer = Fuzzer(service, seed=6)

@@ -11,6 +11,7 @@ from gymnasium.vector import AutoresetMode
 from common.algorithms.ppo.segments import SegmentAdder
 
 OBS = gym.spaces.Box(-100, 100, (1,), np.float32)
+EXTRAS = {"logp": ("float32", ()), "value": ("float32", ())}
 
 
 def step(adder: SegmentAdder, action: int, next_obs: float, reward: float, version: int,
@@ -21,7 +22,7 @@ def step(adder: SegmentAdder, action: int, next_obs: float, reward: float, versi
 
 
 def test_segments_by_hand_next_step() -> None:
-    adder = SegmentAdder(1, 3, OBS, gym.spaces.Discrete(2))
+    adder = SegmentAdder(1, 3, OBS, gym.spaces.Discrete(2), extras=EXTRAS)
     adder.reset(np.array([[0.0]], np.float32))
     assert len(step(adder, 1, 1.0, 1.0, 0)["version"]) == 0
     assert len(step(adder, 0, 2.0, 2.0, 0, term=True)["version"]) == 0
@@ -53,7 +54,7 @@ def test_segments_by_hand_next_step() -> None:
 
 
 def test_truncation_at_segment_end_bootstraps_from_final_obs() -> None:
-    adder = SegmentAdder(1, 2, OBS, gym.spaces.Discrete(2))
+    adder = SegmentAdder(1, 2, OBS, gym.spaces.Discrete(2), extras=EXTRAS)
     adder.reset(np.array([[0.0]], np.float32))
     step(adder, 0, 1.0, 0.0, 0)
     seg = step(adder, 0, 2.0, 0.0, 0, trunc=True)
@@ -67,7 +68,7 @@ def test_vector_env_segments(mode: AutoresetMode, segments: int) -> None:
     segments. NEXT_STEP: one vector step per episode is the reset, 53 env steps a slot, 30 segments.
     Every 7th env step is a truncation carrying its final obs; raw (unclipped) actions are stored."""
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("Pendulum-v1", max_episode_steps=7)] * 3, autoreset_mode=mode)
-    adder = SegmentAdder(3, 5, envs.single_observation_space, envs.single_action_space, mode)
+    adder = SegmentAdder(3, 5, envs.single_observation_space, envs.single_action_space, mode, EXTRAS)
     obs, _ = envs.reset(seed=0)
     adder.reset(obs)
     rng, out = np.random.default_rng(0), []
@@ -95,6 +96,6 @@ def test_refusals() -> None:
         SegmentAdder(1, 0, OBS, gym.spaces.Discrete(2))
     with pytest.raises(ValueError, match="not supported"):
         SegmentAdder(1, 2, OBS, gym.spaces.Discrete(2), AutoresetMode.DISABLED)
-    adder = SegmentAdder(1, 2, OBS, gym.spaces.Discrete(2))
+    adder = SegmentAdder(1, 2, OBS, gym.spaces.Discrete(2), extras=EXTRAS)
     with pytest.raises(RuntimeError, match="before reset"):
         step(adder, 0, 1.0, 0.0, 0)

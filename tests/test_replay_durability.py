@@ -24,7 +24,7 @@ from services.replay.server import ReplayServer
 from services.replay.storage import SNAPSHOT, read_segment, read_snapshot
 from tests.replay_helpers import PYTHON, ROOT, ReplayProcess, ask, replay_config, serving, transitions
 
-TABLE = "replay.tables=[{name: main, kind: prioritized, capacity: 100000, min_size: 1}]"
+TABLE = "replay.tables=[{name: main, kind: prioritized, capacity: 100000, min_size: 1, columns: first_insert}]"
 BATCH = 128
 
 

@@ -241,7 +241,7 @@ def curve_fleet(tmp_path: Path):  # type: ignore[no-untyped-def]
     assert rlfleet("keys", "--dir", str(keys)).returncode == 0
     replay, params = f"tcp://127.0.0.1:{free_tcp_port()}", f"tcp://127.0.0.1:{free_tcp_port()}"
     sets = [f"network.replay=[{replay}]", f"network.paramserver=[{params}]", "replay.tables.0.min_size=10",
-            "replay.tables.0.samples_per_insert=null",
+            "replay.tables.0.samples_per_insert=null", "replay.tables.0.columns=first_insert",
             "security.mode=curve", f"security.keys_dir={keys}"]
     procs = [ServiceProcess("replay", tmp_path, sets), ServiceProcess("paramserver", tmp_path, sets)]
     try:
@@ -255,7 +255,8 @@ def curve_fleet(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def _serve_the_fleet(cfg: config.Experiment, version: int, rows: int) -> None:
     """What the allowed fleet does: an actor inserts, the learner samples and publishes, an actor reads."""
-    with InsertClient.from_config(cfg, 0, "actor-0") as ic:  # the actor's key, from the config
+    # the actor's key, from the config; a new sender id per client, as actors do
+    with InsertClient.from_config(cfg, 0, f"actor-0/v{version}") as ic:
         ic.insert("main", transitions(0, version * rows, rows), timeout_s=10)
         ic.flush(10)
         assert ic.resends == 0

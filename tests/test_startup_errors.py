@@ -65,6 +65,7 @@ def test_an_actor_whose_transitions_replay_refuses_stops_with_the_field(tmp_path
     cfg = config_mod.load(CARTPOLE, environ={}, sets=[
         f"run_dir={tmp_path}", "network.replay=[inproc://schema-replay]",
         "network.paramserver=[inproc://schema-params]", "evaluator.enabled=false", "actor.insert_batch=8",
+        "replay.tables.0.columns=first_insert",  # else replay refuses the other env's transitions itself
     ])
     replay = build_replay(cfg, ServiceArgs("replay"))
     params = build_paramserver(cfg, ServiceArgs("paramserver"))

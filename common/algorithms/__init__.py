@@ -19,6 +19,7 @@ from common.algorithms.contract import (
     Adder,
     AlgorithmModule,
     Columns,
+    ColumnSchema,
     DataSpec,
     EnvMismatch,
     Grads,
@@ -32,6 +33,7 @@ from common.algorithms.registry import available, check_env, config_classes, get
 __all__ = [
     "Adder",
     "AlgorithmModule",
+    "ColumnSchema",
     "Columns",
     "DataSpec",
     "EnvMismatch",

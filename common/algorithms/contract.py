@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     import gymnasium as gym
 
 Columns = dict[str, np.ndarray]
+ColumnSchema = dict[str, tuple[str, tuple[int, ...]]]  # column -> (dtype name, per-item shape)
 Grads = dict[str, list[Any]]  # optimizer name -> one tensor (or None) per parameter of that optimizer
 SeedLike = int | Sequence[int] | None
 
@@ -95,6 +96,14 @@ class Adder(Protocol):
         version: int,
     ) -> Columns:
         """Record one vector step; return the items it completes (possibly zero rows)."""
+        ...
+
+    def schema(self) -> ColumnSchema:
+        """Every column of the items ``add`` returns, with its dtype and per-item shape.
+
+        Replay fixes the learner's table to it at start (numpy and gymnasium only: the
+        replay image has no torch), so an insert of anything else is refused before it
+        can reach the learner."""
         ...
 
 

@@ -97,6 +97,10 @@ class TableConfig(Strict):
     error_buffer: PosFloat | None = Field(
         None, description="rate limiter slack in items; default 100 x max(1, samples_per_insert)"
     )
+    columns: Literal["algorithm", "first_insert"] = Field(
+        "algorithm", description="the learner's table: fixed at start to the columns the algorithm's actors "
+        "insert (algorithm), or by its first insert (first_insert: a table your own clients fill); other "
+        "tables: always first_insert")
 
     @model_validator(mode="after")
     def _limiter(self) -> TableConfig:

@@ -151,6 +151,17 @@ class Table:
                              f"{sorted(self.schema)}")
         return n
 
+    def declare(self, columns: Mapping[str, tuple[str, tuple[int, ...]]]) -> None:
+        """Fix the columns before any insert: (dtype name, per-item shape) each, as the algorithm's
+        adder emits them. A table restored with other columns raises TableError."""
+        declared = {name: ColumnSpec(np.dtype(dtype), tuple(shape)) for name, (dtype, shape) in columns.items()}
+        if self.schema is None:
+            self._allocate(declared)
+        elif self.schema != declared:
+            have = {k: v.describe() for k, v in self.schema.items()}
+            want = {k: v.describe() for k, v in declared.items()}
+            raise TableError("schema_mismatch", f"table {self.name!r} holds columns {have}; the algorithm emits {want}")
+
     def _allocate(self, schema: Schema) -> None:
         self.schema = dict(schema)
         self._signature = None

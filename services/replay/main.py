@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from common.config import Experiment, load
+from common.envs import EnvError, experience_schema
 from common.metrics import ServiceMetrics
 from common.runtime import FatalError, ServiceArgs, run_service, setup_logging
 from common.security import server_curve
+from services.replay.columnar import TableError
 from services.replay.server import ReplayServer
 from services.replay.storage import WalError
 
@@ -46,8 +48,29 @@ class ReplayService:
             log.info("replay shard %d: restored %d items from %s in %.2f s %s", args.shard, restored,
                      self.server.dir, time.monotonic() - t0, {n: t.size for n, t in self.server.tables.items()})
         self.restored = restored
+        self._declare_schema()
         log.info("replay shard %d: serving on %s, tables %s, durability %s", args.shard, self.server.endpoint,
                  {t.name: f"{t.kind}/{t.capacity}" for t in cfg.replay.tables}, cfg.replay.durability)
+
+    def _declare_schema(self) -> None:
+        """Fix the learner's table to the columns the algorithm's actors insert, so an insert of
+        anything else is refused (with the column, what was sent and what is expected) before it
+        is acked or reaches the learner. Without the env here, the first insert fixes them."""
+        table = self.server.tables.get(self.cfg.learner.table)
+        spec = next((t for t in self.cfg.replay.tables if t.name == self.cfg.learner.table), None)
+        if table is None or spec is None or spec.columns != "algorithm":
+            return
+        try:
+            columns = experience_schema(self.cfg)
+        except EnvError as exc:
+            log.warning("replay shard %d: table %r takes its columns from its first insert: the env could not "
+                        "be made here to learn them (%s)", self.shard, table.name, exc)
+            return
+        try:
+            table.declare(columns)
+        except TableError as exc:
+            raise FatalError(f"{exc.detail}: this run directory holds another experiment's data; start with a "
+                             f"new run_dir or the matching config") from None
 
     @property
     def endpoint(self) -> str:

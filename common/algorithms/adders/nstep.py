@@ -129,6 +129,12 @@ class NStepAdder(VectorStepAdder):
         self._end(next_obs, done)
         return columns
 
+    def schema(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Every column of the items :meth:`add` returns: (dtype name, per-item shape)."""
+        obs = ("float32", self.obs_shape)
+        return {"obs": obs, "action": (self.action_dtype.name, self.action_shape), "reward": ("float32", ()),
+                "next_obs": obs, "discount": ("float32", ()), "version": ("int64", ())}
+
     # -- internals ----------------------------------------------------------
 
     def _emit(self, slots: np.ndarray, done: np.ndarray, terminated: np.ndarray, bootstrap: np.ndarray) -> Columns:
@@ -160,14 +166,3 @@ class NStepAdder(VectorStepAdder):
             "discount": np.where(terminated[slot], 0.0, self._powers[span]).astype(np.float32),
             "version": self._version[slot, pos[row, col]],
         }
-
-
-def empty_columns(obs_shape: tuple[int, ...]) -> Columns:
-    return {
-        "obs": np.zeros((0, *obs_shape), np.float32),
-        "action": np.zeros(0, np.int64),
-        "reward": np.zeros(0, np.float32),
-        "next_obs": np.zeros((0, *obs_shape), np.float32),
-        "discount": np.zeros(0, np.float32),
-        "version": np.zeros(0, np.int64),
-    }

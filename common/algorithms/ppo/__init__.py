@@ -68,7 +68,9 @@ def make_adder(cfg: PPOConfig, num_envs: int, observation_space: gym.Space[Any],
                autoreset_mode: Any) -> SegmentAdder:
     from common.algorithms.ppo.segments import SegmentAdder
 
-    return SegmentAdder(num_envs, cfg.segment_length, observation_space, action_space, autoreset_mode)
+    # the policy's extras the learner reads (raw_action is stored as the action)
+    extras = {"logp": ("float32", ()), "value": ("float32", ())}
+    return SegmentAdder(num_envs, cfg.segment_length, observation_space, action_space, autoreset_mode, extras)
 
 
 ALGORITHM = AlgorithmModule(

@@ -53,7 +53,10 @@ class SegmentAdder(VectorStepAdder):
         observation_space: gym.Space,
         action_space: gym.Space,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        extras: Mapping[str, tuple[str, tuple[int, ...]]] | None = None,
     ) -> None:
+        """``extras``: the policy's per-step extras kept as columns (dtype name, per-step shape);
+        others are ignored."""
         if segment_length < 1:
             raise ValueError(f"segment_length={segment_length}; allowed: >= 1")
         assert observation_space.shape is not None
@@ -70,7 +73,16 @@ class SegmentAdder(VectorStepAdder):
             "truncated": np.zeros((n, T), bool),
             "final_obs": np.zeros((n, T, *self.obs_shape), np.float32),
         }
+        for key, (dtype, shape) in (extras or {}).items():
+            self._cols[key] = np.zeros((n, T, *shape), dtype)
         self._version = np.zeros((n, T), np.int64)
+
+    def schema(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Every column of the segments :meth:`add` returns: (dtype name, per-segment shape)."""
+        out = {key: (col.dtype.name, tuple(col.shape[1:])) for key, col in self._cols.items()}
+        out["bootstrap_obs"] = ("float32", self.obs_shape)
+        out["version"] = ("int64", ())
+        return out
 
     def add(
         self,
@@ -99,12 +111,8 @@ class SegmentAdder(VectorStepAdder):
         cols["final_obs"][slots, t] = np.where((truncated & ~terminated)[slots].reshape(-1, *[1] * len(
             self.obs_shape)), final[slots], 0.0)
         for key, value in extras.items():
-            if key == "raw_action":
-                continue
-            value = np.asarray(value)
-            if key not in cols:
-                cols[key] = np.zeros((self.num_envs, self.T, *value.shape[1:]), value.dtype)
-            cols[key][slots, t] = value[slots]
+            if key in cols:
+                cols[key][slots, t] = np.asarray(value)[slots]
         self._version[slots, t] = version
         self._length[slots] += 1
 
