@@ -48,3 +48,23 @@ def test_an_oversized_message_is_refused_without_reading_it(service: str, tmp_pa
         assert reply.type == "info_reply", reply
     finally:
         svc.stop()
+
+
+def test_the_message_limit_comes_from_the_config(tmp_path: Path) -> None:
+    """network.max_message_mib=8: a 6 MiB message is read (and answered: its header is not a valid
+    insert), a 12 MiB one is dropped by ZeroMQ unread (no answer), and the service goes on."""
+    address = f"tcp://127.0.0.1:{free_tcp_port()}"
+    svc = ServiceProcess("replay", tmp_path, [f"network.replay=[{address}]", "network.max_message_mib=8"])
+    svc.wait_healthy(60)
+    try:
+        for mib, answered in ((6, True), (12, False)):
+            sock = make_socket(zmq.DEALER, connect=address)
+            try:
+                sock.send_multipart([b"\x81\xa1v\x01", np.zeros(mib << 20, np.uint8)])
+                assert bool(sock.poll(3000)) is answered, f"{mib} MiB"
+            finally:
+                sock.close(linger=0)
+        assert svc.alive(), svc.log()
+        assert ask(address, Message(type="info", body={}), sender="after", seq=1).type == "info_reply"
+    finally:
+        svc.stop()

@@ -19,6 +19,7 @@ from common.config.sections import (
     SecurityConfig,
     Strict,
 )
+from common.wire.codec import Limits
 
 
 class Experiment(Strict):
@@ -36,6 +37,11 @@ class Experiment(Strict):
     metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())
     security: SecurityConfig = Field(default_factory=lambda: SecurityConfig())
     run_dir: str = Field("runs/current", description="where this run writes logs, CSVs and checkpoints")
+
+    @property
+    def limits(self) -> Limits:
+        """What servers decode (the largest message from ``network.max_message_mib``)."""
+        return Limits(max_message_bytes=self.network.max_message_mib << 20)
 
     @model_validator(mode="after")
     def _cross(self) -> Experiment:

@@ -127,6 +127,9 @@ class ReplayConfig(Strict):
     durability: Literal["memory", "checkpoint", "wal"] = "memory"
     checkpoint_every_s: PosFloat = Field(60.0, description="checkpoint durability: snapshot period")
     dir: str = Field("replay", description="snapshots and logs (relative to the run directory)")
+    max_held_inserts: PosInt = Field(10_000, description="inserts held by the rate limiter per table; "
+                                     "beyond, an insert is dropped (its sender resends it)")
+    max_held_mib: PosInt = Field(256, description="bytes of all held inserts (MiB); beyond, dropped likewise")
 
     @model_validator(mode="after")
     def _unique(self) -> ReplayConfig:
@@ -166,6 +169,9 @@ class NetworkConfig(Strict):
     paramserver: list[str] = Field(default_factory=lambda: ["tcp://127.0.0.1:5560"], min_length=1)
     bind_host: str = Field("*", description="interface servers bind to ('*' = all)")
     timeout_s: PosFloat = Field(10.0, description="give up on a peer after this long at start-up")
+    max_message_mib: Annotated[int, Field(ge=1, le=4096)] = Field(
+        512, description="largest message a server takes (MiB): a bigger one is refused by ZeroMQ "
+        "(ZMQ_MAXMSGSIZE) before it is read whole; it must fit a weights publish")
 
 
 class MetricsConfig(Strict):

@@ -46,6 +46,7 @@ class ParamServerService:
             cfg.paramserver.liveness_timeout_s,
             ctx=ctx,
             curve=curve if curve is not None else server_curve(cfg),
+            limits=cfg.limits,
         )
 
     @property

@@ -40,7 +40,8 @@ class ReplayService:
         self.bind = bind or cfg.bind_address("replay", args.shard)
         self.server = ReplayServer(
             cfg.replay, self.metrics, self.bind, shard=args.shard, directory=shard_dir(cfg, args.shard),
-            seed=cfg.seed * 1000 + args.shard, curve=server_curve(cfg),
+            seed=cfg.seed * 1000 + args.shard, curve=server_curve(cfg), limits=cfg.limits,
+            max_held_inserts=cfg.replay.max_held_inserts, max_held_bytes=cfg.replay.max_held_mib << 20,
         )
         t0 = time.monotonic()
         restored = self.server.restore()
