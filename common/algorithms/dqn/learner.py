@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -25,6 +25,9 @@ from common.algorithms.dqn.networks import n_step_target, seeded_q_network
 from common.algorithms.dqn.policy import column
 from common.algorithms.optim import ClippedAdam
 from common.algorithms.weights import publish_arrays
+
+if TYPE_CHECKING:
+    from common.algorithms.data_parallel import GradientAverager
 
 COLUMNS = ("obs", "action", "reward", "next_obs", "discount")
 CHECKPOINT_FORMAT = 1  # unchanged by the move to compute/apply: same networks, same optimizer
@@ -54,6 +57,7 @@ class DQNLearner:
         self._online_params: list[torch.Tensor] = list(self.online.parameters())
         self._target_params: list[torch.Tensor] = list(self.target.parameters())
         self.num_updates = 0
+        self.dp: GradientAverager | None = None  # set for data-parallel learning (common/algorithms/data_parallel.py)
 
     def beta(self, updates: int | None = None) -> float:
         """The importance exponent to sample with at ``updates`` (default: now)."""
@@ -102,6 +106,8 @@ class DQNLearner:
     ) -> tuple[dict[str, float], np.ndarray]:
         """One gradient step on a sampled batch; returns its figures and the new priorities."""
         grads, metrics, priorities = self.compute_gradients(batch, weights)
+        if self.dp is not None:  # data parallel: every rank applies the mean over the group
+            grads = self.dp.average(grads)
         self.apply_gradients(grads)
         return metrics, priorities
 

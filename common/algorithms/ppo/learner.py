@@ -21,7 +21,7 @@ counted by the learner (the fleet's env steps in barrier mode).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -33,6 +33,9 @@ from common.algorithms.optim import ClippedAdam
 from common.algorithms.ppo.config import PPOConfig
 from common.algorithms.ppo.losses import clipped_surrogate, gae, normalize_advantage, normalize_chunks, value_loss
 from common.algorithms.ppo.networks import RunningMeanStd, seeded_networks
+
+if TYPE_CHECKING:
+    from common.algorithms.data_parallel import GradientAverager
 
 CHECKPOINT_FORMAT = 2  # 2: actor and critic hidden layers stacked (TwinMLP)
 SEGMENT_COLUMNS = ("obs", "action", "reward", "terminated", "truncated", "final_obs", "logp", "bootstrap_obs")
@@ -68,6 +71,7 @@ class PPOLearner:
         self.obs_rms = RunningMeanStd(tuple(observation_space.shape), cfg.obs_clip) if cfg.obs_norm else None
         self.rng = np.random.default_rng([seed, 2])  # minibatch order
         self.num_updates = 0  # optimizer steps
+        self.dp: GradientAverager | None = None  # set for data-parallel learning (common/algorithms/data_parallel.py)
         self.env_steps = 0  # env steps in the segments trained on (drives annealing)
         self.progress_left = 1.0  # 1 - env_steps / anneal_env_steps, fixed for a learn call
 
@@ -88,7 +92,10 @@ class PPOLearner:
         obs = np.asarray(batch["obs"], np.float32)
         S, T = obs.shape[:2]
         if self.obs_rms is not None:
-            self.obs_rms.update(obs.reshape(S * T, -1))
+            if self.dp is None:
+                self.obs_rms.update(obs.reshape(S * T, -1))
+            else:  # the statistics of every rank's observations: all ranks normalise alike
+                self.obs_rms.update_sums(*self._group_sums(obs.reshape(S * T, -1)))
         with torch.no_grad():
             values = self._values(obs.reshape(S * T, -1)).reshape(S, T)
             boot = self._values(np.asarray(batch["bootstrap_obs"], np.float32).reshape(S, -1))
@@ -127,14 +134,17 @@ class PPOLearner:
             order = torch.as_tensor(self.rng.permutation(n), device=self.device)
             epoch = {key: value[order] for key, value in rows.items()}
             if cfg.normalize_advantage:
-                epoch["advantage"] = normalize_chunks(epoch["advantage"], size)
+                epoch["advantage"] = (normalize_chunks(epoch["advantage"], size) if self.dp is None
+                                      else self._normalize_over_group(epoch["advantage"], size))
             for start in range(0, n, size):
                 grads, step_figures = self._gradients(
                     {key: value[start:start + size] for key, value in epoch.items()}, normalized=True)
+                if self.dp is not None:  # data parallel: every rank applies the mean over the group
+                    grads = self.dp.average(grads)
                 self.apply_gradients(grads)
                 totals += step_figures
         steps = cfg.epochs * -(-n // cfg.minibatch_size)
-        self.env_steps += n
+        self.env_steps += n * (self.dp.world if self.dp is not None else 1)  # the global batch's
         figures = dict(zip(FIGURES, (totals / steps).tolist(), strict=True))
         figures.update(lr=self._lr(), clip_range=self._clip(), env_steps_trained=float(self.env_steps),
                        value_drift=float(np.abs(np.asarray(batch["value"], np.float32).reshape(-1)
@@ -186,6 +196,31 @@ class PPOLearner:
 
     def _clip(self) -> float:
         return self.cfg.clip_range * (self.progress_left if self.cfg.anneal_clip else 1.0)
+
+    def _normalize_over_group(self, advantage: torch.Tensor, size: int) -> torch.Tensor:
+        """:func:`normalize_chunks` with each minibatch's mean and std over every rank's share of it."""
+        assert self.dp is not None
+        n = len(advantage)
+        chunk = torch.arange(n, device=advantage.device) // size
+        chunks = -(-n // size)
+        a = advantage.double()
+        count = torch.bincount(chunk, minlength=chunks).double()
+        total = torch.zeros(chunks, dtype=torch.float64, device=a.device).index_add_(0, chunk, a)
+        squares = torch.zeros(chunks, dtype=torch.float64, device=a.device).index_add_(0, chunk, a * a)
+        self.dp.sum([count, total, squares])
+        mean = total / count
+        std = ((squares - count * mean * mean).clamp(min=0) / (count - 1).clamp(min=1)).sqrt()
+        normalized = ((a - mean[chunk]) / (std[chunk] + 1e-8)).to(advantage.dtype)
+        return torch.where(count[chunk] >= 2, normalized, advantage)  # one row: its std is undefined
+
+    def _group_sums(self, x: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """Count, sum and sum of squares of ``x``'s rows over every rank of the group."""
+        assert self.dp is not None
+        x = np.asarray(x, np.float64)
+        sums = [torch.tensor([float(len(x))], dtype=torch.float64), torch.from_numpy(x.sum(axis=0)),
+                torch.from_numpy((x * x).sum(axis=0))]
+        self.dp.sum(sums)
+        return float(sums[0][0]), sums[1].numpy(), sums[2].numpy()
 
     def _normalized(self, obs: np.ndarray) -> np.ndarray:
         return obs if self.obs_rms is None else self.obs_rms.normalize(obs)

@@ -101,7 +101,15 @@ class RunningMeanStd:
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x, np.float64).reshape(-1, *self.mean.shape)
-        batch_mean, batch_var, n = x.mean(axis=0), x.var(axis=0), len(x)
+        self.update_moments(x.mean(axis=0) if len(x) else self.mean, x.var(axis=0) if len(x) else self.var, len(x))
+
+    def update_sums(self, n: float, total: np.ndarray, squares: np.ndarray) -> None:
+        """The same from a count, a sum and a sum of squares (gathered over data-parallel ranks)."""
+        if n > 0:
+            mean = total / n
+            self.update_moments(mean, np.maximum(squares / n - mean * mean, 0.0), n)
+
+    def update_moments(self, batch_mean: np.ndarray, batch_var: np.ndarray, n: float) -> None:
         if n == 0:
             return
         delta = batch_mean - self.mean

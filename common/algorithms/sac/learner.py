@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -32,6 +32,9 @@ from common.algorithms.optim import ClippedAdam
 from common.algorithms.sac.config import SACConfig
 from common.algorithms.sac.networks import ActionScale, dims, seeded_networks, squashed_sample
 from common.algorithms.weights import publish_arrays
+
+if TYPE_CHECKING:
+    from common.algorithms.data_parallel import GradientAverager
 
 COLUMNS = ("obs", "action", "reward", "next_obs", "discount")
 CHECKPOINT_FORMAT = 1
@@ -74,6 +77,7 @@ class SACLearner:
             self.adams["alpha"] = ClippedAdam([self.log_alpha], lr=cfg.lr)
         self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)  # the actor's samples
         self.num_updates = 0
+        self.dp: GradientAverager | None = None  # set for data-parallel learning (common/algorithms/data_parallel.py)
 
     def beta(self) -> float:
         """Prioritized tables: the importance exponent now (uniform tables ignore it)."""
@@ -133,6 +137,8 @@ class SACLearner:
     def learn(self, batch: Mapping[str, ArrayLike], weights: ArrayLike | None = None
               ) -> tuple[dict[str, float], np.ndarray]:
         grads, figures, priorities = self.compute_gradients(batch, weights)
+        if self.dp is not None:  # data parallel: every rank applies the mean over the group
+            grads = self.dp.average(grads)
         self.apply_gradients(grads)
         return figures, priorities
 

@@ -1,0 +1,94 @@
+"""Data-parallel learning: gradients averaged over a torch.distributed group between compute and apply.
+
+Each rank computes gradients on its own share of the global batch (``compute_gradients``); a
+:class:`GradientAverager` set on the learner (``learner.dp``) averages them over the group with
+one all-reduce per update (every optimizer's gradients flattened into one buffer: one collective,
+not one per tensor, as DistributedDataParallel buckets), and every rank applies the same average
+(``apply_gradients``). Ranks that start from the same weights therefore stay identical, and N
+ranks with B/N items each take the step one rank would take on all B: the losses are means, so
+the mean of the N per-rank gradients is the gradient of the mean over B.
+
+What an algorithm does with it (the learners in this package):
+- gradients pass through :meth:`GradientAverager.average` between compute and apply;
+- counts that stand for the global batch (PPO's env steps for its annealing) are multiplied by
+  :attr:`GradientAverager.world`;
+- statistics over data that must agree across ranks (PPO's observation normalisation) are
+  summed with :meth:`GradientAverager.sum`.
+
+A gradient that is None (a parameter the loss does not reach) must be None on every rank:
+the same algorithm and config make the same graph, so it is. gloo on CPU, NCCL on CUDA: the
+buffer lives on the gradients' device.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from common.algorithms.contract import Grads
+
+
+class GradientAverager:
+    """Averages a learner's gradients over a process group (the default group unless ``group``)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.seconds = 0.0  # spent in all-reduce (a metric: learner_allreduce_seconds)
+        self.calls = 0
+        self.bytes = 0  # per call, of the last call
+
+    def average(self, grads: Grads) -> Grads:
+        """The mean of ``grads`` over the group's ranks, in the same structure (None stays None)."""
+        if self.world == 1:
+            return grads
+        names = sorted(grads)
+        present = [g for name in names for g in grads[name] if g is not None]
+        if not present:
+            return grads
+        buf = torch.cat([g.reshape(-1) for g in present])
+        t0 = time.perf_counter()
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        self.bytes = buf.numel() * buf.element_size()
+        buf.div_(self.world)
+        out: Grads = {}
+        offset = 0
+        for name in names:
+            averaged: list[torch.Tensor | None] = []
+            for g in grads[name]:
+                if g is None:
+                    averaged.append(None)
+                    continue
+                averaged.append(buf[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+            out[name] = averaged
+        return out
+
+    def sum(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Sum each of ``tensors`` over the group, in place (one collective for all)."""
+        if self.world == 1 or not tensors:
+            return
+        buf = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors])
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group)
+        offset = 0
+        for t in tensors:
+            t.copy_(buf[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+    def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
+        """Every rank's ``tensors`` become rank ``src``'s (start from one set of weights)."""
+        if self.world == 1:
+            return
+        for t in tensors:
+            dist.broadcast(t.data, src=src, group=self.group)
+
+
+def backend_for(device: torch.device | str) -> str:
+    """gloo on CPU, nccl on CUDA."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
