@@ -93,7 +93,8 @@ def collect(members: Iterable[HasUrl], elapsed: float) -> Scrape:
             snap.actor_staleness += s.get("rlfleet_weights_staleness", 0.0)
             actors += 1
         elif m.name == "learner":
-            snap.updates += s.get("rlfleet_learner_updates_total", 0.0)
+            # several learners take each update together (one all-reduce): count it once
+            snap.updates = max(snap.updates, s.get("rlfleet_learner_updates_total", 0.0))
             snap.version = max(snap.version, s.get("rlfleet_learner_version", -1.0))
         elif m.name == "replay":
             snap.replay_size += s.get("rlfleet_replay_size", 0.0)

@@ -62,7 +62,8 @@ class Member:
 
     @property
     def label(self) -> str:
-        return self.name if role(self.name).single else f"{self.name}-{self.shard}"
+        # single roles have one member, but for several learners (learner, learner-1, ...)
+        return self.name if role(self.name).single and self.shard == 0 else f"{self.name}-{self.shard}"
 
     @property
     def url(self) -> str:
@@ -100,8 +101,11 @@ def plan(cfg: Experiment, actors: int, run_dir: Path, inproc: bool) -> tuple[Exp
     data["actor"]["count"] = actors
     data["run_dir"] = str(run_dir)
     data["metrics"]["host"] = "127.0.0.1"
+    if cfg.learners > 1:
+        data["learner"]["rendezvous"] = f"tcp://127.0.0.1:{free_tcp_port()}"
     resolved = config_mod.validate(data)
-    count = {"replay": cfg.replay.shards, "paramserver": cfg.paramserver.shards, "learner": 1, "actor": actors,
+    count = {"replay": cfg.replay.shards, "paramserver": cfg.paramserver.shards, "learner": cfg.learners,
+             "actor": actors,
              "evaluator": int(cfg.evaluator.enabled)}
     members: list[Member] = []
     for r in ROLES:  # in start order
@@ -308,6 +312,10 @@ def run_fleet(
     forkservers: ForkServers | None = None,
 ) -> int:
     """Run a local fleet; returns the process exit code."""
+    if inproc and cfg.learners > 1:
+        click.echo(f"rlfleet: learners={cfg.learners} needs a fleet of processes (a torch.distributed rank each); "
+                   "allowed with --inproc: learners=1", err=True)
+        return EXIT_CONFIG
     try:
         check_env(cfg, forkservers)
     except EnvError as exc:

@@ -22,6 +22,8 @@ from cli.forkserver import ForkServers
               help="experiment file (YAML)")
 @click.option("--actors", type=click.IntRange(min=1), default=None, help="actors to start (default: actor.count)")
 @click.option("--sync", type=click.Choice(["barrier", "async"]), default=None, help="training protocol")
+@click.option("--learners", type=click.IntRange(min=1), default=None,
+              help="data-parallel learner processes (default: learners in the config)")
 @click.option("--until-return", type=float, default=None, help="stop (exit 0) when the eval mean reaches this")
 @click.option("--max-seconds", type=float, default=None, help="stop (exit 3 if a target was set) after this long")
 @click.option("--max-env-steps", type=int, default=None, help="stop (exit 3 if a target was set) after this many")
@@ -31,7 +33,7 @@ from cli.forkserver import ForkServers
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
 @click.option("--runs", "run_root", default="runs", show_default=True, help="where run directories go")
 def up(
-    config_path: str, actors: int | None, sync: str | None, until_return: float | None,
+    config_path: str, actors: int | None, sync: str | None, learners: int | None, until_return: float | None,
     max_seconds: float | None, max_env_steps: int | None, inproc: bool, no_fork_server: bool,
     sets: tuple[str, ...], run_root: str,
 ) -> None:
@@ -46,7 +48,8 @@ def up(
         logging.basicConfig(level="INFO", format=LOG_FORMAT)
         # --actors goes through the config too: checks that depend on the actor count (a PPO barrier
         # round must split into minibatches) then refuse it here, before any run dir or service
-        extra = ([f"sync={sync}"] if sync else []) + ([f"actor.count={actors}"] if actors else [])
+        extra = ([f"sync={sync}"] if sync else []) + ([f"actor.count={actors}"] if actors else []) + (
+            [f"learners={learners}"] if learners else [])
         try:
             cfg = config_mod.load(config_path, [*sets, *extra])
         except config_mod.ConfigError as exc:

@@ -139,6 +139,9 @@ class Learner(Protocol):
     data: DataSpec
     num_updates: int  # optimizer steps taken
     device: Any  # torch.device the learner trains on
+    # None, or a GradientAverager (common/algorithms/data_parallel.py) that learn() passes the gradients
+    # through between compute and apply: set by a learner that is one rank of several
+    dp: Any
 
     def beta(self) -> float | None:
         """Importance exponent to sample a prioritized table with now; None if unused."""

@@ -22,13 +22,29 @@ buffer lives on the gradients' device.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from common.algorithms.contract import Grads
+
+
+class CollectiveError(Exception):
+    """A collective failed: another rank died, or did not answer within the group's timeout.
+
+    Not a RuntimeError, so no code that skips a bad batch takes it for one."""
+
+
+def _collective(call: Any, *args: Any, **kwargs: Any) -> None:
+    try:
+        call(*args, **kwargs)
+    except RuntimeError as exc:  # gloo's text: "[file.cc:537] Read error [addr]: reset by peer. This is ..."
+        text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0]).split(". This is")[0]
+        raise CollectiveError(text[:300]) from None
 
 
 class GradientAverager:
@@ -52,7 +68,7 @@ class GradientAverager:
             return grads
         buf = torch.cat([g.reshape(-1) for g in present])
         t0 = time.perf_counter()
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group)
+        _collective(dist.all_reduce, buf, op=dist.ReduceOp.SUM, group=self.group)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         self.bytes = buf.numel() * buf.element_size()
@@ -75,7 +91,7 @@ class GradientAverager:
         if self.world == 1 or not tensors:
             return
         buf = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors])
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group)
+        _collective(dist.all_reduce, buf, op=dist.ReduceOp.SUM, group=self.group)
         offset = 0
         for t in tensors:
             t.copy_(buf[offset:offset + t.numel()].view_as(t))
@@ -86,9 +102,25 @@ class GradientAverager:
         if self.world == 1:
             return
         for t in tensors:
-            dist.broadcast(t.data, src=src, group=self.group)
+            _collective(dist.broadcast, t.data, src=src, group=self.group)
 
 
-def backend_for(device: torch.device | str) -> str:
-    """gloo on CPU, nccl on CUDA."""
-    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+def tensors_of(tree: Any) -> list[torch.Tensor]:
+    """Every tensor of a nested dict/list (a learner's ``state()``), in a fixed order."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for key in sorted(tree, key=str) for t in tensors_of(tree[key])]
+    if isinstance(tree, list | tuple):
+        return [t for item in tree for t in tensors_of(item)]
+    return []
+
+
+def broadcast_learner(core: Any, averager: GradientAverager, src: int = 0) -> None:
+    """Every rank's learner takes rank ``src``'s state (networks, optimizers): tensors only, no
+    pickling; counters come from the same checkpoint or start at 0 on every rank."""
+    if averager.world == 1:
+        return
+    state = core.state()
+    averager.broadcast(tensors_of(state), src)
+    core.load_state(state)

@@ -3,7 +3,8 @@ algorithm, told apart by ``name``, gathered from the algorithm folders
 (``common/algorithms/<name>/config.py``), so adding an algorithm needs no edit here.
 
 Each config class declares ``table_kinds`` (a ClassVar): the replay table kinds
-the algorithm can learn from, which the experiment checks.
+the algorithm can learn from, which the experiment checks; and ``per_rank_fields``:
+its global batch sizes, which several learners share equally.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class AlgorithmSection(Protocol):
     """What every algorithm's config class has (for type checkers; the classes are pydantic models)."""
 
     table_kinds: ClassVar[tuple[str, ...]]
+    per_rank_fields: ClassVar[tuple[str, ...]]
     name: str
 
     def check_fleet(self, sync: str, actors: int, num_envs: int, steps_per_round: int) -> list[str]: ...

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -37,6 +37,9 @@ class Experiment(Strict):
     metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())
     security: SecurityConfig = Field(default_factory=lambda: SecurityConfig())
     run_dir: str = Field("runs/current", description="where this run writes logs, CSVs and checkpoints")
+    learners: Annotated[int, Field(ge=1, le=256)] = Field(
+        1, description="data-parallel learner processes (ranks of one torch.distributed group); each samples "
+        "1/learners of every batch, their gradients are averaged, the first publishes and checkpoints")
 
     @property
     def limits(self) -> Limits:
@@ -72,6 +75,15 @@ class Experiment(Strict):
                 f"replay.tables[{table.name}].kind={table.kind!r} with algorithm {self.algorithm.name};"
                 f" allowed: {', '.join(allowed)}"
             )
+        if self.learners > 1:
+            if self.sync == "barrier":
+                problems.append(f"learners={self.learners} with sync=barrier: several learners train in async "
+                                "mode only; allowed: learners=1, or sync=async")
+            for name in type(self.algorithm).per_rank_fields:
+                value = getattr(self.algorithm, name)
+                if value % self.learners:
+                    problems.append(f"algorithm.{name}={value} with learners={self.learners}: each learner takes an"
+                                    f" equal share; allowed: a multiple of {self.learners}")
         problems += self.algorithm.check_fleet(self.sync, self.actor.count, self.env.num_envs,
                                                self.actor.steps_per_round)
         if problems:

@@ -154,6 +154,15 @@ class LearnerConfig(Strict):
     updates_per_round: PosInt = Field(125, description="barrier: updates per round")
     checkpoint_every_s: PosFloat = Field(30.0, description="seconds between learner checkpoints")
     dir: str = Field("learner", description="checkpoints (relative to the run directory)")
+    rendezvous: str = Field(
+        "tcp://127.0.0.1:29400", pattern=r"^tcp://[^:/]+:\d+$",
+        description="learners > 1: where the ranks meet (the first learner to start listens there; the "
+        "others connect); its host must be the first learner's")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="learners > 1: collective backend; "
+                                                     "auto: nccl on CUDA, gloo on CPU")
+    collective_timeout_s: PosFloat = Field(
+        60.0, description="learners > 1: a rank that waits this long on the others (joining, or in a gradient "
+        "all-reduce) stops with an error instead of hanging")
 
 
 class ParamServerConfig(Strict):

@@ -37,6 +37,8 @@ import torch
 
 from common import algorithms
 from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
+from common.algorithms.data_parallel import CollectiveError, GradientAverager, broadcast_learner
+from common.algorithms.device import resolve_device
 from common.clients.version_probe import VersionProbe
 from common.clients.weights_publisher import WeightsPublisher
 from common.config import Experiment, dump
@@ -45,6 +47,7 @@ from common.metrics import ServiceMetrics
 from common.runtime import FatalError, StartupError
 from common.security import client_curve, refused_hint
 from common.wire.errors import CommTimeout, RemoteError
+from services.learner import ranks
 from services.learner.training import Trainer
 
 log = logging.getLogger("rlfleet.learner")
@@ -65,10 +68,14 @@ class LearnerService:
         torch.set_num_threads(cfg.learner.torch_threads)
         obs_space, act_space = probe_env(cfg)
         self.algo = algorithms.get(cfg.algorithm.name)
+        # several learners: ranks of one group, each training on its share of every batch (ranks.py)
+        self.group = ranks.join(cfg, resolve_device(cfg.learner.device)) if cfg.learners > 1 else None
+        self.rank = self.group.rank if self.group is not None else 0
         self.core = self.algo.make_learner(
-            cfg.algorithm, obs_space, act_space, device=cfg.learner.device, seed=cfg.seed
+            ranks.per_rank_config(cfg.algorithm, cfg.learners), obs_space, act_space, device=cfg.learner.device,
+            seed=cfg.seed,
         )
-        self.metrics = ServiceMetrics("learner", 0)
+        self.metrics = ServiceMetrics("learner", self.rank)
         self._define_metrics()
         self.version = 0
         self.ckpt = checkpoint_path(cfg)
@@ -80,6 +87,10 @@ class LearnerService:
             self.version = int(state["version"])
             log.info("learner: resumed from %s at update %d, version %d", self.ckpt, self.core.num_updates,
                      self.version)
+        if self.group is not None:
+            self.core.dp = GradientAverager()
+            broadcast_learner(self.core, self.core.dp)
+            self.m_world.set(self.group.world)
         self.trainer = Trainer(cfg, self.core, self.metrics, lambda: self.version, lambda: self._stopping)
         self.m_reconnects = self.trainer.m_reconnects
         self.published: dict[str, Any] = {}  # arrays of self.version, checkpointed for `rlfleet eval`
@@ -98,6 +109,10 @@ class LearnerService:
     def _define_metrics(self) -> None:
         m = self.metrics
         self.m_version = m.gauge("learner_version", "Newest weights version published.")
+        self.m_world = m.gauge("learner_world_size", "Learners in this learner's data-parallel group.")
+        self.m_world.set(1)
+        self.m_allreduce = m.counter("learner_allreduce_seconds",
+                                     "Seconds this learner spent averaging gradients with the other learners.")
         self.m_publishes = m.counter("learner_publishes", "Weights versions published.")
         self.m_barrier = m.counter("learner_barrier_wait_seconds", "Seconds the learner waited at barriers.")
         self.m_ckpt = m.counter("learner_checkpoints", "Checkpoints written.")
@@ -113,6 +128,10 @@ class LearnerService:
         goes on while the paramserver is away (the actors act on the weights
         they hold), and :meth:`ensure_published` publishes once it is back.
         """
+        if self.rank != 0:  # rank 0 publishes; the others follow its version (staleness is judged by it)
+            self.version = version
+            self.m_version.set(version)
+            return True
         weights = self.core.weights()
         while True:
             try:
@@ -152,6 +171,8 @@ class LearnerService:
         round. Async publishes a new version with the current weights; barrier
         sends the same version again (a new one would skip a round).
         """
+        if self.rank != 0:
+            return
         outcome, held, asked_at = self.probe.step(self.version)
         if outcome == "silent":
             self._ps_failing = True
@@ -193,6 +214,8 @@ class LearnerService:
         return max(self.version, held + 1) if held >= 0 else self.version
 
     def checkpoint(self) -> None:
+        if self.rank != 0:  # every rank holds the same state: rank 0 writes it
+            return
         state: dict[str, Any] = {"core": self.core.state(), "version": self.version, "config": dump(self.cfg)}
         if self.published:  # the exact arrays actors and the evaluator got as `version`
             state["weights"] = {k: torch.from_numpy(v) for k, v in self.published.items()}
@@ -205,8 +228,20 @@ class LearnerService:
             self.checkpoint()
 
     def run(self) -> None:
+        try:
+            self._run()
+        except CollectiveError as exc:
+            assert self.group is not None
+            raise FatalError(f"learner rank {self.rank} of {self.group.world}: the group at {self.group.address} "
+                             f"lost a rank ({exc}); restart every learner: they resume from rank 0's checkpoint"
+                             ) from None
+
+    def _run(self) -> None:
         self.publish(self.start_version)
-        log.info("learner: published version %d", self.version)
+        if self.rank == 0:
+            log.info("learner: published version %d", self.version)
+        else:
+            log.info("learner: rank %d trains on its share; rank 0 publishes and checkpoints", self.rank)
         if self.cfg.sync == "async":
             self._run_async()
         else:
@@ -224,6 +259,10 @@ class LearnerService:
                 self.publish(self.version + 1, retry=False)
             self._maybe_checkpoint()
             self.ensure_published()
+            dp = self.core.dp
+            if dp is not None and dp.seconds:
+                self.m_allreduce.inc(dp.seconds)
+                dp.seconds = 0.0
 
     def _run_barrier(self) -> None:
         while not self._stopping:
@@ -252,13 +291,17 @@ class LearnerService:
 
     def health(self) -> dict[str, Any]:
         return {"ok": not self._stopping, "updates": self.core.num_updates, "version": self.version,
-                "device": str(self.core.device)}
+                "device": str(self.core.device), "rank": self.rank,
+                "learners": self.group.world if self.group is not None else 1}
 
     def close(self) -> None:
         try:
-            self.checkpoint()
-            log.info("learner: checkpoint at update %d, version %d -> %s", self.core.num_updates, self.version,
-                     self.ckpt)
+            if self.rank == 0:
+                self.checkpoint()
+                log.info("learner: checkpoint at update %d, version %d -> %s", self.core.num_updates, self.version,
+                         self.ckpt)
         finally:
             self.trainer.close()
             self.publisher.close()
+            if self.group is not None:
+                ranks.leave()

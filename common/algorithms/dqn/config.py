@@ -14,6 +14,8 @@ class DQNConfig(AlgorithmSettings):
     """Ape-X DQN: double Q, dueling heads, n-step returns, prioritized replay."""
 
     table_kinds: ClassVar[tuple[str, ...]] = ("uniform", "prioritized")
+    # global batch sizes: with several learners each takes 1/learners of them
+    per_rank_fields: ClassVar[tuple[str, ...]] = ("batch_size",)
 
     name: Literal["dqn"] = "dqn"
     hidden: list[PosInt] = Field(default_factory=lambda: [256, 256], description="MLP layer widths")

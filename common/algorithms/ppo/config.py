@@ -21,6 +21,8 @@ class PPOConfig(AlgorithmSettings):
     """PPO: DPPO on the barrier (each round's segments once), APPO async (clipped ratio to the behaviour)."""
 
     table_kinds: ClassVar[tuple[str, ...]] = ("queue",)
+    # global batch sizes: with several learners each takes 1/learners of them
+    per_rank_fields: ClassVar[tuple[str, ...]] = ("batch_segments", "minibatch_size")
 
     name: Literal["ppo"] = "ppo"
     segment_length: PosInt = Field(

@@ -19,6 +19,8 @@ class SACConfig(AlgorithmSettings):
     """Soft actor-critic: tanh-squashed Gaussian actor, twin Q critics, learned temperature."""
 
     table_kinds: ClassVar[tuple[str, ...]] = ("uniform", "prioritized")
+    # global batch sizes: with several learners each takes 1/learners of them
+    per_rank_fields: ClassVar[tuple[str, ...]] = ("batch_size",)
 
     name: Literal["sac"] = "sac"
     hidden: list[PosInt] = Field(default_factory=lambda: [256, 256], description="actor MLP widths")

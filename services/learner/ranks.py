@@ -1,0 +1,106 @@
+"""Several learners: how the ranks of one torch.distributed group find each other, and what each trains on.
+
+``learners: N`` starts N learner processes with the same config; none is told its rank. They meet at
+``learner.rendezvous`` (tcp://host:port): the first to start listens there (a torch TCPStore), the
+others connect, and each takes the next number of a counter in the store as its rank, in the order
+they arrived. Rank 0 publishes weights and writes checkpoints; every rank samples its share of each
+batch (the algorithm's ``per_rank_fields`` divided by N) and the ranks' gradients are averaged
+(:class:`~common.algorithms.data_parallel.GradientAverager`). All ranks start from the same
+weights: the same seed, or the checkpoint rank 0 wrote (the run directory is shared), and rank 0's
+parameters are broadcast at start for the case it is not.
+
+The collective backend is gloo on CPU and NCCL on CUDA (``learner.backend: auto``); every wait on
+the others (joining, each all-reduce) ends after ``learner.collective_timeout_s`` with an error
+that names the rendezvous address, so a lost rank stops the others instead of hanging them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from common.config import Experiment
+from common.runtime import StartupError
+
+log = logging.getLogger("rlfleet.learner")
+
+RANK_KEY = "rlfleet/rank"
+
+
+@dataclass(frozen=True)
+class Group:
+    rank: int
+    world: int
+    backend: str
+    address: str
+
+
+def per_rank_config(algorithm_cfg: Any, world: int) -> Any:
+    """The algorithm's config with each global batch size divided by ``world`` (checked divisible at load)."""
+    if world == 1:
+        return algorithm_cfg
+    fields = {name: getattr(algorithm_cfg, name) // world for name in type(algorithm_cfg).per_rank_fields}
+    return algorithm_cfg.model_copy(update=fields)
+
+
+def backend(cfg: Experiment, device: torch.device) -> str:
+    """gloo on CPU, nccl on CUDA; nccl asked for without CUDA is refused."""
+    wanted = cfg.learner.backend
+    if wanted == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if wanted == "nccl" and device.type != "cuda":
+        raise StartupError(f"learner.backend=nccl needs CUDA, and this learner trains on {device}; "
+                           "allowed here: gloo or auto")
+    return wanted
+
+
+def join(cfg: Experiment, device: torch.device) -> Group:
+    """Meet the other learners at ``learner.rendezvous`` and form the process group."""
+    import torch.distributed as dist
+
+    address = cfg.learner.rendezvous
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    timeout = timedelta(seconds=cfg.learner.collective_timeout_s)
+    name = backend(cfg, device)
+    try:  # the first learner to start listens; the others cannot bind the port and connect
+        store = dist.TCPStore(host, int(port), None, True, timeout, wait_for_workers=False)
+        hosting = True
+    except (RuntimeError, OSError):
+        hosting = False
+        try:
+            store = dist.TCPStore(host, int(port), None, False, timeout)
+        except (RuntimeError, OSError) as exc:
+            raise StartupError(f"learner: no rendezvous at {address} (learner.rendezvous) within "
+                               f"{cfg.learner.collective_timeout_s:g} s: {exc}") from None
+    rank = int(store.add(RANK_KEY, 1)) - 1
+    if rank >= cfg.learners:
+        raise StartupError(f"learner: {rank + 1} learners met at {address}, the config says learners="
+                           f"{cfg.learners}; start at most that many (a rank lost earlier needs the whole group "
+                           "restarted)")
+    log.info("learner: rank %d of %d at %s (%s)%s; waiting for the others", rank, cfg.learners, address, name,
+             ", hosting the rendezvous" if hosting else "")
+    try:
+        dist.init_process_group(name, store=dist.PrefixStore("rlfleet", store), rank=rank,
+                                world_size=cfg.learners, timeout=timeout)
+        dist.barrier()
+    except (RuntimeError, OSError) as exc:
+        raise StartupError(f"learner rank {rank}: the group of {cfg.learners} at {address} (learner.rendezvous) "
+                           f"did not form within {cfg.learner.collective_timeout_s:g} s: {exc}") from None
+    # keep the store alive as long as the group: the hosting rank's object serves it
+    _stores.append(store)
+    return Group(rank, cfg.learners, name, address)
+
+
+_stores: list[Any] = []
+
+
+def leave() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _stores.clear()
