@@ -1,11 +1,13 @@
 """What the data-parallel tests run: one rank of a real gloo process group (a process of its own),
 or the one-process reference, training an algorithm's learner on a share of fixed batches.
 
-    python tests/data_parallel_ranks.py ALGO RANK WORLD PORT DATA.npz OUT.npz
+    python tests/data_parallel_ranks.py ALGO RANK WORLD PORT DATA.npz OUT.npz [ahead]
 
 Each step's global batch is split in WORLD equal slices (items for DQN and SAC, segments for
 PPO); rank r learns from slice r with the per-rank config (the global batch sizes / WORLD),
 its gradients averaged over the group. OUT.npz: the learner's published weights at the end.
+With ``ahead``, rank 1 first learns alone from the first two batches (as a rank that resumed from
+a newer checkpoint), then the group forms and every rank takes its state (broadcast_learner).
 """
 
 from __future__ import annotations
@@ -60,19 +62,27 @@ def batches(algo: str, data: dict[str, np.ndarray], rank: int, world: int) -> li
 
 def main(argv: list[str]) -> int:
     algo, rank, world, port, data_path, out_path = argv[0], int(argv[1]), int(argv[2]), int(argv[3]), argv[4], argv[5]
+    ahead = argv[6:] == ["ahead"]
     torch.set_num_threads(1)
     core = learner(algo, world)
+    with np.load(data_path) as npz:
+        data = dict(npz)
+    steps = batches(algo, data, rank, world)
+    if ahead and rank == 1:
+        for batch in steps[:2]:
+            core.learn(batch)
     if world > 1:
         import torch.distributed as dist
 
-        from common.algorithms.data_parallel import GradientAverager
+        from common.algorithms.data_parallel import GradientAverager, broadcast_learner
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=60))
         core.dp = GradientAverager()
-    with np.load(data_path) as npz:
-        data = dict(npz)
-    for batch in batches(algo, data, rank, world):
+        src = broadcast_learner(core, core.dp)
+        assert src == (1 if ahead else 0), src
+        assert core.num_updates == (2 if ahead else 0) * (1 if algo != "ppo" else 2), core.num_updates
+    for batch in steps[2 if ahead else 0:]:
         core.learn(batch)
     np.savez(Path(out_path), **core.weights())
     if world > 1:

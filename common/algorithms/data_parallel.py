@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -105,22 +106,51 @@ class GradientAverager:
             _collective(dist.broadcast, t.data, src=src, group=self.group)
 
 
-def tensors_of(tree: Any) -> list[torch.Tensor]:
-    """Every tensor of a nested dict/list (a learner's ``state()``), in a fixed order."""
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, dict):
-        return [t for key in sorted(tree, key=str) for t in tensors_of(tree[key])]
-    if isinstance(tree, list | tuple):
-        return [t for item in tree for t in tensors_of(item)]
-    return []
-
-
-def broadcast_learner(core: Any, averager: GradientAverager, src: int = 0) -> None:
-    """Every rank's learner takes rank ``src``'s state (networks, optimizers): tensors only, no
-    pickling; counters come from the same checkpoint or start at 0 on every rank."""
+def broadcast_learner(core: Any, averager: GradientAverager) -> int:
+    """Every rank's learner takes the state (networks, optimizers, counters, statistics) of the rank
+    that has trained furthest (it resumed from the newest checkpoint; ties: the lowest rank), so
+    ranks that restarted on hosts without that checkpoint start from it too. Tensors on the wire,
+    no pickling. Returns the rank it came from."""
     if averager.world == 1:
-        return
-    state = core.state()
-    averager.broadcast(tensors_of(state), src)
-    core.load_state(state)
+        return averager.rank
+    updates = torch.zeros(averager.world, dtype=torch.float64)
+    updates[averager.rank] = core.num_updates
+    averager.sum([updates])
+    src = int(torch.argmax(updates))  # the first of the maxima
+    for adam in _adams(core):  # moments as after a first step, so every rank's state has the same tensors
+        adam.ensure_state()
+    core.load_state(_broadcast_tree(core.state(), averager, src))
+    return src
+
+
+def _broadcast_tree(tree: Any, averager: GradientAverager, src: int) -> Any:
+    """``tree`` (dicts, lists, tensors, arrays, numbers) with every leaf replaced by rank ``src``'s."""
+    if isinstance(tree, torch.Tensor):
+        averager.broadcast([tree], src)
+        return tree
+    if isinstance(tree, np.ndarray):
+        t = torch.from_numpy(np.ascontiguousarray(tree)).clone()
+        averager.broadcast([t], src)
+        return t.numpy()
+    if isinstance(tree, float):
+        t = torch.tensor(tree, dtype=torch.float64)
+        averager.broadcast([t], src)
+        return float(t.item())
+    if isinstance(tree, int):  # bools too; and 128-bit ints (a numpy generator's state): as 32 bytes
+        t = torch.frombuffer(bytearray(int(tree).to_bytes(32, "little", signed=True)), dtype=torch.uint8)
+        averager.broadcast([t], src)
+        return type(tree)(int.from_bytes(t.numpy().tobytes(), "little", signed=True))
+    if isinstance(tree, dict):
+        done = {key: _broadcast_tree(tree[key], averager, src) for key in sorted(tree, key=str)}
+        return {key: done[key] for key in tree}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_broadcast_tree(item, averager, src) for item in tree)
+    return tree  # strings, None: the same config gives the same
+
+
+def _adams(core: Any) -> list[Any]:
+    from common.algorithms.optim import ClippedAdam
+
+    values = list(vars(core).values())
+    values += [v for d in values if isinstance(d, dict) for v in d.values()]
+    return [v for v in values if isinstance(v, ClippedAdam)]

@@ -30,6 +30,10 @@ class ClippedAdam:
         self.fused = all(p.device.type in ("cpu", "cuda") for p in self.params)
         self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=eps, betas=betas, fused=self.fused or None)
 
+    def ensure_state(self) -> None:
+        """Create the moments and step counts now (zeros, as Adam on its first step) if missing."""
+        self._state()
+
     def _state(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """exp_avg, exp_avg_sq and step of every parameter, created as Adam would on its first step."""
         state = self.optimizer.state
