@@ -60,12 +60,17 @@ def test_two_learners_solve_cartpole_together(tmp_path: Path) -> None:
 
 
 @pytest.mark.chaos
-def test_a_lost_rank_stops_the_other_with_the_address_not_a_hang(tmp_path: Path) -> None:
+def test_a_lost_rank_stops_the_other_and_the_restarted_group_goes_on(tmp_path: Path) -> None:
+    """kill -9 of one rank: the other stops within the collective timeout with an error naming the
+    group's address (no hang); both restarted (what compose's restart policy does), they form the
+    group again, resume from rank 0's checkpoint and train on: updates and versions go on."""
+    from cli.fleetview import scrape
     from tests.chaos_helpers import kill9, member, start_fleet
     from tests.fleet_helpers import wait_for
 
     fleet, _ = start_fleet(CONFIGS / "cartpole-dqn.yaml", tmp_path, 1,
-                           ["learners=2", "learner.collective_timeout_s=10", "evaluator.enabled=false"])
+                           ["learners=2", "learner.collective_timeout_s=10", "evaluator.enabled=false",
+                            "learner.checkpoint_every_s=1"])
     try:
         ranks = [member(fleet, "learner"), member(fleet, "learner-1")]
 
@@ -84,5 +89,14 @@ def test_a_lost_rank_stops_the_other_with_the_address_not_a_hang(tmp_path: Path)
         log = survivor.log_path.read_text()
         assert "lost a rank" in log and "tcp://127.0.0.1:" in log and "restart every learner" in log, log[-2000:]
         assert survivor.exit_code() != 0
+        version = scrape(member(fleet, "paramserver-0").url).samples.get("rlfleet_paramserver_version", -1.0)
+        for m in ranks:
+            fleet.restart(m)
+        wait_for(lambda: all(scrape(m.url, health_only=True).healthy for m in ranks), 120, "both ranks back")
+        wait_for(lambda: min(scrape(m.url).samples.get("rlfleet_learner_updates_total", 0.0) for m in ranks)
+                 > 200, 120, "the group to train again")
+        log = "".join(m.log_path.read_text() for m in ranks if m.log_path is not None)
+        assert log.count("resumed from") >= 1 and log.count("rank 0 of 2 at tcp") == 2, log[-3000:]
+        assert scrape(member(fleet, "paramserver-0").url).samples.get("rlfleet_paramserver_version", -1.0) > version
     finally:
         fleet.stop()
