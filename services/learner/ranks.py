@@ -1,13 +1,19 @@
 """Several learners: how the ranks of one torch.distributed group find each other, and what each trains on.
 
 ``learners: N`` starts N learner processes with the same config; none is told its rank. They meet at
-``learner.rendezvous`` (tcp://host:port): the first to start listens there (a torch TCPStore), the
-others connect, and each takes the next number of a counter in the store as its rank, in the order
-they arrived. Rank 0 publishes weights and writes checkpoints; every rank samples its share of each
-batch (the algorithm's ``per_rank_fields`` divided by N) and the ranks' gradients are averaged
-(:class:`~common.algorithms.data_parallel.GradientAverager`). All ranks start from the same
-weights: the same seed, or the checkpoint rank 0 wrote (the run directory is shared), and rank 0's
-parameters are broadcast at start for the case it is not.
+``learner.rendezvous`` (tcp://host:port): one of them listens there (a torch TCPStore), the others
+connect, and each takes the next number of a counter in the store as its rank, in the order they
+arrived. Who listens: where ``host`` names one address (one machine: ``rlfleet up``), the first
+learner on that machine to bind the port; where it names several (a scaled compose service or a
+Swarm ``tasks.<service>`` name: one address per learner container), the learner whose address is
+the lowest, once the name resolves to all N. A learner never listens for an address that is not
+its own, so two machines cannot both host.
+
+Rank 0 publishes weights and writes checkpoints; every rank samples its share of each batch (the
+algorithm's ``per_rank_fields`` divided by N) and the ranks' gradients are averaged
+(:class:`~common.algorithms.data_parallel.GradientAverager`). All ranks start from the state of the
+rank that resumed furthest (``broadcast_learner``): a rank restarted on a host without the newest
+checkpoint starts from it too.
 
 The collective backend is gloo on CPU and NCCL on CUDA (``learner.backend: auto``); every wait on
 the others (joining, each all-reduce) ends after ``learner.collective_timeout_s`` with an error
@@ -16,7 +22,10 @@ that names the rendezvous address, so a lost rank stops the others instead of ha
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -63,14 +72,18 @@ def join(cfg: Experiment, device: torch.device) -> Group:
     import torch.distributed as dist
 
     address = cfg.learner.rendezvous
-    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    name, port = address.removeprefix("tcp://").rsplit(":", 1)
     timeout = timedelta(seconds=cfg.learner.collective_timeout_s)
-    name = backend(cfg, device)
-    try:  # the first learner to start listens; the others cannot bind the port and connect
-        store = dist.TCPStore(host, int(port), None, True, timeout, wait_for_workers=False)
-        hosting = True
-    except (RuntimeError, OSError):
-        hosting = False
+    name_backend = backend(cfg, device)
+    host = _host_address(name, cfg.learners, cfg.learner.collective_timeout_s)
+    hosting = False
+    if _is_local(host):
+        try:  # the first learner here to bind the port hosts; the others connect
+            store = dist.TCPStore(host, int(port), None, True, timeout, wait_for_workers=False)
+            hosting = True
+        except (RuntimeError, OSError):
+            pass
+    if not hosting:
         try:
             store = dist.TCPStore(host, int(port), None, False, timeout)
         except (RuntimeError, OSError) as exc:
@@ -81,10 +94,10 @@ def join(cfg: Experiment, device: torch.device) -> Group:
         raise StartupError(f"learner: {rank + 1} learners met at {address}, the config says learners="
                            f"{cfg.learners}; start at most that many (a rank lost earlier needs the whole group "
                            "restarted)")
-    log.info("learner: rank %d of %d at %s (%s)%s; waiting for the others", rank, cfg.learners, address, name,
-             ", hosting the rendezvous" if hosting else "")
+    log.info("learner: rank %d of %d at %s (%s)%s; waiting for the others", rank, cfg.learners, address,
+             name_backend, ", hosting the rendezvous" if hosting else "")
     try:
-        dist.init_process_group(name, store=dist.PrefixStore("rlfleet", store), rank=rank,
+        dist.init_process_group(name_backend, store=dist.PrefixStore("rlfleet", store), rank=rank,
                                 world_size=cfg.learners, timeout=timeout)
         dist.barrier()
     except (RuntimeError, OSError) as exc:
@@ -92,7 +105,34 @@ def join(cfg: Experiment, device: torch.device) -> Group:
                            f"did not form within {cfg.learner.collective_timeout_s:g} s: {exc}") from None
     # keep the store alive as long as the group: the hosting rank's object serves it
     _stores.append(store)
-    return Group(rank, cfg.learners, name, address)
+    return Group(rank, cfg.learners, name_backend, address)
+
+
+def _host_address(name: str, learners: int, timeout_s: float) -> str:
+    """The address whose learner hosts: ``name``'s only address, or the lowest of its N."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            found = sorted({str(info[4][0]) for info in socket.getaddrinfo(name, None, socket.AF_INET)},
+                           key=ipaddress.ip_address)
+        except socket.gaierror:
+            found = []
+        if len(found) == 1 or len(found) >= learners:
+            return found[0]
+        if time.monotonic() >= deadline:
+            raise StartupError(f"learner: {name} (learner.rendezvous) resolves to {found or 'nothing'}; waited "
+                               f"{timeout_s:g} s for one address, or one per learner (learners={learners})")
+        time.sleep(0.5)
+
+
+def _is_local(ip: str) -> bool:
+    """Whether this machine (container) owns ``ip``: only then may it listen for it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((ip, 0))
+        except OSError:
+            return False
+    return True
 
 
 _stores: list[Any] = []
