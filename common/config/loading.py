@@ -58,7 +58,7 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[list[str], Any, str]
     return out
 
 
-_TOP_LEVEL_ENV = {f"{ENV_PREFIX}{name.upper()}" for name in ("name", "seed", "sync", "run_dir")}
+_TOP_LEVEL_ENV = {f"{ENV_PREFIX}{name.upper()}" for name in ("name", "seed", "sync", "run_dir", "learners")}
 
 
 def cli_overrides(sets: Iterable[str]) -> list[tuple[list[str], Any, str]]:
