@@ -1,0 +1,298 @@
+"""A cost model of the fleet from measured per-component costs, checked against measured runs.
+
+    .venv/bin/python -m bench.cost_model [--seconds 20] [--docs]
+
+1. Components, each measured alone in this process (one thread; CartPole, Ape-X DQN as
+   configs/cartpole-dqn.yaml):
+   - ``act``: an actor's CPU per env step: policy act, env step, n-step adder, and its share of
+     encoding an insert (64 transitions); ``act_2ms``: the wall time of the same on an env that
+     sleeps 2 ms per step (what the sleep really takes included);
+   - ``insert``: replay's CPU per stored transition (decode, check, copy into the table);
+   - ``sample``: replay's CPU per sampled batch (select, gather, encode); ``learner_io``: the
+     learner's per update beside learning (decode the batch, encode the priorities);
+   - ``update(b)``: one learner update on a batch of b (b = 256, 128);
+   - ``allreduce``: averaging one update's gradients over 2 learner ranks (bench.learners' way);
+   - ``publish``: one weights version published and fetched by one actor.
+2. The model, for A actors (each stepping an env of ``latency`` per step), L learners, a
+   global batch B and k samples per insert (replay's rate limiter: B / k env steps per update):
+   - actors: E_act = A / act_2ms (or A / act without latency) env steps/s (each actor is one serial loop);
+   - learners: U_max = 1 / (update(B / L) + learner_io + allreduce(L)) updates/s (allreduce(1) = 0);
+   - replay (one process, one core): E x insert + U x sample <= 1 s per s;
+   - cores: everything beside the env's sleep shares P cores:
+     E x (act + insert) + U x (L x (update(B / L) + allreduce(L)) + sample + publish / publish_every) <= P;
+   - and U = E x k / B (the limiter). E is the largest rate all of them allow; the first to bind
+     is what saturates.
+3. Checked against ``rlfleet up`` runs of 1, 2, 4 and 8 actors at 2 ms per env step (k = 16,
+   bench.scaling's settings) and of 1 and 2 learners with 2 actors and no latency (k = 32): the
+   steady env steps/s and updates/s of each run (the mean over its last ``--seconds`` / 2 s) against
+   the model's for P = this machine's cores; error = predicted / measured - 1 (goal: within 25%).
+4. Projected to 256 actors and 8 learners across hosts (each actor a core of its own, each
+   learner a host, replay a core): which component saturates first.
+
+Last line: one JSON object. ``--docs`` writes docs/cost_model.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.learners import run as run_learners
+
+CONFIG = "configs/cartpole-dqn.yaml"
+LATENCY_S = 0.002
+ACTOR_SETS = ["algorithm.batch_size=256", "replay.tables.0.samples_per_insert=16", "actor.poll_every=10",
+              "algorithm.epsilon_alpha=0", "evaluator.enabled=false", "env.step_latency_ms=2"]
+LEARNER_SETS = ["evaluator.enabled=false"]
+
+
+def per_call(fn: Any, n: int, warm: int = 20) -> float:
+    for _ in range(warm):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def components() -> dict[str, float]:
+    """Seconds per unit of each component, measured alone."""
+    import torch
+
+    from common import algorithms
+    from common import config as config_mod
+    from common.envs import acting_policy, make_vector_env
+    from common.wire.codec import Message, encode
+    from common.wire.decoder import decode
+    from common.wire.inserts import InsertEncoder
+    from services.replay.tables import make_table
+
+    torch.set_num_threads(1)
+    cfg = config_mod.load(CONFIG, environ={})
+    algo = algorithms.get(cfg.algorithm.name)
+    envs = make_vector_env(cfg.env, 0, algo.autoreset_mode)
+    policy = acting_policy(cfg, act_seed=0)
+    adder = algo.make_adder(cfg.algorithm, cfg.env.num_envs, envs.single_observation_space,
+                            envs.single_action_space, algo.autoreset_mode)
+    obs, _ = envs.reset(seed=0)
+    adder.reset(obs)
+    state = {"obs": obs}
+    items: list[dict[str, np.ndarray]] = []
+
+    def act() -> None:
+        actions, extras = policy.act(state["obs"])
+        state["obs"], rewards, terminated, truncated, infos = envs.step(actions)
+        out = adder.add(actions, extras, state["obs"], rewards, terminated, truncated, infos, 0)
+        if len(out["version"]):
+            items.append(out)
+
+    act_s = per_call(act, 3000) / cfg.env.num_envs
+    batch = {k: np.concatenate([i[k] for i in items])[:64] for k in items[0]}
+    encoder = InsertEncoder()
+    seq = iter(range(1, 10**9))
+    encode_s = per_call(lambda: encoder.frames("main", batch, "a/1", next(seq), 1), 2000) / 64
+    frames = [bytes(f) for f in encoder.frames("main", batch, "a/1", 1, 1)]
+    table = make_table(cfg.replay.tables[0])
+
+    def insert() -> None:
+        msg = decode(frames)
+        table.check(msg.arrays)
+        table.insert(msg.arrays, np.ones(64))
+
+    insert_s = per_call(insert, 2000) / 64
+
+    def sample() -> None:
+        s = table.sample(256, 0.4)
+        arrays = {"key": s.keys, "probability": s.probability, "weight": s.weight, **s.data}
+        encode(Message("batch", {"table": "main", "shard": 0, "table_size": table.size}, arrays))
+
+    sample_s = per_call(sample, 500)
+    s0 = table.sample(256, 0.4)
+    reply = [bytes(f) for f in encode(Message("batch", {"table": "main", "shard": 0, "table_size": table.size},
+                                              {"key": s0.keys, "probability": s0.probability, "weight": s0.weight,
+                                               **s0.data}))]
+    keys, prios = s0.keys, np.ones(256, np.float32)
+
+    def learner_io() -> None:  # what the learner does per update beside learn(): decode, priorities back
+        decode(reply)
+        encode(Message("priorities", {"table": "main"}, {"key": keys, "priority": prios}))
+
+    learner_io_s = per_call(learner_io, 500)
+    env = envs.single_observation_space, envs.single_action_space
+    envs.close()
+    update = {}
+    rng = np.random.default_rng(0)
+    for b in (256, 128):
+        core = algo.make_learner(cfg.algorithm.model_copy(update={"batch_size": b}), *env, device="cpu", seed=0)
+        data = {"obs": rng.normal(size=(b, 4)).astype(np.float32), "action": rng.integers(2, size=b),
+                "reward": rng.normal(size=b).astype(np.float32), "next_obs": rng.normal(size=(b, 4)).astype(np.float32),
+                "discount": np.full(b, 0.99, np.float32), "version": np.zeros(b, np.int64)}
+        weights = np.ones(b, np.float32)
+        update[b] = per_call(lambda c=core, d=data, w=weights: c.learn(d, w), 300)
+    publish_s = _publish_cost(core.weights())
+    return {"act": act_s + encode_s, "act_2ms": _act_with_latency(cfg) + encode_s, "insert": insert_s,
+            "sample": sample_s, "learner_io": learner_io_s, "update_256": update[256], "update_128": update[128],
+            "publish": publish_s}
+
+
+def _act_with_latency(cfg: Any, seconds: float = 2.0) -> float:
+    """Wall seconds per env step of the same loop on an env of 2 ms per step (the sleep overshoots)."""
+    from common import algorithms
+    from common import config as config_mod
+    from common.envs import acting_policy, make_vector_env
+
+    slow = config_mod.load(CONFIG, sets=["env.step_latency_ms=2"], environ={})
+    algo = algorithms.get(slow.algorithm.name)
+    envs = make_vector_env(slow.env, 0, algo.autoreset_mode)
+    policy = acting_policy(slow, act_seed=0)
+    obs, _ = envs.reset(seed=0)
+    steps, t0 = 0, time.perf_counter()
+    try:
+        while time.perf_counter() - t0 < seconds:
+            obs = envs.step(policy.act(obs)[0])[0]
+            steps += slow.env.num_envs
+    finally:
+        envs.close()
+    return (time.perf_counter() - t0) / steps
+
+
+def _publish_cost(weights: dict[str, np.ndarray]) -> float:
+    """One version published to a paramserver (in this process) and fetched by one reader."""
+    import threading
+
+    from common.clients.weights_publisher import WeightsPublisher
+    from common.clients.weights_reader import WeightsReader
+    from common.metrics import ServiceMetrics
+    from services.paramserver.shard import ShardServer
+
+    server = ShardServer(ServiceMetrics("paramserver"), "tcp://127.0.0.1:0", 0, 1, 5.0, shm=False)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    pub, reader = WeightsPublisher([server.endpoint], "learner"), WeightsReader([server.endpoint], "actor-0")
+    version = iter(range(10**9))
+    try:
+        def once() -> None:
+            v = next(version)
+            pub.publish(v, weights, timeout_s=10)
+            reader.get(v - 1, timeout_s=10)
+
+        return per_call(once, 200)
+    finally:
+        pub.close()
+        reader.close()
+        server.stop()
+        thread.join(5)
+        server.close()
+
+
+def predict(c: dict[str, float], actors: int, learners: int, latency: float, k: float, batch: int,
+            cores: float, publish_every: int = 20) -> dict[str, Any]:
+    """Env steps/s and updates/s the model allows, and which bound binds."""
+    update = c["update_256"] if batch // learners >= 256 else c["update_128"]
+    learner_s = update + c["learner_io"] + (c["allreduce"] if learners > 1 else 0.0)
+    per_env = batch / k  # env steps per update
+    bounds = {
+        "actors": actors / (c["act_2ms"] if latency else c["act"]),
+        "learner": per_env / learner_s,
+        "replay": 1.0 / (c["insert"] + c["sample"] / per_env),
+        "cores": cores / (c["act"] + c["insert"] + (learners * learner_s + c["sample"]
+                                                    + c["publish"] / publish_every) / per_env),
+    }
+    binding = min(bounds, key=lambda name: bounds[name])
+    env = bounds[binding]
+    return {"env_steps_per_s": env, "updates_per_s": env / per_env, "binds": binding,
+            "bounds": {name: round(v, 1) for name, v in bounds.items()}}
+
+
+def measured(actors: int, learners: int, sets: list[str], seconds: float, root: Path) -> dict[str, float]:
+    """Steady env steps/s and updates/s of an `rlfleet up` run: means over its last seconds / 2."""
+    runs = Path(tempfile.mkdtemp(prefix=f"a{actors}-l{learners}-", dir=root))
+    cmd = [sys.executable, "-m", "cli", "up", "--config", CONFIG, "--actors", str(actors), "--learners",
+           str(learners), "--max-seconds", str(seconds), "--runs", str(runs)]
+    for s in sets:
+        cmd += ["--set", s]
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=seconds + 180)
+    rows = list(csv.DictReader(open(next(runs.glob("*/progress.csv")))))
+    last = [r for r in rows if float(r["wall_s"]) >= float(rows[-1]["wall_s"]) - seconds / 2]
+    return {"env_steps_per_s": statistics.mean(float(r["env_steps_per_s"]) for r in last),
+            "updates_per_s": statistics.mean(float(r["updates_per_s"]) for r in last)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=20.0, help="length of each checking run")
+    ap.add_argument("--docs", action="store_true", help="write docs/cost_model.md")
+    args = ap.parse_args()
+    cores = float(os.cpu_count() or 1)
+    c = components()
+    lr = run_learners(2, 1, argparse.Namespace(algo="dqn", batch=256, hidden=128, updates=200, threads=1))
+    c["allreduce"] = lr["ours_allreduce_ms"] / 1000
+    checks = []
+    with tempfile.TemporaryDirectory(prefix="cost-model-") as tmp:
+        for actors in (1, 2, 4, 8):
+            m = measured(actors, 1, ACTOR_SETS, args.seconds, Path(tmp))
+            p = predict(c, actors, 1, LATENCY_S, 16, 256, cores)
+            checks.append(("actors", actors, 1, m, p))
+        for learners in (1, 2):
+            m = measured(2, learners, LEARNER_SETS, args.seconds, Path(tmp))
+            p = predict(c, 2, learners, 0.0, 32, 256, cores)
+            checks.append(("learners", 2, learners, m, p))
+    table = []
+    for kind, actors, learners, m, p in checks:
+        table.append({"check": kind, "actors": actors, "learners": learners,
+                      "measured_env_steps_per_s": round(m["env_steps_per_s"], 1),
+                      "predicted_env_steps_per_s": round(p["env_steps_per_s"], 1),
+                      "env_error": round(p["env_steps_per_s"] / m["env_steps_per_s"] - 1, 3),
+                      "measured_updates_per_s": round(m["updates_per_s"], 1),
+                      "predicted_updates_per_s": round(p["updates_per_s"], 1),
+                      "updates_error": round(p["updates_per_s"] / max(m["updates_per_s"], 1e-9) - 1, 3),
+                      "binds": p["binds"]})
+    # across hosts: every actor its own core, each learner a host of its own, replay one core
+    projection = {}
+    for actors, learners in ((256, 1), (256, 8)):
+        p = predict(c, actors, learners, LATENCY_S, 16, 256, cores=float(actors + learners + 1))
+        projection[f"{actors}_actors_{learners}_learners"] = {
+            "env_steps_per_s": round(p["env_steps_per_s"], 1), "updates_per_s": round(p["updates_per_s"], 1),
+            "binds": p["binds"], "bounds": p["bounds"]}
+    result = {"cores": cores, "components_ms": {k: round(v * 1000, 4) for k, v in c.items()},
+              "checks": table, "max_abs_error": round(max(max(abs(r["env_error"]), abs(r["updates_error"]))
+                                                          for r in table), 3),
+              "projection": projection}
+    if args.docs:
+        write_docs(result)
+    print(json.dumps(result))
+
+
+def write_docs(result: dict[str, Any]) -> None:
+    lines = ["# Cost model", "", "`.venv/bin/python -m bench.cost_model --docs` (see its docstring for the model).",
+             "", "Components (ms per unit, measured alone, one thread):", "",
+             "| component | ms |", "|---|---:|"]
+    lines += [f"| {k} | {v} |" for k, v in result["components_ms"].items()]
+    lines += ["", f"Checks on this machine ({result['cores']:g} cores):", "",
+              "| check | actors | learners | env steps/s measured | predicted | error | updates/s measured | "
+              "predicted | error | binds |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in result["checks"]:
+        lines.append(f"| {r['check']} | {r['actors']} | {r['learners']} | {r['measured_env_steps_per_s']} | "
+                     f"{r['predicted_env_steps_per_s']} | {r['env_error']:+.1%} | {r['measured_updates_per_s']} | "
+                     f"{r['predicted_updates_per_s']} | {r['updates_error']:+.1%} | {r['binds']} |")
+    lines += ["", "Projection across hosts (each actor a core, each learner a host, replay a core):", ""]
+    for name, p in result["projection"].items():
+        lines.append(f"- {name.replace('_', ' ')}: {p['env_steps_per_s']} env steps/s, {p['updates_per_s']} "
+                     f"updates/s; saturates first: **{p['binds']}** (bounds {p['bounds']})")
+    lines += ["", "```json", json.dumps(result), "```", ""]
+    Path("docs/cost_model.md").write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
