@@ -115,13 +115,13 @@ def components() -> dict[str, float]:
     def sample() -> None:
         s = table.sample(256, 0.4)
         arrays = {"key": s.keys, "probability": s.probability, "weight": s.weight, **s.data}
-        encode(Message("batch", {"table": "main", "shard": 0, "table_size": table.size}, arrays))
+        encode(Message("batch", {"ref_seq": 1, "table": "main", "shard": 0, "table_size": table.size}, arrays))
 
     sample_s = per_call(sample, 500)
     s0 = table.sample(256, 0.4)
-    reply = [bytes(f) for f in encode(Message("batch", {"table": "main", "shard": 0, "table_size": table.size},
-                                              {"key": s0.keys, "probability": s0.probability, "weight": s0.weight,
-                                               **s0.data}))]
+    head = {"ref_seq": 1, "table": "main", "shard": 0, "table_size": table.size}
+    reply = [bytes(f) for f in encode(Message("batch", head, {"key": s0.keys, "probability": s0.probability,
+                                                              "weight": s0.weight, **s0.data}))]
     keys, prios = s0.keys, np.ones(256, np.float32)
 
     def learner_io() -> None:  # what the learner does per update beside learn(): decode, priorities back
