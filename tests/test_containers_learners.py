@@ -1,7 +1,7 @@
-"""Two data-parallel learner containers (RLFLEET_LEARNERS=2, --scale learner=2): they find each other
-through the service's DNS name (the lowest address hosts the rendezvous), form a gloo group as ranks
-0 and 1, and train together: both take updates, rank 0 publishes versions. Needs a Docker engine and
-the images, as tests/test_containers.py."""
+"""Two data-parallel learner containers (RLFLEET_LEARNERS=2, --scale learner=2 in compose): they find
+each other through the service's DNS name (the lowest address hosts the
+rendezvous), form a gloo group as ranks 0 and 1, and train together: both take updates, rank 0
+publishes versions. Needs a Docker engine and the images, as tests/test_containers.py."""
 
 from __future__ import annotations
 
@@ -40,6 +40,22 @@ def docker_client() -> Any:
     return client
 
 
+def check_two_learners_train(fleet: ComposeProject) -> None:
+    learners = wait_for(lambda: fleet.containers("learner"), lambda c: len(c) == 2, STARTUP_S, "2 learners")
+    ranks = wait_for(lambda: sorted(healthz(c).get("rank", -1) for c in learners), lambda r: r == [0, 1],
+                     STARTUP_S, "ranks 0 and 1, agreed at start")
+    assert all(healthz(c)["learners"] == 2 for c in learners), ranks
+    first = [metrics(c).get("rlfleet_learner_updates_total", 0.0) for c in learners]
+
+    def together(ms: list[dict[str, float]]) -> bool:
+        return (all(m.get("rlfleet_learner_updates_total", 0.0) > f + 50 for m, f in zip(ms, first, strict=True))
+                and max(m.get("rlfleet_learner_version", -1.0) for m in ms) > 2
+                and all(m.get("rlfleet_learner_world_size", 0.0) == 2 for m in ms))
+
+    wait_for(lambda: [metrics(c) for c in learners], together, STARTUP_S,
+             "both learners training together, versions published")
+
+
 def test_compose_with_two_learner_containers_trains(docker_client: Any, tmp_path: Path) -> None:
     env = {**SHORT_ENV, "RLFLEET_LEARNERS": "2"}
     proj = ComposeProject(docker_client, f"rlfleettest{uuid.uuid4().hex[:8]}",
@@ -47,19 +63,7 @@ def test_compose_with_two_learner_containers_trains(docker_client: Any, tmp_path
     proj.env["RLFLEET_LEARNERS"] = "2"
     try:
         proj.run("up", "-d", "--scale", "actor=2", "--scale", "learner=2", *[s for s in SERVICES if s != "evaluator"])
-        learners = wait_for(lambda: proj.containers("learner"), lambda c: len(c) == 2, STARTUP_S, "2 learners")
-        ranks = wait_for(lambda: sorted(healthz(c).get("rank", -1) for c in learners), lambda r: r == [0, 1],
-                         STARTUP_S, "ranks 0 and 1, agreed at start")
-        assert all(healthz(c)["learners"] == 2 for c in learners), ranks
-        first = [metrics(c).get("rlfleet_learner_updates_total", 0.0) for c in learners]
-
-        def together(ms: list[dict[str, float]]) -> bool:
-            return (all(m.get("rlfleet_learner_updates_total", 0.0) > f + 50 for m, f in zip(ms, first, strict=True))
-                    and max(m.get("rlfleet_learner_version", -1.0) for m in ms) > 2
-                    and all(m.get("rlfleet_learner_world_size", 0.0) == 2 for m in ms))
-
-        wait_for(lambda: [metrics(c) for c in learners], together, STARTUP_S,
-                 "both learners training together, versions published")
+        check_two_learners_train(proj)
     except BaseException:
         for c in proj.containers(all=True):
             print(c.name, c.logs(tail=15).decode(errors="replace"))
@@ -70,3 +74,4 @@ def test_compose_with_two_learner_containers_trains(docker_client: Any, tmp_path
         finally:
             for c in proj.containers(all=True):
                 c.remove(force=True)
+
