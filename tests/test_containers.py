@@ -32,11 +32,8 @@ from tests.docker_fleet import (
     SHORT_ENV,
     ComposeProject,
     SwarmStack,
-    client_or_reason,
     compose_environ,
-    ensure_images,
     healthz,
-    in_ci,
     metrics,
     wait_for,
     write_env_file,
@@ -48,16 +45,6 @@ STARTUP_S = 300  # first start on a loaded 2-core machine: torch import in 5 con
 
 # -- with an engine ---------------------------------------------------------------------
 
-
-@pytest.fixture(scope="module")
-def docker_client() -> Any:
-    client, reason = client_or_reason()
-    if client is None:
-        if in_ci():
-            pytest.fail(f"CI=true but Docker is unusable: {reason}. .ci/run installs and starts it.")
-        pytest.skip(f"Docker is unavailable here: {reason}")
-    ensure_images(client)
-    return client
 
 
 def free_port() -> int:

@@ -1,5 +1,5 @@
-"""Two data-parallel learner containers (RLFLEET_LEARNERS=2, --scale learner=2 in compose): they find
-each other through the service's DNS name (the lowest address hosts the
+"""Two data-parallel learner containers (RLFLEET_LEARNERS=2: --scale learner=2 in compose, 2 replicas
+in a Swarm stack): they find each other through the service's DNS name (the lowest address hosts the
 rendezvous), form a gloo group as ranks 0 and 1, and train together: both take updates, rank 0
 publishes versions. Needs a Docker engine and the images, as tests/test_containers.py."""
 
@@ -15,10 +15,8 @@ from tests.docker_fleet import (
     SERVICES,
     SHORT_ENV,
     ComposeProject,
-    client_or_reason,
-    ensure_images,
+    SwarmStack,
     healthz,
-    in_ci,
     metrics,
     wait_for,
     write_env_file,
@@ -29,18 +27,8 @@ STARTUP_S = 300
 pytestmark = pytest.mark.container
 
 
-@pytest.fixture(scope="module")
-def docker_client() -> Any:
-    client, reason = client_or_reason()
-    if client is None:
-        if in_ci():
-            pytest.fail(f"CI=true but Docker is unusable: {reason}. .ci/run installs and starts it.")
-        pytest.skip(f"Docker is unavailable here: {reason}")
-    ensure_images(client)
-    return client
 
-
-def check_two_learners_train(fleet: ComposeProject) -> None:
+def check_two_learners_train(fleet: ComposeProject | SwarmStack) -> None:
     learners = wait_for(lambda: fleet.containers("learner"), lambda c: len(c) == 2, STARTUP_S, "2 learners")
     ranks = wait_for(lambda: sorted(healthz(c).get("rank", -1) for c in learners), lambda r: r == [0, 1],
                      STARTUP_S, "ranks 0 and 1, agreed at start")
@@ -75,3 +63,21 @@ def test_compose_with_two_learner_containers_trains(docker_client: Any, tmp_path
             for c in proj.containers(all=True):
                 c.remove(force=True)
 
+
+
+def test_swarm_stack_with_two_learner_replicas_trains(docker_client: Any, tmp_path: Path) -> None:
+    stack = SwarmStack(docker_client, f"rlfleettest{uuid.uuid4().hex[:6]}",
+                       write_env_file(tmp_path / "fleet.env", {**SHORT_ENV, "RLFLEET_LEARNERS": "2"}))
+    stack.env["RLFLEET_LEARNERS"] = "2"  # the learner service's replicas
+    try:
+        stack.init()
+        stack.deploy(actors=2)
+        check_two_learners_train(stack)
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        try:
+            stack.rm()
+        finally:
+            stack.leave()

@@ -69,7 +69,8 @@ class LearnerService:
         obs_space, act_space = probe_env(cfg)
         self.algo = algorithms.get(cfg.algorithm.name)
         # several learners: ranks of one group, each training on its share of every batch (ranks.py)
-        self.group = ranks.join(cfg, resolve_device(cfg.learner.device)) if cfg.learners > 1 else None
+        self.group = ranks.join_answering_health(cfg, resolve_device(cfg.learner.device)) if cfg.learners > 1 \
+            else None
         self.rank = self.group.rank if self.group is not None else 0
         self.core = self.algo.make_learner(
             ranks.per_rank_config(cfg.algorithm, cfg.learners), obs_space, act_space, device=cfg.learner.device,

@@ -3,11 +3,12 @@
 ``learners: N`` starts N learner processes with the same config; none is told its rank. They meet at
 ``learner.rendezvous`` (tcp://host:port): one of them listens there (a torch TCPStore), the others
 connect, and each takes the next number of a counter in the store as its rank, in the order they
-arrived. Who listens: where ``host`` names one address (one machine: ``rlfleet up``), the first
-learner on that machine to bind the port; where it names several (a scaled compose service or a
-Swarm ``tasks.<service>`` name: one address per learner container), the learner whose address is
-the lowest, once the name resolves to all N. A learner never listens for an address that is not
-its own, so two machines cannot both host.
+arrived. Who listens: a learner already listening at one of the name's addresses, if any (the
+group is forming, or a learner restarted); else, where ``host`` is one address (one machine:
+``rlfleet up``), the first learner on that machine to bind the port; where it names several (a
+scaled compose service or a Swarm service: one address per learner container), the learner whose
+address is the lowest, once the name resolves to all N. A learner never listens for an address
+that is not its own, so two machines cannot both host.
 
 Rank 0 publishes weights and writes checkpoints; every rank samples its share of each batch (the
 algorithm's ``per_rank_fields`` divided by N) and the ranks' gradients are averaged
@@ -38,6 +39,7 @@ from common.runtime import StartupError
 log = logging.getLogger("rlfleet.learner")
 
 RANK_KEY = "rlfleet/rank"
+SINGLE_GRACE_S = 20.0  # a DNS name with one address while learners > 1: the others may not be listed yet
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,22 @@ def backend(cfg: Experiment, device: torch.device) -> str:
     return wanted
 
 
+def join_answering_health(cfg: Experiment, device: torch.device) -> Group:
+    """:func:`join`, with /healthz answering "joining" meanwhile on the metrics port: Swarm's DNS
+    lists a task only once its health check passes, and the others find this learner by DNS."""
+    from common.metrics import MetricsServer, ServiceMetrics
+
+    try:
+        http = MetricsServer(ServiceMetrics("learner"), lambda: {"ok": True, "joining": True},
+                             cfg.metrics.host, cfg.metrics.port).start()
+    except OSError:  # the port is taken: the service's own server will say why
+        return join(cfg, device)
+    try:
+        return join(cfg, device)
+    finally:
+        http.close()
+
+
 def join(cfg: Experiment, device: torch.device) -> Group:
     """Meet the other learners at ``learner.rendezvous`` and form the process group."""
     import torch.distributed as dist
@@ -75,7 +93,7 @@ def join(cfg: Experiment, device: torch.device) -> Group:
     name, port = address.removeprefix("tcp://").rsplit(":", 1)
     timeout = timedelta(seconds=cfg.learner.collective_timeout_s)
     name_backend = backend(cfg, device)
-    host = _host_address(name, cfg.learners, cfg.learner.collective_timeout_s)
+    host = _host_address(name, int(port), cfg.learners, cfg.learner.collective_timeout_s)
     hosting = False
     if _is_local(host):
         try:  # the first learner here to bind the port hosts; the others connect
@@ -108,21 +126,46 @@ def join(cfg: Experiment, device: torch.device) -> Group:
     return Group(rank, cfg.learners, name_backend, address)
 
 
-def _host_address(name: str, learners: int, timeout_s: float) -> str:
-    """The address whose learner hosts: ``name``'s only address, or the lowest of its N."""
-    deadline = time.monotonic() + timeout_s
+def _host_address(name: str, port: int, learners: int, timeout_s: float) -> str:
+    """The address whose learner hosts. A learner already listening at one of ``name``'s addresses
+    (the group is forming, or one restarted) wins; else the lowest address once ``name`` resolves
+    to one per learner; an IP literal or a name that keeps one address for ``SINGLE_GRACE_S`` is a
+    machine's own (one machine: ``rlfleet up``; or a fixed host)."""
+    literal = _is_ip(name) or name == "localhost"
+    start = time.monotonic()
     while True:
         try:
             found = sorted({str(info[4][0]) for info in socket.getaddrinfo(name, None, socket.AF_INET)},
                            key=ipaddress.ip_address)
         except socket.gaierror:
             found = []
-        if len(found) == 1 or len(found) >= learners:
+        listening = next((ip for ip in found if _listening(ip, port)), None)
+        if listening is not None:
+            return listening
+        waited = time.monotonic() - start
+        if len(found) >= learners or (len(found) == 1 and (literal or waited >= SINGLE_GRACE_S)):
             return found[0]
-        if time.monotonic() >= deadline:
+        if waited >= timeout_s:
             raise StartupError(f"learner: {name} (learner.rendezvous) resolves to {found or 'nothing'}; waited "
                                f"{timeout_s:g} s for one address, or one per learner (learners={learners})")
         time.sleep(0.5)
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _listening(ip: str, port: int) -> bool:
+    """Whether something accepts connections at ip:port (a rendezvous already hosted there)."""
+    try:
+        with socket.create_connection((ip, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def _is_local(ip: str) -> bool:
