@@ -12,6 +12,9 @@ launcher's own command. For each:
   sliding 3 s window, summed over the actors) is back to 80% of what it was
   over the 10 s before the kill (the reference: the same fleet unharmed);
 - ``restart_s``: of which seconds until the restarted process answered /healthz;
+- ``recovery_after_up_s``: seconds from that answer until the fleet's env steps/s is back: the
+  start of the first 1 s stretch at >= 80% of the reference (scraped every 0.25 s; 0 when it never
+  fell below, e.g. an actor of two);
 - ``acked_lost``: transitions an actor was told were stored (its acked log)
   that replay's write-ahead log does not hold. Must be 0.
 
@@ -75,11 +78,20 @@ class Rate:
             return 0.0
         return (old[-1][1] - old[0][1]) / (old[-1][0] - old[0][0])
 
-    def run_for(self, seconds: float) -> None:
+    def run_for(self, seconds: float, every_s: float = 0.5) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             self.sample()
-            time.sleep(0.5)
+            time.sleep(every_s)
+
+    def back_at(self, since: float, rate: float, stretch_s: float = 1.0) -> float | None:
+        """The first time >= ``since`` that starts a ``stretch_s`` stretch averaging >= ``rate``."""
+        points = [p for p in self.points if p[0] >= since]
+        for i, (t0, n0) in enumerate(points):
+            end = next(((t, n) for t, n in points[i + 1:] if t - t0 >= stretch_s), None)
+            if end is not None and (end[1] - n0) / (end[0] - t0) >= rate:
+                return t0
+        return None
 
 
 def kill_and_measure(fleet: Fleet, rate: Rate, label: str, down_s: float, limit_s: float) -> dict[str, Any]:
@@ -91,14 +103,18 @@ def kill_and_measure(fleet: Fleet, rate: Rate, label: str, down_s: float, limit_
     rate.run_for(down_s)
     fleet.restart(m)
     wait_for(lambda: scrape(m.url, health_only=True).healthy, 120, f"{label} to answer again", every_s=0.1)
-    restart_s = time.monotonic() - killed - down_s
-    rate.run_for(3)
+    up = time.monotonic()
+    restart_s = up - killed - down_s
+    rate.run_for(3, every_s=0.25)
     while rate.over(3) < 0.8 * prior and time.monotonic() - killed < limit_s:
-        rate.run_for(0.5)
+        rate.run_for(0.5, every_s=0.25)
     back = rate.over(3) >= 0.8 * prior
     recovery = time.monotonic() - killed if back else None
+    rate.run_for(1.5, every_s=0.25)  # a full stretch after the last point that may start one
+    at = rate.back_at(up - 0.25, 0.8 * prior)
     out = {"prior_steps_per_s": round(prior), "recovery_s": None if recovery is None else round(recovery, 1),
-           "restart_s": round(restart_s, 1), "down_s": down_s}
+           "restart_s": round(restart_s, 1), "down_s": down_s,
+           "recovery_after_up_s": None if at is None else round(max(0.0, at - up), 2)}
     print(f"{label}: prior {prior:.0f} env steps/s, back to 80% after "
           f"{'never' if recovery is None else f'{recovery:.1f} s'} (restart {restart_s:.1f} s)", flush=True)
     return out
@@ -120,6 +136,7 @@ def main() -> None:
                 result = kill_and_measure(fleet, rate, label, a.down, a.limit)
                 result["acked_lost"] = sum(lost(acked(fleet.run_dir), stored(cfg)).values())
                 out["killed"][label.split("-")[0]] = result
+            out["recovery_after_up_s"] = {name: r["recovery_after_up_s"] for name, r in out["killed"].items()}
             all_acked = acked(fleet.run_dir)
             out["acked_transitions"] = sum(all_acked.values())
             out["acked_lost"] = sum(lost(all_acked, stored(cfg)).values())
