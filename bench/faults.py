@@ -14,7 +14,8 @@ launcher's own command. For each:
 - ``restart_s``: of which seconds until the restarted process answered /healthz;
 - ``recovery_after_up_s``: seconds from that answer until the fleet's env steps/s is back: the
   start of the first 1 s stretch at >= 80% of the reference (scraped every 0.25 s; 0 when it never
-  fell below, e.g. an actor of two);
+  fell below, e.g. an actor of two); ``lowest_while_down``: the lowest 1 s env steps/s between
+  the kill and that answer, as a fraction of the reference (how hard the kill hit);
 - ``acked_lost``: transitions an actor was told were stored (its acked log)
   that replay's write-ahead log does not hold. Must be 0.
 
@@ -84,6 +85,16 @@ class Rate:
             self.sample()
             time.sleep(every_s)
 
+    def lowest(self, start: float, end: float, stretch_s: float = 1.0) -> float:
+        """The lowest env steps/s over any ``stretch_s`` stretch between ``start`` and ``end``."""
+        points = [p for p in self.points if start <= p[0] <= end]
+        rates = []
+        for i, (t0, n0) in enumerate(points):
+            stop = next(((t, n) for t, n in points[i + 1:] if t - t0 >= stretch_s), None)
+            if stop is not None:
+                rates.append((stop[1] - n0) / (stop[0] - t0))
+        return min(rates, default=float("nan"))
+
     def back_at(self, since: float, rate: float, stretch_s: float = 1.0) -> float | None:
         """The first time >= ``since`` that starts a ``stretch_s`` stretch averaging >= ``rate``."""
         points = [p for p in self.points if p[0] >= since]
@@ -100,7 +111,7 @@ def kill_and_measure(fleet: Fleet, rate: Rate, label: str, down_s: float, limit_
     m = member(fleet, label)
     kill9(m)
     killed = time.monotonic()
-    rate.run_for(down_s)
+    rate.run_for(down_s, every_s=0.25)
     fleet.restart(m)
     wait_for(lambda: scrape(m.url, health_only=True).healthy, 120, f"{label} to answer again", every_s=0.1)
     up = time.monotonic()
@@ -111,10 +122,11 @@ def kill_and_measure(fleet: Fleet, rate: Rate, label: str, down_s: float, limit_
     back = rate.over(3) >= 0.8 * prior
     recovery = time.monotonic() - killed if back else None
     rate.run_for(1.5, every_s=0.25)  # a full stretch after the last point that may start one
-    at = rate.back_at(up - 0.25, 0.8 * prior)
+    at = rate.back_at(up, 0.8 * prior)
     out = {"prior_steps_per_s": round(prior), "recovery_s": None if recovery is None else round(recovery, 1),
            "restart_s": round(restart_s, 1), "down_s": down_s,
-           "recovery_after_up_s": None if at is None else round(max(0.0, at - up), 2)}
+           "recovery_after_up_s": None if at is None else round(max(0.0, at - up), 2),
+           "lowest_while_down": round(rate.lowest(killed, up) / prior, 2)}
     print(f"{label}: prior {prior:.0f} env steps/s, back to 80% after "
           f"{'never' if recovery is None else f'{recovery:.1f} s'} (restart {restart_s:.1f} s)", flush=True)
     return out
