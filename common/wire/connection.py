@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import zmq
@@ -242,14 +242,11 @@ class Poller:
 K = TypeVar("K", bound=Hashable)
 
 
-def collect(pending: Mapping[K, tuple[Connection, int]], deadline: float,
-            resend: Callable[[K], None] | None = None) -> dict[K, Message]:
+def collect(pending: Mapping[K, tuple[Connection, int]], deadline: float) -> dict[K, Message]:
     """One reply for each (connection, seq) of requests already sent, until ``deadline`` (monotonic).
 
     ``error`` replies are returned like the others; the keys missing from the
-    result did not answer in time. With ``resend``, a connection that reconnects
-    while its reply is awaited (the server restarted: the request was lost with the
-    old connection) has its request sent again (``resend(key)``, the same seq).
+    result did not answer in time.
     """
     out: dict[K, Message] = {}
     waiting = {key: pair for key, pair in pending.items()}
@@ -261,8 +258,6 @@ def collect(pending: Mapping[K, tuple[Connection, int]], deadline: float,
                 out[key] = reply
                 poller.remove(conn)
                 del waiting[key]
-            elif conn.monitor is not None and conn.reconnected() and resend is not None:
-                resend(key)
         left = deadline - time.monotonic()
         if not waiting or left <= 0:
             break
