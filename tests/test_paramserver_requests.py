@@ -193,3 +193,39 @@ def test_a_new_wait_ends_the_earlier_one_even_when_answered_at_once(shards: Shar
     wait_until(lambda: info(addrs[0])["waits_parked"] == 0)
     reader.close()
     pub.close()
+
+
+def test_a_request_lost_with_a_restarted_shard_is_sent_again_at_once() -> None:
+    """A shard that dies with a reader's get queued (never answered) and comes back on its address:
+    the reader sees the new handshake and asks again, answered at once, not at its 10 s timeout."""
+    from common.metrics import ServiceMetrics
+    from common.wire.transport import free_tcp_port
+    from services.paramserver.shard import ShardServer
+    from tests.paramserver_procs import serving
+
+    address = f"tcp://127.0.0.1:{free_tcp_port()}"
+    first = ShardServer(ServiceMetrics("paramserver"), address, 0, 1, 5.0, shm=False)  # bound, not serving
+    reader = WeightsReader([address], "actor-0", shm=False)
+    result: dict[str, Any] = {}
+
+    def get() -> None:
+        t0 = time.monotonic()
+        try:
+            result["weights"] = reader.get(-1, timeout_s=10.0)
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            result["error"] = exc
+        result["seconds"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=get)
+    thread.start()
+    time.sleep(0.5)  # the get sits in the first shard's queue
+    first.close()  # ... and dies with it
+    time.sleep(0.5)
+    try:
+        with serving(ShardServer(ServiceMetrics("paramserver"), address, 0, 1, 5.0, shm=False)):
+            thread.join(15)
+    finally:
+        reader.close()
+    assert "error" not in result, result
+    assert result["weights"] is None  # nothing published yet: not_modified
+    assert result["seconds"] < 4.0, result

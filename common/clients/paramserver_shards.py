@@ -36,13 +36,17 @@ class ParamserverShards:
         if not addresses:
             raise ValueError("the paramserver needs at least one shard address")
         self.addresses = list(addresses)
-        self.connections = [Connection(a, sender, curve=curve, ctx=ctx, limits=limits) for a in addresses]
+        # handshakes watched: a shard that restarts while a reply is awaited lost the request with its
+        # old connection, and gets it again at once instead of at the caller's timeout
+        self.connections = [Connection(a, sender, curve=curve, ctx=ctx, limits=limits, watch_handshakes=True)
+                            for a in addresses]
 
     def __len__(self) -> int:
         return len(self.connections)
 
     def send(self, i: int, msg: Message) -> int:
         """Send ``msg`` to shard ``i``; the seq its reply will reference."""
+        self.connections[i].reconnected()  # reconnections before this request are no reason to send it twice
         return self.connections[i].send(msg)
 
     def gather(self, requests: Mapping[int, Message], deadline: float) -> dict[int, Message]:
@@ -52,7 +56,8 @@ class ParamserverShards:
 
     def collect(self, seqs: Mapping[int, int], requests: Mapping[int, Message], deadline: float) -> dict[int, Message]:
         """One reply per shard to the requests already sent with these seqs; CommTimeout at ``deadline``."""
-        out = collect({i: (self.connections[i], seq) for i, seq in seqs.items()}, deadline)
+        out = collect({i: (self.connections[i], seq) for i, seq in seqs.items()}, deadline,
+                      resend=lambda i: self._resend(i, requests[i], seqs[i]))
         pending = sorted(set(seqs) - set(out))
         if pending:
             raise CommTimeout(
@@ -60,6 +65,12 @@ class ParamserverShards:
                 f"did not answer {requests[pending[0]].type} in time"
             )
         return out
+
+    def _resend(self, i: int, msg: Message, seq: int) -> None:
+        try:
+            self.connections[i].send(msg, seq=seq)
+        except CommTimeout:
+            pass  # its queue is full: the caller's deadline decides
 
     def close(self) -> None:
         for c in self.connections:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import zmq
@@ -59,14 +59,18 @@ class Connection:
         self.address = address
         self.sender = sender
         self.limits = limits
-        self.sock = make_socket(zmq.DEALER, connect=address, hwm=hwm, curve=curve, ctx=ctx, identity=identity)
+        self.sock = make_socket(zmq.DEALER, hwm=hwm, curve=curve, ctx=ctx, identity=identity)
         self._seq = itertools.count(seq_start)
         self.undecodable = 0  # replies that did not decode (logged, then dropped)
         self._expected: dict[int, Message | None] = {}  # seq -> its reply once read (see expect)
         self.connects = 0  # handshakes that succeeded (watch_handshakes only)
         self.monitor: zmq.Socket[Any] | None = None
         if watch_handshakes:
+            # attached before connecting: the first handshake can finish within microseconds of
+            # connect(), and a monitor attached after it would count the first reconnection as the
+            # first connection
             self.monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self.sock.connect(address)
 
     # -- sending --------------------------------------------------------------
     def next_seq(self) -> int:
@@ -242,11 +246,14 @@ class Poller:
 K = TypeVar("K", bound=Hashable)
 
 
-def collect(pending: Mapping[K, tuple[Connection, int]], deadline: float) -> dict[K, Message]:
+def collect(pending: Mapping[K, tuple[Connection, int]], deadline: float,
+            resend: Callable[[K], None] | None = None) -> dict[K, Message]:
     """One reply for each (connection, seq) of requests already sent, until ``deadline`` (monotonic).
 
     ``error`` replies are returned like the others; the keys missing from the
-    result did not answer in time.
+    result did not answer in time. With ``resend``, a connection that reconnects
+    while its reply is awaited (the server restarted: the request was lost with the
+    old connection) has its request sent again (``resend(key)``, the same seq).
     """
     out: dict[K, Message] = {}
     waiting = {key: pair for key, pair in pending.items()}
@@ -258,6 +265,8 @@ def collect(pending: Mapping[K, tuple[Connection, int]], deadline: float) -> dic
                 out[key] = reply
                 poller.remove(conn)
                 del waiting[key]
+            elif conn.monitor is not None and conn.reconnected() and resend is not None:
+                resend(key)
         left = deadline - time.monotonic()
         if not waiting or left <= 0:
             break
