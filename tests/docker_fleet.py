@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -258,3 +261,66 @@ class SwarmStack:
     def leave(self) -> None:
         if self.joined_here:
             self.client.swarm.leave(force=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scale_vars(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables the compose file itself reads (replicas), not only the services: they must be in
+    the environment of docker-compose / docker stack, not only in the env file."""
+    return {k: env[k] for k in ("RLFLEET_LEARNERS",) if k in env}
+
+
+@contextmanager
+def compose_project(client: Any, tmp_path: Path, env: dict[str, str], config: str | None = None, *,
+                    actors: int = 2, services: Sequence[str] = SERVICES,
+                    scale: Mapping[str, int] | None = None) -> Iterator[ComposeProject]:
+    """A compose project of ``services`` with ``actors`` actors (and ``scale``: more replicas of others),
+    RLFLEET_CONFIG=``config``; every container's last lines printed if the test fails; down afterwards,
+    and nothing of it may be left."""
+    proj = ComposeProject(client, f"rlfleettest{uuid.uuid4().hex[:8]}", write_env_file(tmp_path / "fleet.env", env),
+                          free_port(), config)
+    proj.env.update(_scale_vars(env))
+    scales = [arg for name, n in (scale or {}).items() for arg in ("--scale", f"{name}={n}")]
+    try:
+        proj.up(actors, *scales, *services)
+        yield proj
+    except BaseException:
+        for c in proj.containers(all=True):
+            print(c.name, c.logs(tail=15).decode(errors="replace"))
+        raise
+    finally:
+        try:
+            proj.down()
+        finally:
+            left = proj.containers(all=True)
+            for c in left:
+                c.remove(force=True)
+    assert not left, f"down left containers: {[c.name for c in left]}"
+
+
+@contextmanager
+def swarm_stack(client: Any, tmp_path: Path, env: dict[str, str], actors: int,
+                config: str | None = None) -> Iterator[SwarmStack]:
+    """A stack deployed on this node (a swarm made for it if there is none), removed afterwards;
+    every container's last lines printed if the test fails."""
+    stack = SwarmStack(client, f"rlfleettest{uuid.uuid4().hex[:6]}", write_env_file(tmp_path / "fleet.env", env),
+                       config)
+    stack.env.update(_scale_vars(env))
+    try:
+        stack.init()
+        stack.deploy(actors=actors)
+        yield stack
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        try:
+            stack.rm()
+        finally:
+            stack.leave()
+    assert stack.containers() == []

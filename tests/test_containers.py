@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +31,11 @@ from tests.docker_fleet import (
     ComposeProject,
     SwarmStack,
     compose_environ,
+    compose_project,
+    free_port,
     healthz,
     metrics,
+    swarm_stack,
     wait_for,
     write_env_file,
 )
@@ -45,12 +46,6 @@ STARTUP_S = 300  # first start on a loaded 2-core machine: torch import in 5 con
 
 # -- with an engine ---------------------------------------------------------------------
 
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -267,25 +262,6 @@ def check_rounds_advance(fleet: ComposeProject | SwarmStack, actors: int, rounds
     assert len(now) == actors and all(b > a for a, b in zip(sorted(acked), sorted(now), strict=True)), (acked, now)
 
 
-@contextmanager
-def compose_project(client: Any, tmp_path: Path, env: dict[str, str], config: str) -> Iterator[ComposeProject]:
-    """A compose project of every service with 2 actors, RLFLEET_CONFIG=``config``; down afterwards,
-    and nothing of it may be left."""
-    proj = ComposeProject(client, f"rlfleettest{uuid.uuid4().hex[:8]}", write_env_file(tmp_path / "fleet.env", env),
-                          free_port(), config)
-    try:
-        proj.up(2, *SERVICES)
-        yield proj
-    finally:
-        try:
-            proj.down()
-        finally:
-            left = proj.containers(all=True)
-            for c in left:
-                c.remove(force=True)
-    assert not left, f"down left containers: {[c.name for c in left]}"
-
-
 def check_evaluates(proj: ComposeProject) -> None:
     wait_for(lambda: metrics(proj.one("evaluator")), lambda m: m.get("rlfleet_evaluations_total", 0) > 0,
              STARTUP_S, "the evaluator scores the policy (deterministic)")
@@ -297,28 +273,6 @@ def test_compose_runs_ppo_from_the_config_variable(docker_client: Any, tmp_path:
     with compose_project(docker_client, tmp_path, PPO_ENV, PPO_CONFIG) as proj:
         check_rounds_advance(proj, 2)
         check_evaluates(proj)
-
-
-@contextmanager
-def swarm_stack(client: Any, tmp_path: Path, env: dict[str, str], actors: int,
-                config: str | None = None) -> Iterator[SwarmStack]:
-    """A stack deployed on this node (a swarm made for it if there is none), removed afterwards;
-    every container's last lines printed if the test fails."""
-    stack = SwarmStack(client, f"rlfleettest{uuid.uuid4().hex[:6]}", write_env_file(tmp_path / "fleet.env", env),
-                       config)
-    try:
-        stack.init()
-        stack.deploy(actors=actors)
-        yield stack
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        try:
-            stack.rm()
-        finally:
-            stack.leave()
-    assert stack.containers() == []
 
 
 @pytest.mark.container

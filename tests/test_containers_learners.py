@@ -5,7 +5,6 @@ publishes versions. Needs a Docker engine and the images, as tests/test_containe
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +15,16 @@ from tests.docker_fleet import (
     SHORT_ENV,
     ComposeProject,
     SwarmStack,
+    compose_project,
     healthz,
     metrics,
+    swarm_stack,
     wait_for,
-    write_env_file,
 )
 
 STARTUP_S = 300
 
 pytestmark = pytest.mark.container
-
 
 
 def check_two_learners_train(fleet: ComposeProject | SwarmStack) -> None:
@@ -45,39 +44,11 @@ def check_two_learners_train(fleet: ComposeProject | SwarmStack) -> None:
 
 
 def test_compose_with_two_learner_containers_trains(docker_client: Any, tmp_path: Path) -> None:
-    env = {**SHORT_ENV, "RLFLEET_LEARNERS": "2"}
-    proj = ComposeProject(docker_client, f"rlfleettest{uuid.uuid4().hex[:8]}",
-                          write_env_file(tmp_path / "fleet.env", env))
-    proj.env["RLFLEET_LEARNERS"] = "2"
-    try:
-        proj.run("up", "-d", "--scale", "actor=2", "--scale", "learner=2", *[s for s in SERVICES if s != "evaluator"])
+    with compose_project(docker_client, tmp_path, {**SHORT_ENV, "RLFLEET_LEARNERS": "2"}, scale={"learner": 2},
+                         services=[s for s in SERVICES if s != "evaluator"]) as proj:
         check_two_learners_train(proj)
-    except BaseException:
-        for c in proj.containers(all=True):
-            print(c.name, c.logs(tail=15).decode(errors="replace"))
-        raise
-    finally:
-        try:
-            proj.down()
-        finally:
-            for c in proj.containers(all=True):
-                c.remove(force=True)
-
 
 
 def test_swarm_stack_with_two_learner_replicas_trains(docker_client: Any, tmp_path: Path) -> None:
-    stack = SwarmStack(docker_client, f"rlfleettest{uuid.uuid4().hex[:6]}",
-                       write_env_file(tmp_path / "fleet.env", {**SHORT_ENV, "RLFLEET_LEARNERS": "2"}))
-    stack.env["RLFLEET_LEARNERS"] = "2"  # the learner service's replicas
-    try:
-        stack.init()
-        stack.deploy(actors=2)
+    with swarm_stack(docker_client, tmp_path, {**SHORT_ENV, "RLFLEET_LEARNERS": "2"}, 2) as stack:
         check_two_learners_train(stack)
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        try:
-            stack.rm()
-        finally:
-            stack.leave()
