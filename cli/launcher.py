@@ -28,6 +28,7 @@ import click
 from cli.dispatch import build
 from cli.fleetview import FleetView, Scrape, scrape
 from cli.forkserver import ForkedProcess, ForkServerError, ForkServers, reap_orphans
+from cli.supervision import RestartPolicy
 from common import config as config_mod
 from common import security
 from common.config import Experiment
@@ -228,6 +229,23 @@ class Fleet:
             if code is not None:
                 raise FleetError(f"{m.label} exited (code {code}) :\n{tail(m.log_path)}")
 
+    def supervise(self, policy: RestartPolicy) -> list[str]:
+        """Start again the members that died, as ``policy`` allows; a line for the operator for each.
+        Raises FleetError (with the member's log) for one it does not allow, and in --inproc."""
+        self.reap()
+        lines = []
+        for m in self.members:
+            code = m.exit_code()
+            if code is None:
+                continue
+            refusal = "--inproc members are threads" if self.inproc else policy.refusal(m.label, code)
+            if refusal is not None:
+                raise FleetError(f"{m.label} exited (code {code}); not restarted: {refusal}:\n{tail(m.log_path)}")
+            self.restart(m)
+            lines.append(f"{m.label} exited (code {code}); restarted ({policy.restarts(m.label)} within "
+                         f"{policy.window_s:.0f} s; log: {m.log_path})")
+        return lines
+
     def reap(self) -> list[int]:
         """Reap members' children that outlived them (reparented here, the subreaper, as zombies)."""
         reaped = reap_orphans(self.sessions) if self.sessions else []
@@ -309,9 +327,9 @@ def check_env(cfg: Experiment, forkservers: ForkServers | None, timeout_s: float
 def run_fleet(
     cfg: Experiment, actors: int, until_return: float | None, max_seconds: float | None, inproc: bool,
     run_root: str = "runs", live: bool | None = None, max_env_steps: int | None = None,
-    forkservers: ForkServers | None = None,
+    forkservers: ForkServers | None = None, restart: str = "on-failure",
 ) -> int:
-    """Run a local fleet; returns the process exit code."""
+    """Run a local fleet; returns the process exit code. ``restart``: see cli/supervision.py."""
     if inproc and cfg.learners > 1:
         click.echo(f"rlfleet: learners={cfg.learners} needs a fleet of processes (a torch.distributed rank each); "
                    "allowed with --inproc: learners=1", err=True)
@@ -349,8 +367,10 @@ def run_fleet(
         fleet.start(stop)
         fleet.wait_healthy(cfg.network.timeout_s * 6, stop)
         start = time.monotonic()
+        policy = RestartPolicy(restart)
         while not stop.wait(1.0):
-            fleet.check_alive()
+            for line in fleet.supervise(policy):
+                click.echo(f"rlfleet: {line}", err=True)
             snap: Scrape = view.update(time.monotonic() - start)
             if until_return is not None and snap.eval_return is not None and snap.eval_return >= until_return:
                 click.echo(f"target reached: eval return {snap.eval_return:.1f} >= {until_return:g} "

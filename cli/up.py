@@ -30,12 +30,15 @@ from cli.forkserver import ForkServers
 @click.option("--inproc", is_flag=True, help="run the whole fleet in this process over inproc:// sockets")
 @click.option("--no-fork-server", "no_fork_server", is_flag=True,
               help="start every member as a fresh interpreter (slower; env RLFLEET_FORKSERVER=0 does the same)")
+@click.option("--restart", type=click.Choice(["on-failure", "no"]), default="on-failure", show_default=True,
+              help="a member that dies mid-run (error exit, killed) is started again, as compose's restart policy "
+                   "does; 5 deaths of one member within 300 s end the run")
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
 @click.option("--runs", "run_root", default="runs", show_default=True, help="where run directories go")
 def up(
     config_path: str, actors: int | None, sync: str | None, learners: int | None, until_return: float | None,
     max_seconds: float | None, max_env_steps: int | None, inproc: bool, no_fork_server: bool,
-    sets: tuple[str, ...], run_root: str,
+    sets: tuple[str, ...], run_root: str, restart: str,
 ) -> None:
     """Run the whole fleet on this machine and show its progress."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
@@ -56,7 +59,7 @@ def up(
             click.echo(f"rlfleet: {exc}", err=True)
             sys.exit(EXIT_CONFIG)
         code = run_fleet(cfg, actors or cfg.actor.count, until_return, max_seconds, inproc, run_root,
-                         max_env_steps=max_env_steps, forkservers=forkservers)
+                         max_env_steps=max_env_steps, forkservers=forkservers, restart=restart)
     finally:
         if forkservers is not None:
             forkservers.close()
