@@ -13,20 +13,30 @@
    - ``update(b)``: one learner update on a batch of b (b = 256, 128);
    - ``allreduce``: averaging one update's gradients over 2 learner ranks (bench.learners' way);
    - ``publish``: one weights version published and fetched by one actor.
-2. The model, for A actors (each stepping an env of ``latency`` per step), L learners, a
-   global batch B and k samples per insert (replay's rate limiter: B / k env steps per update):
-   - actors: E_act = A / act_2ms (or A / act without latency) env steps/s (each actor is one serial loop);
-   - learners: U_max = 1 / (update(B / L) + learner_io + allreduce(L)) updates/s (allreduce(1) = 0);
-   - replay (one process, one core): E x insert + U x sample <= 1 s per s;
+2. In the fleet, the same work costs more: each member's CPU seconds (read from /proc over the
+   steady half of a run, bench/fleet_cpu.py) per unit of its work. Two calibration runs give them:
+   1 actor at 2 ms per env step (k = 16, bench.scaling's settings) and 2 actors without latency with
+   1 learner (k = 32). Per unit: an actor's CPU and wall seconds per env step of its own; replay's CPU
+   per env step and per sampled update (two runs, two unknowns); the paramserver's per env step and
+   per update; the learner's CPU per update and the share of its wall time it is busy (the rest it
+   waits for batches). ``overhead`` = the learner's CPU per update in the fleet minus ``update_256``
+   + ``learner_io`` alone: its loop (sample client, priorities, publishing, metrics).
+3. The model, for A actors (each stepping an env of ``latency`` per step), L learners, a global
+   batch B and k samples per insert (replay's rate limiter: B / k env steps per update):
+   - a rank's CPU per update: c_L = update(B / L) + learner_io + overhead + allreduce(L) (allreduce(1) = 0);
+   - actors: E_act = A / (an actor's wall seconds per env step) env steps/s (each one serial loop);
+   - learners: U_max = busy / c_L updates/s (L ranks in lockstep: one update each per global update);
+   - replay (one process, one core): E x insert + U x L x sample <= 1 s per s (each rank samples its share);
    - cores: everything beside the env's sleep shares P cores:
-     E x (act + insert) + U x (L x (update(B / L) + allreduce(L)) + sample + publish / publish_every) <= P;
+     E x (act + insert + ps_step) + U x (L x (c_L + sample) + ps_update) <= P;
    - and U = E x k / B (the limiter). E is the largest rate all of them allow; the first to bind
      is what saturates.
-3. Checked against ``rlfleet up`` runs of 1, 2, 4 and 8 actors at 2 ms per env step (k = 16,
-   bench.scaling's settings) and of 1 and 2 learners with 2 actors and no latency (k = 32): the
-   steady env steps/s and updates/s of each run (the mean over its last ``--seconds`` / 2 s) against
-   the model's for P = this machine's cores; error = predicted / measured - 1 (goal: within 25%).
-4. Projected to 256 actors and 8 learners across hosts (each actor a core of its own, each
+4. Checked against ``rlfleet up`` runs of 1, 2, 4 and 8 actors at 2 ms per env step and of 1 and 2
+   learners with 2 actors and no latency: the steady env steps/s and updates/s of each run (the mean
+   over its last ``--seconds`` / 2 s) against the model's for P = this machine's cores; error =
+   predicted / measured - 1 (goal: within 25%). The two calibration runs are the 1-actor and the
+   1-learner checks (they hold by construction, bar the bound that binds); the others are predictions.
+5. Projected to 256 actors and 8 learners across hosts (each actor a core of its own, each
    learner a host, replay a core): which component saturates first.
 
 Last line: one JSON object. ``--docs`` writes docs/cost_model.md.
@@ -38,7 +48,6 @@ import argparse
 import csv
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import fleet_cpu
 from bench.learners import run as run_learners
 
 CONFIG = "configs/cartpole-dqn.yaml"
@@ -197,17 +207,17 @@ def _publish_cost(weights: dict[str, np.ndarray]) -> float:
 
 
 def predict(c: dict[str, float], actors: int, learners: int, latency: float, k: float, batch: int,
-            cores: float, publish_every: int = 20) -> dict[str, Any]:
-    """Env steps/s and updates/s the model allows, and which bound binds."""
+            cores: float) -> dict[str, Any]:
+    """Env steps/s and updates/s the model allows, and which bound binds (``c``: in-fleet costs)."""
     update = c["update_256"] if batch // learners >= 256 else c["update_128"]
-    learner_s = update + c["learner_io"] + (c["allreduce"] if learners > 1 else 0.0)
+    rank = update + c["learner_io"] + c["overhead"] + (c["allreduce"] if learners > 1 else 0.0)
     per_env = batch / k  # env steps per update
     bounds = {
-        "actors": actors / (c["act_2ms"] if latency else c["act"]),
-        "learner": per_env / learner_s,
-        "replay": 1.0 / (c["insert"] + c["sample"] / per_env),
-        "cores": cores / (c["act"] + c["insert"] + (learners * learner_s + c["sample"]
-                                                    + c["publish"] / publish_every) / per_env),
+        "actors": actors / (c["actor_wall_2ms"] if latency else c["actor_wall"]),
+        "learner": per_env * c["learner_busy"] / rank,
+        "replay": 1.0 / (c["replay_step"] + learners * c["replay_update"] / per_env),
+        "cores": cores / (c["actor_step"] + c["replay_step"] + c["ps_step"]
+                          + (learners * (rank + c["replay_update"]) + c["ps_update"]) / per_env),
     }
     binding = min(bounds, key=lambda name: bounds[name])
     env = bounds[binding]
@@ -215,18 +225,63 @@ def predict(c: dict[str, float], actors: int, learners: int, latency: float, k: 
             "bounds": {name: round(v, 1) for name, v in bounds.items()}}
 
 
-def measured(actors: int, learners: int, sets: list[str], seconds: float, root: Path) -> dict[str, float]:
-    """Steady env steps/s and updates/s of an `rlfleet up` run: means over its last seconds / 2."""
+def measured(actors: int, learners: int, sets: list[str], seconds: float, root: Path) -> dict[str, Any]:
+    """An `rlfleet up` run: env steps/s and updates/s over its steady second half, and the CPU seconds
+    per second of each kind of member over the same span."""
     runs = Path(tempfile.mkdtemp(prefix=f"a{actors}-l{learners}-", dir=root))
     cmd = [sys.executable, "-m", "cli", "up", "--config", CONFIG, "--actors", str(actors), "--learners",
            str(learners), "--max-seconds", str(seconds), "--runs", str(runs)]
     for s in sets:
         cmd += ["--set", s]
-    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=seconds + 180)
-    rows = list(csv.DictReader(open(next(runs.glob("*/progress.csv")))))
-    last = [r for r in rows if float(r["wall_s"]) >= float(rows[-1]["wall_s"]) - seconds / 2]
-    return {"env_steps_per_s": statistics.mean(float(r["env_steps_per_s"]) for r in last),
-            "updates_per_s": statistics.mean(float(r["updates_per_s"]) for r in last)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def last_row(at_least: float) -> dict[str, str]:
+        deadline = time.monotonic() + seconds + 180
+        while time.monotonic() < deadline:
+            found = list(runs.glob("*/progress.csv"))
+            rows = list(csv.DictReader(open(found[0]))) if found else []
+            if rows and float(rows[-1]["wall_s"]) >= at_least:
+                return rows[-1]
+            if proc.poll() is not None:
+                raise RuntimeError(f"rlfleet up {' '.join(cmd[3:])} ended early (exit {proc.returncode})")
+            time.sleep(0.1)
+        raise TimeoutError("no progress rows")
+
+    try:
+        first = last_row(seconds / 2)
+        run_dir = next(runs.glob("*/progress.csv")).parent
+        cpu0, t0 = fleet_cpu.snapshot(run_dir), time.monotonic()
+        last = last_row(seconds - 1.5)
+        cpu1, t1 = fleet_cpu.snapshot(run_dir), time.monotonic()
+    finally:
+        proc.wait(seconds + 180)
+    span = float(last["wall_s"]) - float(first["wall_s"])
+    cores: dict[str, float] = {}
+    for label, used in cpu1.items():
+        kind = label.split("-")[0]
+        cores[kind] = cores.get(kind, 0.0) + (used - cpu0.get(label, 0.0)) / (t1 - t0)
+    return {"env_steps_per_s": (float(last["env_steps"]) - float(first["env_steps"])) / span,
+            "updates_per_s": (float(last["updates"]) - float(first["updates"])) / span, "cores": cores}
+
+
+def calibrate(alone: dict[str, float], lat: dict[str, Any], busy: dict[str, Any], learner_cores: float
+              ) -> dict[str, float]:
+    """In-fleet costs per unit from the two calibration runs: ``lat`` (1 actor, 2 ms per step) and
+    ``busy`` (2 actors, 1 learner, no latency)."""
+    e1, u1, e2, u2 = lat["env_steps_per_s"], lat["updates_per_s"], busy["env_steps_per_s"], busy["updates_per_s"]
+    r1, r2 = lat["cores"].get("replay", 0.0), busy["cores"].get("replay", 0.0)
+    # replay: r = E x replay_step + U x replay_update in both runs (their k differ)
+    replay_update = (r2 - r1 * e2 / e1) / (u2 - u1 * e2 / e1)
+    replay_step = (r1 - u1 * replay_update) / e1
+    p1, p2 = lat["cores"].get("paramserver", 0.0), busy["cores"].get("paramserver", 0.0)
+    ps_update = max(0.0, (p2 - p1 * e2 / e1) / (u2 - u1 * e2 / e1))
+    learner = busy["cores"]["learner"] / u2
+    return {**alone,
+            "actor_step": busy["cores"]["actor"] / e2, "actor_wall": 2 / e2, "actor_wall_2ms": 1 / e1,
+            "replay_step": max(replay_step, 0.0), "replay_update": max(replay_update, 0.0),
+            "ps_step": max(0.0, (p1 - u1 * ps_update) / e1), "ps_update": ps_update,
+            "overhead": max(0.0, learner - alone["update_256"] - alone["learner_io"]),
+            "learner_busy": min(1.0, busy["cores"]["learner"] / learner_cores)}
 
 
 def main() -> None:
@@ -238,26 +293,27 @@ def main() -> None:
     c = components()
     lr = run_learners(2, 1, argparse.Namespace(algo="dqn", batch=256, hidden=128, updates=200, threads=1))
     c["allreduce"] = lr["ours_allreduce_ms"] / 1000
-    checks = []
+    runs: list[tuple[str, int, int, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="cost-model-") as tmp:
         for actors in (1, 2, 4, 8):
-            m = measured(actors, 1, ACTOR_SETS, args.seconds, Path(tmp))
-            p = predict(c, actors, 1, LATENCY_S, 16, 256, cores)
-            checks.append(("actors", actors, 1, m, p))
+            runs.append(("actors", actors, 1, measured(actors, 1, ACTOR_SETS, args.seconds, Path(tmp))))
         for learners in (1, 2):
-            m = measured(2, learners, LEARNER_SETS, args.seconds, Path(tmp))
-            p = predict(c, 2, learners, 0.0, 32, 256, cores)
-            checks.append(("learners", 2, learners, m, p))
+            runs.append(("learners", 2, learners, measured(2, learners, LEARNER_SETS, args.seconds, Path(tmp))))
+    alone = dict(c)
+    c = calibrate(alone, runs[0][3], runs[4][3], learner_cores=1.0)
     table = []
-    for kind, actors, learners, m, p in checks:
+    for kind, actors, learners, m in runs:
+        p = (predict(c, actors, 1, LATENCY_S, 16, 256, cores) if kind == "actors"
+             else predict(c, 2, learners, 0.0, 32, 256, cores))
         table.append({"check": kind, "actors": actors, "learners": learners,
+                      "calibration": (kind, actors, learners) in (("actors", 1, 1), ("learners", 2, 1)),
                       "measured_env_steps_per_s": round(m["env_steps_per_s"], 1),
                       "predicted_env_steps_per_s": round(p["env_steps_per_s"], 1),
                       "env_error": round(p["env_steps_per_s"] / m["env_steps_per_s"] - 1, 3),
                       "measured_updates_per_s": round(m["updates_per_s"], 1),
                       "predicted_updates_per_s": round(p["updates_per_s"], 1),
                       "updates_error": round(p["updates_per_s"] / max(m["updates_per_s"], 1e-9) - 1, 3),
-                      "binds": p["binds"]})
+                      "binds": p["binds"], "cores_used": {k: round(v, 2) for k, v in m["cores"].items()}})
     # across hosts: every actor its own core, each learner a host of its own, replay one core
     projection = {}
     for actors, learners in ((256, 1), (256, 8)):
@@ -265,9 +321,12 @@ def main() -> None:
         projection[f"{actors}_actors_{learners}_learners"] = {
             "env_steps_per_s": round(p["env_steps_per_s"], 1), "updates_per_s": round(p["updates_per_s"], 1),
             "binds": p["binds"], "bounds": p["bounds"]}
-    result = {"cores": cores, "components_ms": {k: round(v * 1000, 4) for k, v in c.items()},
-              "checks": table, "max_abs_error": round(max(max(abs(r["env_error"]), abs(r["updates_error"]))
-                                                          for r in table), 3),
+    result = {"cores": cores, "components_ms": {k: round(v * 1000, 4) for k, v in alone.items()},
+              "in_fleet_ms": {k: round(v * 1000, 4) for k, v in c.items() if k not in alone and k != "learner_busy"},
+              "learner_busy": round(c["learner_busy"], 3),
+              "checks": table,
+              "max_abs_error": round(max(max(abs(r["env_error"]), abs(r["updates_error"])) for r in table
+                                         if not r["calibration"]), 3),
               "projection": projection}
     if args.docs:
         write_docs(result)
@@ -279,13 +338,19 @@ def write_docs(result: dict[str, Any]) -> None:
              "", "Components (ms per unit, measured alone, one thread):", "",
              "| component | ms |", "|---|---:|"]
     lines += [f"| {k} | {v} |" for k, v in result["components_ms"].items()]
-    lines += ["", f"Checks on this machine ({result['cores']:g} cores):", "",
+    lines += ["", "In the fleet (CPU ms per unit, from /proc over the calibration runs' steady halves; the learner "
+              f"was busy {result['learner_busy']:.0%} of its wall time):", "", "| cost | ms |", "|---|---:|"]
+    lines += [f"| {k} | {v} |" for k, v in result["in_fleet_ms"].items()]
+    lines += ["", f"Checks on this machine ({result['cores']:g} cores; *calibration*: the run the in-fleet costs "
+              f"come from; the others are predictions, largest error {result['max_abs_error']:+.1%}):", "",
               "| check | actors | learners | env steps/s measured | predicted | error | updates/s measured | "
-              "predicted | error | binds |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "predicted | error | binds | cores used |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in result["checks"]:
-        lines.append(f"| {r['check']} | {r['actors']} | {r['learners']} | {r['measured_env_steps_per_s']} | "
+        used = ", ".join(f"{k} {v}" for k, v in sorted(r["cores_used"].items()))
+        kind = f"*{r['check']} (calibration)*" if r["calibration"] else r["check"]
+        lines.append(f"| {kind} | {r['actors']} | {r['learners']} | {r['measured_env_steps_per_s']} | "
                      f"{r['predicted_env_steps_per_s']} | {r['env_error']:+.1%} | {r['measured_updates_per_s']} | "
-                     f"{r['predicted_updates_per_s']} | {r['updates_error']:+.1%} | {r['binds']} |")
+                     f"{r['predicted_updates_per_s']} | {r['updates_error']:+.1%} | {r['binds']} | {used} |")
     lines += ["", "Projection across hosts (each actor a core, each learner a host, replay a core):", ""]
     for name, p in result["projection"].items():
         lines.append(f"- {name.replace('_', ' ')}: {p['env_steps_per_s']} env steps/s, {p['updates_per_s']} "
