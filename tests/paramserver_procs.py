@@ -56,14 +56,21 @@ class ShardProcesses:
             "metrics.host=127.0.0.1",
             *extra_sets,
         ]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.cmds: list[list[str]] = []
         for shard in range(num_shards):
             cmd = [sys.executable, "-m", "services.paramserver.main", "--shard", str(shard),
                    "--log-level", log_level]
             for s in sets:
                 cmd += ["--set", s]
-            self.procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env))
+            self.cmds.append(cmd)
+        self.procs: list[subprocess.Popen[bytes]] = [subprocess.Popen(c, cwd=ROOT, env=self.env) for c in self.cmds]
+
+    def restart(self, shard: int) -> None:
+        """Start shard ``shard`` again (after it stopped) on the same address; wait until it answers."""
+        assert self.procs[shard].poll() is not None, "stop the shard first"
+        self.procs[shard] = subprocess.Popen(self.cmds[shard], cwd=ROOT, env=self.env)
+        self.wait_ready()
 
     def wait_ready(self, timeout_s: float = 30.0) -> ShardProcesses:
         """Block until every shard answers ``info``."""

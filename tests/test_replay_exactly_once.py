@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import zmq
 
-import services.replay.dedup as dedup_mod
+import common.wire.dedup as dedup_mod
 from common.clients.replay_sample import SampleClient
 from common.wire.codec import Message, encode
 from common.wire.decoder import decode
+from common.wire.dedup import WINDOW, Dedup
 from common.wire.transport import make_socket
-from services.replay.dedup import WINDOW, Dedup
 from tests.replay_helpers import PYTHON, ROOT, replay_config, serving, transitions
 
 WRITERS = 4

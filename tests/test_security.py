@@ -360,7 +360,7 @@ def test_with_curve_a_sender_id_belongs_to_its_key(tmp_path: Path) -> None:
     """Another allowlisted key that uses a victim's sender id (and its next seqs) reaches only a sender
     of its own: the victim's next inserts are stored, not acked as duplicates; the victim's resends
     over a new connection with its own key are still recognised."""
-    from services.replay.dedup import MAX_AHEAD
+    from common.wire.dedup import MAX_AHEAD
     from tests.replay_helpers import replay_config, serving
 
     server_pub, server_sec = zmq.curve_keypair()

@@ -165,9 +165,28 @@ class LearnerConfig(Strict):
         "all-reduce) stops with an error instead of hanging")
 
 
+class GradientsConfig(Strict):
+    """How a shard applies the gradients workers push (``push_gradients``) to its slice of the weights."""
+
+    optimizer: Literal["adam", "rmsprop", "sgd"] = Field("adam", description="each shard's optimizer for its slice")
+    lr: PosFloat = Field(7e-4, description="learning rate")
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
+        (0.9, 0.999), description="adam: moment decay rates")
+    alpha: Annotated[float, Field(ge=0, lt=1)] = Field(0.99, description="rmsprop: squared-gradient decay")
+    eps: PosFloat = Field(1e-8, description="adam, rmsprop: added to the denominator")
+    momentum: Annotated[float, Field(ge=0, lt=1)] = Field(0.0, description="sgd, rmsprop: momentum")
+    max_staleness: Annotated[int, Field(ge=0)] = Field(
+        8, description="async: a push computed on weights more than this many versions older than the shard's"
+        " newest is refused (stale_gradients) and counted")
+    checkpoint_every_s: PosFloat = Field(
+        30.0, description="a shard that applies gradients writes its weights, optimizer state and version to"
+        " <run_dir>/paramserver/shard-<i>.npz this often (and on SIGTERM); a restarted shard goes on from it")
+
+
 class ParamServerConfig(Strict):
     shards: PosInt = Field(1, description="servers the weights are split across")
     liveness_timeout_s: PosFloat = Field(5.0, description="an actor silent this long leaves the registry")
+    gradients: GradientsConfig = Field(default_factory=GradientsConfig)
 
 
 class NetworkConfig(Strict):

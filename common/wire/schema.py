@@ -140,6 +140,19 @@ _SPECS = [
         "version": _f("int", "version stored"),
         "free": _f("list", "files of dropped versions no reader maps, for the publisher's next shm slice", False),
     }),
+    MessageSpec("push_gradients", "A worker's gradients for this shard's slice, computed on one version;"
+                " applied once per (sender, seq).", {
+        "version": _f("int", "weights version the gradients were computed on", True, VERSION_RANGE),
+        "num_shards": _f("int", "shards the model is split across"),
+        "layout": _f("str", "fingerprint of the partition the weights came with"),
+    }, open_arrays=True),
+    MessageSpec("gradients_ack", "A push is applied (or was a duplicate of an applied one).", {
+        "ref_seq": _f("int", "seq of the push"),
+        "version": _f("int", "this shard's newest version after the push"),
+        "applied": _f("bool", "true when this push made that version"),
+        "duplicate": _f("bool", "true when (sender, seq) was applied before (nothing applied now)"),
+        "staleness": _f("int", "versions between the push's version and the newest when applied"),
+    }),
     MessageSpec("get", "Poll for weights.", {
         "have_version": _f("int", "version the reader holds (-1: none)", True, VERSION_RANGE),
         "version": _f("int", "exact version wanted (one of the two kept)", False),

@@ -9,6 +9,7 @@ service paramserver`` command wraps the same thing.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -47,6 +48,8 @@ class ParamServerService:
             ctx=ctx,
             curve=curve if curve is not None else server_curve(cfg),
             limits=cfg.limits,
+            gradients=cfg.paramserver.gradients,
+            checkpoint=checkpoint_path(cfg, args.shard),
         )
 
     @property
@@ -69,6 +72,11 @@ class ParamServerService:
 
     def close(self) -> None:
         self.server.close()
+
+
+def checkpoint_path(cfg: Experiment, shard: int) -> str:
+    """Where shard ``shard`` keeps what gradient pushes made of its slice (written only if it applies any)."""
+    return os.path.join(cfg.run_dir, "paramserver", f"shard-{shard}.npz")
 
 
 def build(cfg: Experiment, args: ServiceArgs) -> ParamServerService:

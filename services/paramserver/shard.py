@@ -22,12 +22,14 @@ from typing import Any
 import numpy as np
 
 from common import weights_shm as shmlib
+from common.config.sections import GradientsConfig
 from common.metrics import ServiceMetrics
 from common.tensor_shards import Layout
 from common.wire.codec import Message
 from common.wire.errors import RequestError
 from common.wire.server import Peer
 from services.paramserver.coordination import MAX_WAIT_MS, CoordinatingServer, ParkedBarrier
+from services.paramserver.gradients import GradientApplier, Refusal
 from services.paramserver.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,8 @@ class ShardServer(CoordinatingServer):
         liveness_s: float,
         shm: bool = True,
         shm_dir: str = shmlib.SHM_DIR,
+        gradients: GradientsConfig | None = None,
+        checkpoint: str | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(metrics, bind, **kw)
@@ -102,8 +106,24 @@ class ShardServer(CoordinatingServer):
             "paramserver_barrier_wait_seconds", "Time a barrier request waited for the actors (shard 0).",
             buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
+        self.m_pushes = m.counter("paramserver_gradients_applied", "Gradient pushes applied to this shard's slice.")
+        self.m_refused = m.counter("paramserver_gradients_refused", "Gradient pushes refused (nothing applied), by"
+                                   " reason: stale_gradients, bad_gradients, layout_mismatch, ...", ("reason",))
+        self.m_staleness = m.histogram(
+            "paramserver_gradients_staleness", "Versions between the one a push was computed on and the newest"
+            " when it was applied.", buckets=(0, 1, 2, 4, 8, 16, 32, 64))
+        for reason in ("stale_gradients", "bad_gradients"):
+            self.m_refused.labels(reason)  # exported at 0 from the start
+        # gradient pushes (workers): applied by this shard's optimizer, checkpointed to ``checkpoint``
+        self.gradients = GradientApplier(gradients or GradientsConfig(), checkpoint, shard)
+        restored = self.gradients.load(num_shards)
+        if restored is not None:
+            self.layout, version, arrays = restored
+            self.held = [Held(version, arrays, self.layout.fingerprint)]
+            self.m_version.set(version)
+            log.info("%s: version %d and its optimizer state restored from %s", self.name, version, checkpoint)
         for mtype, handler in (("publish", self.on_publish), ("get", self.on_get), ("wait", self.on_wait),
-                               ("info", self.on_info)):
+                               ("info", self.on_info), ("push_gradients", self.on_push_gradients)):
             self.route(mtype, handler)
         if self.registry is not None:
             for mtype, handler in (("hello", self.on_hello), ("heartbeat", self.on_heartbeat),
@@ -192,30 +212,59 @@ class ShardServer(CoordinatingServer):
         self.layout = layout
         held = Held(version, dict(msg.arrays), layout.fingerprint)
         adopted = shm_file is not None and self.shm is not None and self.shm.adopt(version, *shm_file)
-        self.held = [held, *self.held]
-        dropped = [h.version for h in self.held[KEEP_VERSIONS:]]
-        del self.held[KEEP_VERSIONS:]  # our own maps of those files go (and their locks with them)
-        self.m_version.set(version)
         self.m_publishes.inc()
-        # Parked readers first, the publisher's ack last: on a busy host the woken
-        # publisher (and what it does next) would otherwise compete with the sends.
-        woken = [k for k, w in self.waits.items() if w.min_version <= version]
-        for identity in woken:
-            self._send_weights(self.waits[identity].peer, held, self.waits[identity].shm)
-            del self.waits[identity]
-        if woken:
-            self._waits_changed()
+        self._keep(held)
         ack: dict[str, Any] = {"version": version}
         if self.shm is not None:
-            for old in dropped:
-                self.shm.drop(old)
-            self._reclaim()
             if adopted:  # the publisher writes its next slice into a file no reader maps any more
                 free = self.shm.take_free()
                 if free is not None:
                     ack["free"] = [free]
         self.reply(peer, Message("publish_ack", ack))
         return adopted
+
+    def _keep(self, held: Held) -> None:
+        """Make ``held`` the newest version: drop the oldest, wake the long polls it satisfies."""
+        self.held = [held, *self.held]
+        dropped = [h.version for h in self.held[KEEP_VERSIONS:]]
+        del self.held[KEEP_VERSIONS:]  # our own maps of those files go (and their locks with them)
+        self.m_version.set(held.version)
+        # Parked readers first, the sender's ack last: on a busy host the woken
+        # sender (and what it does next) would otherwise compete with the sends.
+        woken = [k for k, w in self.waits.items() if w.min_version <= held.version]
+        for identity in woken:
+            self._send_weights(self.waits[identity].peer, held, self.waits[identity].shm)
+            del self.waits[identity]
+        if woken:
+            self._waits_changed()
+        if self.shm is not None:
+            for old in dropped:
+                self.shm.drop(old)
+            self._reclaim()
+
+    def on_push_gradients(self, peer: Peer, msg: Message) -> None:
+        self._touch(msg)
+        other_layout = self.layout is not None and msg["layout"] != self.layout.fingerprint
+        if msg["num_shards"] != self.num_shards or other_layout:
+            self.m_refused.labels("layout_mismatch").inc()
+            have = self.layout.fingerprint if self.layout else "none"
+            raise RequestError("layout_mismatch", f"push is for layout {msg['layout']} over {msg['num_shards']}"
+                               f" shards; shard {self.shard} holds layout {have} over {self.num_shards}")
+        try:
+            if self.layout is None:
+                raise Refusal("no_weights", f"shard {self.shard} holds no weights yet: publish the initial"
+                              " weights first, then push gradients computed on them")
+            ack, new = self.gradients.push(msg, self.layout, self.versions, self.held[0].arrays if self.held else None)
+        except Refusal as exc:
+            self.m_refused.labels(exc.reason).inc()
+            # a stale push is the expected cost of asynchrony, not a protocol error
+            self.reply_error(peer, exc.reason, exc.detail, count=exc.reason != "stale_gradients")
+            return
+        if new is not None:
+            self.m_pushes.inc()
+            self.m_staleness.observe(ack["staleness"])
+            self._keep(Held(ack["version"], new, self.layout.fingerprint))
+        self.reply(peer, Message("gradients_ack", ack))
 
     def _reclaim(self) -> None:
         assert self.shm is not None
@@ -338,11 +387,22 @@ class ShardServer(CoordinatingServer):
                 self.shm.prepare_spare()
             except OSError as exc:  # /dev/shm full: the next export allocates as it goes
                 self._shm_trouble("could not prepare a shared-memory file", exc)
+        if self.gradients.due(now) and self.layout is not None:
+            self._checkpoint()
         if self.registry is None:
             return
         self._tick_coordination(now)
 
+    def _checkpoint(self) -> None:
+        assert self.layout is not None
+        try:
+            self.gradients.save(self.layout)
+        except OSError as exc:  # a full disk: the shard goes on serving; the next tick tries again
+            log.warning("%s: could not write its checkpoint %s: %s", self.name, self.gradients.path, exc)
+
     def close(self) -> None:
+        if self.layout is not None:
+            self._checkpoint()
         if self.shm is not None:
             self.shm.close()
         super().close()

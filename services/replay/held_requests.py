@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 
 from common.wire.codec import Message, encode_header
+from common.wire.dedup import Dedup
 from common.wire.errors import RequestError
 from common.wire.server import Peer, Server
 from services.replay.columnar import Table
-from services.replay.dedup import Dedup
 from services.replay.storage import WalError, WriteAheadLog
 from services.replay.tables import QueueTable
 

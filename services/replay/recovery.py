@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from common.wire.dedup import Dedup
 from services.replay.columnar import Table
-from services.replay.dedup import Dedup
 from services.replay.storage import SNAPSHOT, Snapshotter, WriteAheadLog, read_snapshot
 from services.replay.tables import QueueTable
 

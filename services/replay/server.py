@@ -35,11 +35,11 @@ from common.config import ReplayConfig
 from common.metrics import ServiceMetrics
 from common.wire.codec import DEFAULT_LIMITS, Limits, Message
 from common.wire.decoder import PackedLayout
+from common.wire.dedup import Dedup
 from common.wire.errors import RequestError
 from common.wire.server import Peer
 from common.wire.transport import DEFAULT_HWM, CurveConfig
 from services.replay.columnar import MAX_SAMPLE_BATCH, Table, TableError
-from services.replay.dedup import Dedup
 from services.replay.fast_insert import FastInsert, FastInsertServer
 from services.replay.held_requests import (
     MAX_HELD_BYTES,

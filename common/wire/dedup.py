@@ -1,4 +1,5 @@
-"""Exactly-once inserts: which (sender, seq) pairs are already stored, in bounded memory.
+"""Exactly-once requests (replay inserts, paramserver gradient pushes): which (sender, seq) pairs
+are already stored or applied, in bounded memory.
 
 Per sender we keep ``floor`` (every seq <= floor is stored or forgotten on
 purpose) and the set of stored seqs above it. The floor advances over
@@ -61,7 +62,10 @@ class _Sender:
 
 
 class Dedup:
-    def __init__(self, max_senders: int = 100_000, window: int = WINDOW, idle_s: float = IDLE_S) -> None:
+    def __init__(self, max_senders: int = 100_000, window: int = WINDOW, idle_s: float = IDLE_S,
+                 service: str = "replay", what: str = "insert") -> None:
+        self.service = service  # who speaks in the refusals
+        self.what = what  # what a sender sends
         self.max_senders = max_senders
         self.window = window
         self.idle_s = idle_s
@@ -75,17 +79,17 @@ class Dedup:
             if s.anchored and seq > s.floor + MAX_AHEAD:
                 return ("seq_out_of_window", f"seq {seq} is more than {MAX_AHEAD} above {s.floor}, the highest"
                         f" seq of sender {sender!r} below which all are stored; a sender keeps at most {self.window}"
-                        " inserts un-acked with consecutive seqs")
+                        f" {self.what}s un-acked with consecutive seqs")
             return None
         if sender in self.forgotten:
-            return ("sender_forgotten", f"replay forgot sender {sender!r} after {self.idle_s:.0f} s without an"
-                    " insert, so it cannot tell its resends from new inserts; send as a new sender id")
+            return ("sender_forgotten", f"{self.service} forgot sender {sender!r} after {self.idle_s:.0f} s without"
+                    " a message, so it cannot tell its resends from new ones; send as a new sender id")
         if len(self.senders) < self.max_senders:
             return None
         oldest = next(iter(self.senders.values()))
         if time.monotonic() - oldest.at >= self.idle_s:
             return None
-        return ("too_many_senders", f"replay remembers {self.max_senders} senders and all inserted within"
+        return ("too_many_senders", f"{self.service} remembers {self.max_senders} senders and all sent within"
                 f" {self.idle_s:.0f} s; try again later")
 
     def seen(self, sender: str, seq: int) -> bool:

@@ -1,0 +1,86 @@
+"""The gradient workers' paramserver client: one push of gradients, each shard its slice.
+
+A push carries the version the gradients were computed on; each shard applies
+its slice with its own optimizer (services/paramserver/gradients.py) or refuses
+it whole. Requests still awaited when a shard restarts are sent again with the
+same seq (common/clients/paramserver_shards.py), which the shard recognises as a
+duplicate if it had applied it. ``sender`` must be this worker's own for its
+lifetime: shards apply a push once per (sender, seq).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+
+from common.clients.paramserver_shards import ParamserverShards
+from common.tensor_shards import Layout
+from common.wire.codec import Message
+from common.wire.transport import CurveConfig
+
+#: reasons a shard refuses a push that say "try again with newer weights", not "this push is wrong"
+RETRYABLE = frozenset({"stale_gradients", "unknown_version", "no_weights"})
+
+
+@dataclass
+class PushOutcome:
+    """What the shards did with one push."""
+
+    applied: int = 0  # shards that applied it now
+    duplicates: int = 0  # shards that had applied it before (a resend)
+    refused: dict[int, tuple[str, str]] = field(default_factory=dict)  # shard -> (reason, detail)
+    version: int = -1  # the newest version any shard answered with
+    staleness: int = 0  # largest staleness a shard applied it with
+
+    @property
+    def complete(self) -> bool:
+        return not self.refused
+
+
+class GradientPusher:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        sender: str,
+        *,
+        curve: CurveConfig | None = None,
+        ctx: zmq.Context[Any] | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.shards = ParamserverShards(addresses, sender, curve, ctx)
+        self.timeout_s = timeout_s
+        self._layout: Layout | None = None
+
+    def layout_for(self, grads: Mapping[str, np.ndarray]) -> Layout:
+        layout = self._layout
+        if layout is None or layout.spec_by_name.keys() != grads.keys():
+            layout = self._layout = Layout.of(grads, len(self.shards))
+        return layout
+
+    def push(self, version: int, grads: Mapping[str, np.ndarray]) -> PushOutcome:
+        """Send every shard its slice of ``grads`` (float32, named like the weights); CommTimeout if a
+        shard does not answer within the timeout."""
+        layout = self.layout_for(grads)
+        body = {"version": version, "num_shards": layout.num_shards, "layout": layout.fingerprint}
+        requests = {i: Message("push_gradients", dict(body), layout.slice(grads, i)) for i in range(len(self.shards))}
+        replies = self.shards.gather(requests, time.monotonic() + self.timeout_s)
+        out = PushOutcome()
+        for i, r in sorted(replies.items()):
+            if r.type == "error":
+                out.refused[i] = (r["reason"], r["detail"])
+                continue
+            out.version = max(out.version, r["version"])
+            if r["duplicate"]:
+                out.duplicates += 1
+            else:
+                out.applied += 1
+                out.staleness = max(out.staleness, r["staleness"])
+        return out
+
+    def close(self) -> None:
+        self.shards.close()

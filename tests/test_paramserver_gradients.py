@@ -1,0 +1,170 @@
+"""Gradient pushes applied by paramserver shards (real shard processes, real sockets)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from common.clients.gradient_pusher import GradientPusher
+from common.clients.weights_publisher import WeightsPublisher
+from common.clients.weights_reader import WeightsReader
+from common.config.sections import GradientsConfig
+from common.tensor_shards import Layout
+from common.wire.codec import Message
+from common.wire.connection import Connection
+from services.paramserver.gradients import ShardOptimizer
+from tests.paramserver_procs import ShardProcesses
+
+
+def model(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"w": rng.standard_normal((30, 8)).astype(np.float32), "b": rng.standard_normal(8).astype(np.float32),
+            "v": rng.standard_normal((8, 2)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("kind,extra", [("adam", {}), ("rmsprop", {"eps": 1e-5}), ("rmsprop", {"momentum": 0.9}),
+                                        ("sgd", {"momentum": 0.9}), ("sgd", {})])
+def test_shard_optimizer_matches_torch(kind: str, extra: dict[str, Any]) -> None:
+    cfg = GradientsConfig(optimizer=kind, lr=1e-2, **extra)
+    params = model(1)
+    tparams = {n: torch.nn.Parameter(torch.tensor(a)) for n, a in params.items()}
+    if kind == "adam":
+        topt: torch.optim.Optimizer = torch.optim.Adam(tparams.values(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    elif kind == "rmsprop":
+        topt = torch.optim.RMSprop(tparams.values(), lr=cfg.lr, alpha=cfg.alpha, eps=cfg.eps, momentum=cfg.momentum)
+    else:
+        topt = torch.optim.SGD(tparams.values(), lr=cfg.lr, momentum=cfg.momentum)
+    opt = ShardOptimizer(cfg, params)
+    rng = np.random.default_rng(2)
+    for _ in range(6):
+        grads = {n: rng.standard_normal(a.shape).astype(np.float32) for n, a in params.items()}
+        opt.step(params, grads)
+        for n, p in tparams.items():
+            p.grad = torch.tensor(grads[n])
+        topt.step()
+    for n, p in tparams.items():
+        np.testing.assert_allclose(params[n], p.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def push_raw(address: str, layout: Layout, shard: int, version: int, arrays: dict[str, Any], sender: str = "w",
+             seq: int | None = None) -> Message:
+    body = {"version": version, "num_shards": layout.num_shards, "layout": layout.fingerprint}
+    with Connection(address, sender) as c:
+        sent = c.send(Message("push_gradients", body, arrays), seq=seq)
+        deadline = time.monotonic() + 5.0
+        while (reply := c.reply_to(sent)) is None:
+            assert time.monotonic() < deadline and c.wait(deadline - time.monotonic()), "no reply"
+        return reply
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Any:
+    sets = [f"run_dir={tmp_path}", "paramserver.gradients.optimizer=sgd", "paramserver.gradients.lr=0.5",
+            "paramserver.gradients.max_staleness=2", "paramserver.gradients.checkpoint_every_s=0.2"]
+    with ShardProcesses(2, extra_sets=sets) as ps:
+        ps.wait_ready()
+        yield ps
+
+
+def test_pushes_make_versions_readers_see_and_stale_ones_are_refused(shards: ShardProcesses) -> None:
+    addrs = shards.addresses
+    w0 = model()
+    grads = {n: np.ones_like(a) for n, a in w0.items()}
+    pusher = GradientPusher(addrs, "worker-a/1")
+    refused = pusher.push(0, grads)
+    assert {r for r, _ in refused.refused.values()} == {"no_weights"}  # nothing published yet
+    WeightsPublisher(addrs).publish(0, w0)
+    reader = WeightsReader(addrs, "reader")
+    out = pusher.push(0, grads)
+    assert out.complete and out.applied == 2 and out.version == 1 and out.staleness == 0
+    version, weights = reader.get(-1)
+    assert version == 1
+    for n in w0:  # sgd, lr 0.5: every weight moved by -0.5 on both shards
+        np.testing.assert_allclose(weights[n], w0[n] - 0.5, rtol=1e-6)
+    for _ in range(2):
+        assert pusher.push(0, grads).complete  # staleness 1 and 2: allowed
+    stale = pusher.push(0, grads)  # computed on version 0, the newest is 3
+    assert set(stale.refused) == {0, 1} and {r for r, _ in stale.refused.values()} == {"stale_gradients"}
+    assert "at most 2" in stale.refused[0][1]
+    assert reader.get(-1)[0] == 3  # the refused push changed nothing
+    future = pusher.push(9, grads)
+    assert {r for r, _ in future.refused.values()} == {"unknown_version"}
+    pusher.close()
+    reader.close()
+
+
+def test_bad_gradients_are_refused_whole_and_counted(shards: ShardProcesses) -> None:
+    addrs = shards.addresses
+    w0 = model()
+    WeightsPublisher(addrs).publish(0, w0)
+    layout = Layout.of(w0, 2)
+    good = {n: np.ones_like(a) for n, a in w0.items()}
+    s0 = layout.slice(good, 0)
+    name = sorted(s0)[0]
+    cases = {
+        "NaN": {**s0, name: np.full_like(s0[name], np.nan)},
+        "dtype": {**s0, name: s0[name].astype(np.float64)},
+        "shape": {**s0, name: np.ones((3,), np.float32)},
+        "missing": {k: v for k, v in s0.items() if k != name},
+        "extra": {**s0, "nope": np.ones(2, np.float32)},
+    }
+    for what, arrays in cases.items():
+        r = push_raw(addrs[0], layout, 0, 0, arrays)
+        assert r.type == "error" and r["reason"] == "bad_gradients", (what, r)
+    other = Layout.of({"z": np.ones(3, np.float32)}, 2)
+    r = push_raw(addrs[0], other, 0, 0, {"z": np.ones(3, np.float32)})
+    assert r["reason"] == "layout_mismatch" and other.fingerprint in r["detail"]
+    with Connection(addrs[0], "probe") as c:
+        stats = c.request(Message("info"), 5.0)["stats"]
+    assert stats["versions"] == [0]  # nothing applied in part
+    # the shard still applies a good push
+    assert push_raw(addrs[0], layout, 0, 0, s0)["applied"] is True
+
+
+def test_a_resent_push_is_applied_once(shards: ShardProcesses) -> None:
+    addrs = shards.addresses
+    w0 = model()
+    WeightsPublisher(addrs).publish(0, w0)
+    layout = Layout.of(w0, 2)
+    s1 = layout.slice({n: np.ones_like(a) for n, a in w0.items()}, 1)
+    first = push_raw(addrs[1], layout, 1, 0, s1, sender="worker-b/2", seq=7)
+    again = push_raw(addrs[1], layout, 1, 0, s1, sender="worker-b/2", seq=7)
+    assert first["applied"] is True and first["version"] == 1
+    assert again["duplicate"] is True and again["applied"] is False and again["version"] == 1
+    other = push_raw(addrs[1], layout, 1, 0, s1, sender="worker-c/3", seq=7)  # another sender: its own push
+    assert other["applied"] is True and other["version"] == 2
+    far = push_raw(addrs[1], layout, 1, 1, s1, sender="worker-b/2", seq=7 + 100_000)
+    assert far["reason"] == "seq_out_of_window"
+
+
+def test_a_restarted_shard_goes_on_from_its_checkpoint(shards: ShardProcesses, tmp_path: Path) -> None:
+    addrs = shards.addresses
+    w0 = model()
+    WeightsPublisher(addrs).publish(0, w0)
+    pusher = GradientPusher(addrs, "worker-d/4")
+    grads = {n: np.ones_like(a) for n, a in w0.items()}
+    for v in range(3):
+        assert pusher.push(v, grads).complete
+    shards.procs[0].send_signal(signal.SIGTERM)  # a clean stop writes the checkpoint
+    shards.procs[0].wait(20)
+    assert (tmp_path / "paramserver" / "shard-0.npz").exists()
+    shards.restart(0)
+    reader = WeightsReader(addrs, "reader")
+    version, weights = reader.get(-1)
+    assert version == 3
+    for n in w0:
+        np.testing.assert_allclose(weights[n], w0[n] - 1.5, rtol=1e-6)
+    assert pusher.push(3, grads).version == 4  # goes on counting on both shards
+    deadline = time.monotonic() + 10
+    while (v := reader.get(-1)) is None or v[0] != 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    np.testing.assert_allclose(v[1]["w"], w0["w"] - 2.0, rtol=1e-6)
+    pusher.close()
+    reader.close()
