@@ -98,6 +98,10 @@ def collect(members: Iterable[HasUrl], elapsed: float) -> Scrape:
             snap.version = max(snap.version, s.get("rlfleet_learner_version", -1.0))
         elif m.name == "replay":
             snap.replay_size += s.get("rlfleet_replay_size", 0.0)
+        elif m.name == "paramserver" and s.get("rlfleet_paramserver_gradients_applied_total"):
+            # gradient workers (A3C): every push reaches every shard; applied pushes are the updates
+            snap.updates = max(snap.updates, s["rlfleet_paramserver_gradients_applied_total"])
+            snap.version = max(snap.version, s.get("rlfleet_paramserver_version", -1.0))
         elif m.name == "evaluator" and s.get("rlfleet_evaluations_total", 0.0) > 0:
             snap.eval_return = s.get("rlfleet_eval_return")
             snap.eval_version = s.get("rlfleet_eval_version")

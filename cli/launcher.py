@@ -9,13 +9,11 @@ time runs out.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,13 +24,14 @@ from typing import Any
 import click
 
 from cli.dispatch import build
+from cli.env_check import check_env
 from cli.fleetview import FleetView, Scrape, scrape
 from cli.forkserver import ForkedProcess, ForkServerError, ForkServers, reap_orphans
 from cli.supervision import RestartPolicy
+from common import algorithms, security
 from common import config as config_mod
-from common import security
 from common.config import Experiment
-from common.envs import EnvError, probe_env
+from common.envs import EnvError
 from common.metrics import MetricsServer
 from common.roles import NAMES, ROLES, role
 from common.runtime import FatalError, ServiceArgs, setup_logging
@@ -105,9 +104,11 @@ def plan(cfg: Experiment, actors: int, run_dir: Path, inproc: bool) -> tuple[Exp
     if cfg.learners > 1:
         data["learner"]["rendezvous"] = f"tcp://127.0.0.1:{free_tcp_port()}"
     resolved = config_mod.validate(data)
-    count = {"replay": cfg.replay.shards, "paramserver": cfg.paramserver.shards, "learner": cfg.learners,
-             "actor": actors,
-             "evaluator": int(cfg.evaluator.enabled)}
+    # an algorithm trained by gradient workers (A3C) needs no replay and no learner: the actors push
+    # gradients to the paramserver's shard optimizers
+    learns = not algorithms.get(cfg.algorithm.name).uses_workers
+    count = {"replay": cfg.replay.shards * learns, "paramserver": cfg.paramserver.shards,
+             "learner": cfg.learners * learns, "actor": actors, "evaluator": int(cfg.evaluator.enabled)}
     members: list[Member] = []
     for r in ROLES:  # in start order
         for i in range(count[r.name]):
@@ -292,36 +293,6 @@ def tail(path: Path | None, lines: int = 15) -> str:
         return "(no log)"
     text = path.read_text(errors="replace").splitlines()[-lines:]
     return "\n".join("    " + line for line in text)
-
-
-def check_env(cfg: Experiment, forkservers: ForkServers | None, timeout_s: float = 120.0) -> None:
-    """Raise EnvError if the configured env cannot be made or does not fit the algorithm.
-
-    The check imports the algorithm (torch): with fork servers it runs in a process forked by the heavy
-    one, where torch is already imported, instead of costing the launcher ~2 s of CPU on the cores the
-    fleet is starting on."""
-    if forkservers is not None:
-        with tempfile.TemporaryDirectory(prefix="rlfleet-check-") as tmp:
-            path, out = Path(tmp) / "config.yaml", Path(tmp) / "check.log"
-            path.write_text(config_mod.dump(cfg))
-            proc = None
-            try:
-                proc = forkservers.fork("learner", ["check-env", "--config", str(path)], out)
-                code = proc.wait(timeout_s)
-            except (ForkServerError, subprocess.TimeoutExpired) as exc:
-                if proc is not None:  # timed out: it must not outlive its config file
-                    proc.kill()
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(5)
-                log.warning("env check in the fork server failed (%s); checking here", exc)
-            else:
-                if code == 0:
-                    return
-                text = out.read_text(errors="replace")
-                if code == 2 and "rlfleet: " in text:
-                    raise EnvError(text.split("rlfleet: ", 1)[1].strip())
-                log.warning("env check in the fork server exited %s; checking here:\n%s", code, text[-2000:])
-    probe_env(cfg)
 
 
 def run_fleet(

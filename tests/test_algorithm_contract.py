@@ -17,8 +17,10 @@ SMALL: dict[str, dict[str, Any]] = {
     "dqn": {"hidden": [8], "batch_size": 8},
     "ppo": {"hidden": [8], "segment_length": 4, "batch_segments": 2, "minibatch_size": 4, "epochs": 2},
     "sac": {"hidden": [8], "batch_size": 8, "learning_starts": 0},
+    "a3c": {"hidden": [8], "n_steps": 4},
 }
 ENVS = [("dqn", "CartPole-v1"), ("ppo", "CartPole-v1"), ("ppo", "reach"), ("sac", "reach")]
+WORKER_ENVS = [("a3c", "CartPole-v1")]  # algorithms trained through gradient workers
 
 
 def make(env: str) -> gym.Env:
@@ -86,6 +88,45 @@ def test_act_add_learn(name: str, env_id: str) -> None:
         p.load_weights(learner.weights())
         p.explore(0, 1, 0)
     np.testing.assert_array_equal(fresh[0].act(probe)[0], fresh[1].act(probe)[0])
+
+
+def test_every_algorithm_has_a_learner_or_workers() -> None:
+    tested = {name for name, _ in ENVS} | {name for name, _ in WORKER_ENVS}
+    assert tested == set(algorithms.available())
+    assert {name for name, _ in WORKER_ENVS} == {n for n in algorithms.available() if algorithms.get(n).uses_workers}
+
+
+@pytest.mark.parametrize("name,env_id", WORKER_ENVS)
+def test_worker_act_add_gradients(name: str, env_id: str) -> None:
+    algo = algorithms.get(name)
+    assert algo.make_worker is not None and not algo.table_kinds  # no replay
+    cfg = algo.config(**SMALL[name])
+    num_envs = 2
+    envs = gym.vector.SyncVectorEnv([lambda: make(env_id)] * num_envs,
+                                    autoreset_mode=gym.vector.AutoresetMode(algo.autoreset_mode))
+    spaces = envs.single_observation_space, envs.single_action_space
+    worker = algo.make_worker(cfg, *spaces, seed=3, act_seed=[3, 0])
+    weights = worker.initial_weights()
+    policy = algo.make_policy(cfg, *spaces, device="cpu", seed=3, act_seed=[3, 0])
+    policy.load_weights(weights)  # evaluators act on what workers publish
+    adder = algo.make_adder(cfg, num_envs, *spaces, algo.autoreset_mode)
+    obs, _ = envs.reset(seed=1)
+    adder.reset(obs)
+    pushed = 0
+    for step in range(20):
+        actions, extras = worker.act(obs)
+        assert actions.dtype == np.int64 and actions.shape == (num_envs,)
+        obs, rewards, terminated, truncated, infos = envs.step(actions)
+        out = adder.add(actions, extras, obs, rewards, terminated, truncated, infos, version=step)
+        if len(out["version"]):
+            grads, figures = worker.gradients(out)
+            assert grads.keys() == weights.keys() and all(np.isfinite(v) for v in figures.values())
+            assert all(g.dtype == np.float32 and g.shape == weights[k].shape for k, g in grads.items())
+            pushed += 1
+    envs.close()
+    assert pushed == 20 // SMALL[name]["n_steps"]
+    probe = obs[:2]
+    np.testing.assert_array_equal(policy.act(probe, deterministic=True)[0], worker.act(probe, deterministic=True)[0])
 
 
 def test_drop_stale() -> None:

@@ -16,7 +16,7 @@ from tests.dqn_helpers import ACT_SPACE, OBS_SPACE
 def test_registry_and_env_checks() -> None:
     assert algorithms.get("dqn") is ALGORITHM
     assert "dqn" in algorithms.available()
-    with pytest.raises(algorithms.UnknownAlgorithm, match="unknown algorithm 'nope'; available: dqn"):
+    with pytest.raises(algorithms.UnknownAlgorithm, match="unknown algorithm 'nope'; available: a3c, dqn"):
         algorithms.get("nope")
     with pytest.raises(algorithms.UnknownAlgorithm):
         algorithms.get("device")  # a helper module, not an algorithm

@@ -172,6 +172,20 @@ class Learner(Protocol):
     def load_state(self, state: Mapping[str, Any]) -> None: ...
 
 
+class GradientWorker(Policy, Protocol):
+    """A policy that also computes gradients on its own experience (A3C, HogWild): the actor
+    service runs as a gradient worker, and the paramserver's shards apply what it pushes."""
+
+    def initial_weights(self) -> dict[str, np.ndarray]:
+        """The whole model from the experiment seed (version 0, published by the first worker)."""
+        ...
+
+    def gradients(self, items: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """float32 gradients named like the published weights, computed on ``items`` (what the adder
+        returned) against the weights loaded last, and the loss's figures."""
+        ...
+
+
 @dataclass(frozen=True)
 class AlgorithmModule:
     """What an algorithm gives the services. ``cfg`` is its config section (an instance of ``config``).
@@ -193,6 +207,15 @@ class AlgorithmModule:
     # step on each reset (the adder drops it); "SameStep" makes every vector step an env step of every
     # slot, so fixed-length segments end together, on barrier round boundaries
     autoreset_mode: str = "NextStep"
+    # (cfg, observation_space, action_space, *, seed=0, act_seed=None) -> GradientWorker, or None.
+    # Given: the algorithm trains through gradient workers (the actors) and the paramserver's shard
+    # optimizers; the fleet then runs no replay and no learner.
+    make_worker: Callable[..., GradientWorker] | None = None
+
+    @property
+    def uses_workers(self) -> bool:
+        """True when actors compute and push gradients: no replay, no learner."""
+        return self.make_worker is not None
 
     @property
     def table_kinds(self) -> tuple[str, ...]:

@@ -70,7 +70,7 @@ class Experiment(Strict):
                 " wait for the next version (deadlock); allowed: null (the round fixes the ratio)"
             )
         allowed = tuple(type(self.algorithm).table_kinds)
-        if table is not None and table.kind not in allowed:
+        if table is not None and allowed and table.kind not in allowed:  # none allowed: it uses no replay
             problems.append(
                 f"replay.tables[{table.name}].kind={table.kind!r} with algorithm {self.algorithm.name};"
                 f" allowed: {', '.join(allowed)}"

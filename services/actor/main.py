@@ -16,6 +16,12 @@ def build(cfg: Experiment, args: ServiceArgs):  # type: ignore[no-untyped-def]
         from services.actor.evaluator import EvaluatorService
 
         return EvaluatorService(cfg, actor_id)
+    from common import algorithms
+
+    if algorithms.get(cfg.algorithm.name).uses_workers:  # A3C, HogWild: no replay, no learner
+        from services.actor.worker import WorkerService
+
+        return WorkerService(cfg, actor_id)
     from services.actor.actor import ActorService
 
     return ActorService(cfg, actor_id)

@@ -2,10 +2,42 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+from common import algorithms
 from common.config import Experiment
+from common.metrics import ServiceMetrics
 from common.runtime import ServiceArgs
-from services.learner.learner import LearnerService
+
+log = logging.getLogger("rlfleet.learner")
 
 
-def build(cfg: Experiment, args: ServiceArgs) -> LearnerService:
+class NoLearner:
+    """The learner of an algorithm that trains through gradient workers: says so and exits 0 (a compose
+    file or stack that starts a learner anyway then does not restart it)."""
+
+    def __init__(self, cfg: Experiment) -> None:
+        self.metrics = ServiceMetrics("learner", 0)
+        log.info("algorithm %s trains through gradient workers (the actors) and the paramserver's shard"
+                 " optimizers: no learner needed, exiting", cfg.algorithm.name)
+
+    def run(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": True, "learner": "not needed"}
+
+    def close(self) -> None:
+        pass
+
+
+def build(cfg: Experiment, args: ServiceArgs) -> Any:
+    if algorithms.get(cfg.algorithm.name).uses_workers:
+        return NoLearner(cfg)
+    from services.learner.learner import LearnerService
+
     return LearnerService(cfg)

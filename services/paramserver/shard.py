@@ -13,7 +13,6 @@ a reader, ``busy``) are not counted as protocol errors.
 
 from __future__ import annotations
 
-import errno
 import logging
 import time
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from common.wire.server import Peer
 from services.paramserver.coordination import MAX_WAIT_MS, CoordinatingServer, ParkedBarrier
 from services.paramserver.gradients import GradientApplier, Refusal
 from services.paramserver.registry import Registry
+from services.paramserver.shm_versions import ShmVersions
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class ParkedWait:
     shm: bool
 
 
-class ShardServer(CoordinatingServer):
+class ShardServer(ShmVersions, CoordinatingServer):
     """A ROUTER loop serving one shard of the weights.
 
     ``shm_dir`` is where version files go; readers map only
@@ -75,15 +75,7 @@ class ShardServer(CoordinatingServer):
         **kw: Any,
     ) -> None:
         super().__init__(metrics, bind, **kw)
-        self.shm: shmlib.ShmExporter | None = None
-        if shm and (shm_dir != shmlib.SHM_DIR or shmlib.available()):
-            try:
-                self.shm = shmlib.ShmExporter(shard, shm_dir)
-            except OSError as exc:
-                log.warning("shared memory for same-host readers is off: %s", exc)
-        self._shm_failed = -1  # a version whose export failed: served with frames, not retried
-        self._shm_failing = False  # warned once; cleared (and said so) when an export works again
-        self._next_reclaim = 0.0  # tick() runs after every burst: look at retired files once a tick interval
+        self._init_shm(shard, shm, shm_dir)
         self.shard = shard
         self.num_shards = num_shards
         self.layout: Layout | None = None
@@ -266,37 +258,6 @@ class ShardServer(CoordinatingServer):
             self._keep(Held(ack["version"], new, self.layout.fingerprint))
         self.reply(peer, Message("gradients_ack", ack))
 
-    def _reclaim(self) -> None:
-        assert self.shm is not None
-        if self.shm.retired:
-            try:
-                self.shm.reclaim()
-            except OSError as exc:
-                self._shm_trouble("could not reclaim a shared-memory file", exc)
-
-    def _export(self, held: Held) -> dict[str, Any] | None:
-        """The ``weights.shm`` field for ``held``, or None (use frames) when shared memory fails."""
-        if self.shm is None or held.version == self._shm_failed:
-            return None
-        try:
-            desc = self.shm.export(held.version, held.arrays)
-        except OSError as exc:  # ENOSPC: /dev/shm is full; readers get frames until it is not
-            self._shm_failed = held.version
-            self._shm_trouble(f"could not write version {held.version} to shared memory", exc)
-            return None
-        if self._shm_failing:
-            log.info("%s: shared memory works again (version %d)", self.name, held.version)
-            self._shm_failing = False
-        return desc
-
-    def _shm_trouble(self, what: str, exc: OSError) -> None:
-        """Warn once per spell of shared-memory failures (a full /dev/shm would otherwise flood the log)."""
-        if not self._shm_failing:
-            full = " (/dev/shm is full)" if exc.errno == errno.ENOSPC else ""
-            log.warning("%s: %s: %s%s; same-host readers get frames until it works again",
-                        self.name, what, exc, full)
-        self._shm_failing = True
-
     def _send_weights(self, peer: Peer, held: Held, shm: bool = False) -> None:
         body: dict[str, Any] = {"version": held.version, "versions": self.versions, "layout": held.layout}
         self.m_weights.inc()
@@ -379,14 +340,7 @@ class ShardServer(CoordinatingServer):
             self._send_not_modified(self.waits.pop(k).peer)
         if expired:
             self._waits_changed()
-        if self.shm is not None and self.shm.retired and now >= self._next_reclaim:
-            self._next_reclaim = now + self.tick_interval_s
-            self._reclaim()  # files that readers let go of since the last publish
-        if self.shm is not None and self.shm.spare is None and self.shm.last_size and not self._shm_failing:
-            try:
-                self.shm.prepare_spare()
-            except OSError as exc:  # /dev/shm full: the next export allocates as it goes
-                self._shm_trouble("could not prepare a shared-memory file", exc)
+        self._tick_shm(now)
         if self.gradients.due(now) and self.layout is not None:
             self._checkpoint()
         if self.registry is None:

@@ -1,0 +1,52 @@
+"""A3C's network: a shared MLP torso under a policy head (logits) and a value head.
+
+Orthogonal initialisation as SB3's A2C (gain sqrt(2) on the torso, 0.01 on the policy head,
+1 on the value head, zero biases). Published names are the module's: ``torso.{2i}.weight``
+[out, in] / ``.bias``, ``pi.weight``, ``pi.bias``, ``v.weight``, ``v.bias``; a gradient has the
+name of its parameter, so a worker's push is checked against the same layout.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from common.algorithms.a3c.config import A3CConfig
+from common.algorithms.mlp import ACTIVATIONS
+
+
+class SharedActorCritic(nn.Module):
+    def __init__(self, cfg: A3CConfig, observation_space: gym.Space, action_space: gym.Space) -> None:
+        super().__init__()
+        assert observation_space.shape is not None
+        width = int(np.prod(observation_space.shape, dtype=np.int64))
+        layers: list[nn.Module] = []
+        for size in cfg.hidden:
+            linear = nn.Linear(width, size)
+            nn.init.orthogonal_(linear.weight, math.sqrt(2))
+            nn.init.zeros_(linear.bias)
+            layers += [linear, ACTIVATIONS[cfg.activation]()]
+            width = size
+        self.torso = nn.Sequential(*layers)
+        self.pi = nn.Linear(width, int(action_space.n))  # type: ignore[attr-defined]
+        self.v = nn.Linear(width, 1)
+        for head, gain in ((self.pi, 0.01), (self.v, 1.0)):
+            nn.init.orthogonal_(head.weight, gain)
+            nn.init.zeros_(head.bias)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B, A], V [B])."""
+        h = self.torso(obs.flatten(1))
+        return self.pi(h), self.v(h).squeeze(1)
+
+
+def seeded_network(cfg: A3CConfig, observation_space: gym.Space, action_space: gym.Space,
+                   seed: int) -> SharedActorCritic:
+    """The network initialised from ``seed`` (every worker the same) without touching the global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return SharedActorCritic(cfg, observation_space, action_space)

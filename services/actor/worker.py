@@ -1,0 +1,192 @@
+"""The actor as a gradient worker (A3C, HogWild): act, compute gradients, push them, pull weights.
+
+For an algorithm that trains through workers (``AlgorithmModule.make_worker``) there is no
+replay and no learner: each actor steps its vector env with the weights it pulled, hands every
+rollout the adder completes to the algorithm's ``gradients``, pushes them to the paramserver's
+shards (common/clients/gradient_pusher.py), which apply them with their own optimizer, and pulls
+the version its push made. A push refused as stale (the shards moved more than
+``paramserver.gradients.max_staleness`` versions on meanwhile) is dropped and counted, and the
+worker pulls the newest weights; so is one the worker itself cannot compute (non-finite).
+
+Start-up: the first worker finds no weights and publishes the model from the experiment seed
+as version 0 (every worker builds the same one; a shard that already holds a version refuses
+the publish with ``stale_version``, and the worker reads what is there).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from common import algorithms
+from common.clients.fleet_links import FleetLinks
+from common.clients.gradient_pusher import RETRYABLE, GradientPusher
+from common.clients.weights_publisher import WeightsPublisher
+from common.config import Experiment
+from common.envs import make_vector_env, probe_env
+from common.metrics import ServiceMetrics
+from common.runtime import FatalError
+from common.security import client_curve
+from common.wire.errors import CommTimeout, RemoteError
+from services.actor.actor import EpisodeLog, EpisodeStats
+
+log = logging.getLogger("rlfleet.worker")
+
+
+class WorkerService:
+    """One gradient worker: env, policy and loss, pushes to the paramserver, heartbeats."""
+
+    def __init__(self, cfg: Experiment, actor_id: str) -> None:
+        self.cfg = cfg
+        self.actor_id = actor_id
+        self._stopping = False
+        torch.set_num_threads(cfg.actor.torch_threads)
+        self.algo = algorithms.get(cfg.algorithm.name)
+        assert self.algo.make_worker is not None
+        self.links = FleetLinks(cfg, actor_id, role="actor")
+        self.index = self.links.welcome.index
+        obs_space, act_space = probe_env(cfg)
+        self.worker = self.algo.make_worker(cfg.algorithm, obs_space, act_space, seed=cfg.seed,
+                                            act_seed=[cfg.seed, self.index, 1])
+        self.metrics = ServiceMetrics("actor", self.index)
+        self._define_metrics()
+        self.env_seed = cfg.seed * 100_003 + self.index * cfg.env.num_envs
+        self.envs = make_vector_env(cfg.env, self.env_seed, self.algo.autoreset_mode)
+        self.adder = self.algo.make_adder(cfg.algorithm, cfg.env.num_envs, obs_space, act_space,
+                                          self.algo.autoreset_mode)
+        # shards apply a push once per (sender, seq): this incarnation's own id, kept across reconnects
+        self.sender = f"{actor_id}/{secrets.token_hex(16)}"
+        curve = client_curve(cfg, "actor")
+        self.pusher = GradientPusher(cfg.network.paramserver, self.sender, curve=curve, timeout_s=cfg.network.timeout_s)
+        self.curve = curve
+        self.version = -1
+        self.env_steps = 0
+        self.figures: dict[str, float] = {}
+        self.episodes = EpisodeStats(cfg.env.num_envs, next_step_reset=self.algo.autoreset_mode == "NextStep")
+        self.episode_log = EpisodeLog(Path(cfg.run_dir) / "episodes" / f"{actor_id}.csv")
+        log.info("worker %s: index %d, pushes gradients to %d paramserver shard(s), %s protocol", actor_id,
+                 self.index, cfg.paramserver.shards, cfg.sync)
+
+    def _define_metrics(self) -> None:
+        m = self.metrics
+        self.m_steps = m.counter("env_steps", "Environment steps taken (all vector slots).")
+        self.m_episodes = m.counter("episodes", "Episodes finished.")
+        self.m_return = m.gauge("episode_return", "Mean return of the last 20 episodes (exploring).")
+        self.m_version = m.gauge("weights_version", "Weights version this actor acts with.")
+        self.m_pushes = m.counter("worker_pushes", "Gradient pushes, by outcome: applied, stale, duplicate, refused.",
+                                  ("outcome",))
+        for outcome in ("applied", "stale", "duplicate", "refused"):
+            self.m_pushes.labels(outcome)
+        self.m_push_s = m.counter("worker_push_seconds", "Seconds spent pushing gradients and pulling weights.")
+        self.m_grad_s = m.counter("worker_gradient_seconds", "Seconds spent computing gradients.")
+        self.m_loss = m.gauge("worker_loss", "Loss of the last rollout a gradient was computed on.")
+
+    # -- weights ----------------------------------------------------------------
+    def _take(self, got: tuple[int, dict[str, np.ndarray]] | None) -> bool:
+        if got is None:
+            return False
+        self.version, weights = got
+        self.worker.load_weights(weights)
+        self.m_version.set(self.version)
+        return True
+
+    def _start_weights(self) -> bool:
+        """Version 0 from the experiment seed if the paramserver holds none, then the newest; False if stopped."""
+        while not self._stopping:
+            try:
+                if self._take(self.links.reader.get(-1, timeout_s=self.cfg.network.timeout_s)):
+                    return True
+                publisher = WeightsPublisher(self.cfg.network.paramserver, f"{self.actor_id}-init", curve=self.curve)
+                try:
+                    publisher.publish(0, self.worker.initial_weights(), timeout_s=self.cfg.network.timeout_s)
+                    log.info("worker %s: published the initial weights (version 0)", self.actor_id)
+                except RemoteError as exc:
+                    if exc.reason != "stale_version":  # another worker was first
+                        raise
+                finally:
+                    publisher.close()
+            except CommTimeout as exc:
+                log.warning("worker %s: waiting for the paramserver: %s", self.actor_id, exc)
+                self.links.heartbeat(self.version, self.env_steps)
+        return False
+
+    def _pull(self) -> None:
+        try:
+            self._take(self.links.reader.get(self.version, timeout_s=self.cfg.network.timeout_s))
+        except (CommTimeout, RemoteError) as exc:
+            log.warning("worker %s: weights poll failed (%s); acting on v%d", self.actor_id, exc, self.version)
+
+    # -- gradients ----------------------------------------------------------------
+    def _learn(self, items: dict[str, np.ndarray]) -> None:
+        start = time.monotonic()
+        grads, figures = self.worker.gradients(items)
+        pushed = time.monotonic()
+        self.m_grad_s.inc(pushed - start)
+        self.figures = figures
+        self.m_loss.set(figures.get("loss", float("nan")))
+        if not all(np.isfinite(g).all() for g in grads.values()):
+            self.m_pushes.labels("refused").inc()
+            log.warning("worker %s: non-finite gradients (loss %s); not pushed", self.actor_id, figures.get("loss"))
+            return
+        try:
+            out = self.pusher.push(self.version, grads)
+        except CommTimeout as exc:
+            log.warning("worker %s: push not answered (%s); pulling weights and going on", self.actor_id, exc)
+            out = None
+        if out is not None:
+            if out.applied:
+                self.m_pushes.labels("applied").inc()
+            elif out.duplicates:
+                self.m_pushes.labels("duplicate").inc()
+            for reason, detail in out.refused.values():
+                if reason not in RETRYABLE:  # our gradients do not fit the model: retrying cannot help
+                    raise FatalError(f"paramserver refused our gradients: {reason}: {detail}")
+                if reason == "stale_gradients":
+                    self.m_pushes.labels("stale").inc()
+                    break
+        self._pull()
+        self.m_push_s.inc(time.monotonic() - pushed)
+
+    # -- loop -------------------------------------------------------------------
+    def run(self) -> None:
+        cfg = self.cfg
+        if not self._start_weights():
+            return
+        obs, _ = self.envs.reset(seed=[self.env_seed + j for j in range(cfg.env.num_envs)])  # type: ignore[arg-type]
+        self.adder.reset(obs)
+        last_beat = time.monotonic()
+        while not self._stopping:
+            actions, extras = self.worker.act(obs)
+            obs, rewards, terminated, truncated, infos = self.envs.step(actions)
+            items = self.adder.add(actions, extras, obs, rewards, terminated, truncated, infos, self.version)
+            finished = self.episodes.add(np.asarray(rewards, np.float64), terminated, truncated)
+            self.env_steps += cfg.env.num_envs
+            self.m_steps.inc(cfg.env.num_envs)
+            if finished:
+                self.episode_log.write(self.env_steps, self.version, finished)
+                self.m_episodes.inc(len(finished))
+                self.m_return.set(float(np.mean(self.episodes.recent)))
+            if len(items["version"]):
+                self._learn(items)
+            if time.monotonic() - last_beat >= cfg.actor.heartbeat_s:
+                self.links.heartbeat(self.version, self.env_steps)
+                last_beat = time.monotonic()
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": not self._stopping, "actor_id": self.actor_id, "index": self.index, "version": self.version,
+                "env_steps": self.env_steps, **self.figures}
+
+    def close(self) -> None:
+        self.links.close()
+        self.pusher.close()
+        self.envs.close()
+        self.episode_log.close()
