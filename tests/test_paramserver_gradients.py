@@ -18,7 +18,7 @@ from common.config.sections import GradientsConfig
 from common.tensor_shards import Layout
 from common.wire.codec import Message
 from common.wire.connection import Connection
-from services.paramserver.gradients import ShardOptimizer
+from services.paramserver.gradients import FlatSlice, ShardOptimizer
 from tests.paramserver_procs import ShardProcesses
 
 
@@ -40,16 +40,19 @@ def test_shard_optimizer_matches_torch(kind: str, extra: dict[str, Any]) -> None
         topt = torch.optim.RMSprop(tparams.values(), lr=cfg.lr, alpha=cfg.alpha, eps=cfg.eps, momentum=cfg.momentum)
     else:
         topt = torch.optim.SGD(tparams.values(), lr=cfg.lr, momentum=cfg.momentum)
-    opt = ShardOptimizer(cfg, params)
+    flat = FlatSlice(params)
+    p_flat = flat.pack(params)
+    opt = ShardOptimizer(cfg, flat.size)
     rng = np.random.default_rng(2)
     for _ in range(6):
         grads = {n: rng.standard_normal(a.shape).astype(np.float32) for n, a in params.items()}
-        opt.step(params, grads)
+        opt.step(p_flat, flat.pack(grads))
         for n, p in tparams.items():
             p.grad = torch.tensor(grads[n])
         topt.step()
+    ours = flat.views(p_flat)
     for n, p in tparams.items():
-        np.testing.assert_allclose(params[n], p.detach().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(ours[n], p.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
 def push_raw(address: str, layout: Layout, shard: int, version: int, arrays: dict[str, Any], sender: str = "w",

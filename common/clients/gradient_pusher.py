@@ -67,8 +67,11 @@ class GradientPusher:
         shard does not answer within the timeout."""
         layout = self.layout_for(grads)
         body = {"version": version, "num_shards": layout.num_shards, "layout": layout.fingerprint}
-        requests = {i: Message("push_gradients", dict(body), layout.slice(grads, i)) for i in range(len(self.shards))}
-        replies = self.shards.gather(requests, time.monotonic() + self.timeout_s)
+        # one push in flight: every earlier one is answered (or given up), so its own seq starts the window
+        seqs = {i: c.next_seq() for i, c in enumerate(self.shards.connections)}
+        requests = {i: Message("push_gradients", {**body, "window_start": seqs[i]}, layout.slice(grads, i))
+                    for i in range(len(self.shards))}
+        replies = self.shards.gather(requests, time.monotonic() + self.timeout_s, seqs)
         out = PushOutcome()
         for i, r in sorted(replies.items()):
             if r.type == "error":

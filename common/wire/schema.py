@@ -145,6 +145,8 @@ _SPECS = [
         "version": _f("int", "weights version the gradients were computed on", True, VERSION_RANGE),
         "num_shards": _f("int", "shards the model is split across"),
         "layout": _f("str", "fingerprint of the partition the weights came with"),
+        "window_start": _f("int", "lowest seq the sender has not seen answered; older pushes are never resent",
+                           False, SEQ_RANGE),
     }, open_arrays=True),
     MessageSpec("gradients_ack", "A push is applied (or was a duplicate of an applied one).", {
         "ref_seq": _f("int", "seq of the push"),

@@ -20,6 +20,7 @@ duplicate.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -33,77 +34,92 @@ from common.tensor_shards import Layout
 from common.wire.codec import Message
 from common.wire.dedup import Dedup
 
+log = logging.getLogger(__name__)
+
+
+class FlatSlice:
+    """A shard's tensors as views of one flat float32 buffer (sorted by name): the optimizer then
+    takes a handful of numpy passes over one array per push, whatever the number of tensors."""
+
+    def __init__(self, arrays: Mapping[str, Any]) -> None:
+        self.names = sorted(arrays)
+        self.shapes = [tuple(np.shape(arrays[n])) for n in self.names]
+        sizes = [int(np.prod(shape, dtype=np.int64)) for shape in self.shapes]
+        self.offsets = np.cumsum([0, *sizes]).tolist()
+        self.size = int(self.offsets[-1])
+
+    def views(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        return {n: flat[self.offsets[i]:self.offsets[i + 1]].reshape(self.shapes[i]) for i, n in enumerate(self.names)}
+
+    def pack(self, arrays: Mapping[str, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        out = np.empty(self.size, np.float32) if out is None else out
+        for i, n in enumerate(self.names):
+            out[self.offsets[i]:self.offsets[i + 1]] = np.ravel(arrays[n])
+        return out
+
 
 class ShardOptimizer:
-    """torch's Adam / RMSprop / SGD update rules in place on named float32 arrays."""
+    """torch's Adam / RMSprop / SGD update rules, in place on one flat float32 array.
 
-    def __init__(self, cfg: GradientsConfig, params: Mapping[str, np.ndarray]) -> None:
+    Every pass writes into buffers kept between steps: a fresh temporary of a large slice
+    would cost its page faults on every push."""
+
+    SLOTS = {"adam": ("exp_avg", "exp_avg_sq"), "rmsprop": ("square_avg", "momentum_buffer"),
+             "sgd": ("momentum_buffer",)}
+
+    def __init__(self, cfg: GradientsConfig, size: int) -> None:
         self.cfg = cfg
         self.steps = 0
-        self.state: dict[str, dict[str, np.ndarray]] = {}
-        for name, p in params.items():
-            slots: dict[str, np.ndarray] = {}
-            if cfg.optimizer == "adam":
-                slots = {"exp_avg": np.zeros_like(p), "exp_avg_sq": np.zeros_like(p)}
-            elif cfg.optimizer == "rmsprop":
-                slots = {"square_avg": np.zeros_like(p)}
-                if cfg.momentum:
-                    slots["momentum_buffer"] = np.zeros_like(p)
-            elif cfg.momentum:
-                slots = {"momentum_buffer": np.zeros_like(p)}
-            self.state[name] = slots
+        slots = [s for s in self.SLOTS[cfg.optimizer] if s != "momentum_buffer" or cfg.momentum]
+        self.state = {slot: np.zeros(size, np.float32) for slot in slots}
+        self._tmp = np.empty(size, np.float32)
+        self._denom = np.empty(size, np.float32) if cfg.optimizer != "sgd" else self._tmp
 
-    def step(self, params: dict[str, np.ndarray], grads: Mapping[str, np.ndarray]) -> None:
-        c = self.cfg
+    def step(self, p: np.ndarray, g: np.ndarray) -> None:
+        c, s, tmp, denom = self.cfg, self.state, self._tmp, self._denom
         self.steps += 1
-        for name, p in params.items():
-            g = grads[name]
-            s = self.state[name]
-            if c.optimizer == "adam":
-                b1, b2 = c.betas
-                m, v = s["exp_avg"], s["exp_avg_sq"]
-                m *= b1
-                m += (1 - b1) * g
-                v *= b2
-                v += (1 - b2) * np.square(g)
-                bias1 = 1 - b1 ** self.steps
-                bias2 = 1 - b2 ** self.steps
-                denom = np.sqrt(v) / np.float32(np.sqrt(bias2))
-                denom += np.float32(c.eps)
-                p -= np.float32(c.lr / bias1) * (m / denom)
-            elif c.optimizer == "rmsprop":
-                sq = s["square_avg"]
-                sq *= c.alpha
-                sq += (1 - c.alpha) * np.square(g)
-                denom = np.sqrt(sq)
-                denom += np.float32(c.eps)
-                if c.momentum:
-                    buf = s["momentum_buffer"]
-                    buf *= c.momentum
-                    buf += g / denom
-                    p -= np.float32(c.lr) * buf
-                else:
-                    p -= np.float32(c.lr) * (g / denom)
+        if c.optimizer == "adam":
+            b1, b2 = c.betas
+            m, v = s["exp_avg"], s["exp_avg_sq"]
+            m *= b1
+            np.multiply(g, 1 - b1, out=tmp)
+            m += tmp
+            v *= b2
+            np.multiply(g, g, out=tmp)
+            tmp *= 1 - b2
+            v += tmp
+            np.sqrt(v, out=denom)
+            denom /= np.float32(np.sqrt(1 - b2 ** self.steps))
+            denom += np.float32(c.eps)
+            np.divide(m, denom, out=tmp)
+            tmp *= np.float32(c.lr / (1 - b1 ** self.steps))
+        elif c.optimizer == "rmsprop":
+            sq = s["square_avg"]
+            sq *= c.alpha
+            np.multiply(g, g, out=tmp)
+            tmp *= 1 - c.alpha
+            sq += tmp
+            np.sqrt(sq, out=denom)
+            denom += np.float32(c.eps)
+            np.divide(g, denom, out=tmp)
+            if c.momentum:
+                buf = s["momentum_buffer"]
+                buf *= c.momentum
+                buf += tmp
+                np.multiply(buf, np.float32(c.lr), out=tmp)
             else:
-                if c.momentum:
-                    buf = s["momentum_buffer"]
-                    if self.steps == 1:
-                        buf[...] = g  # torch: the first step's buffer is the gradient itself
-                    else:
-                        buf *= c.momentum
-                        buf += g
-                    g = buf
-                p -= np.float32(c.lr) * g
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The state as flat named arrays (for a checkpoint): ``<slot>/<tensor>``."""
-        return {f"{slot}/{name}": a for name, slots in self.state.items() for slot, a in slots.items()}
-
-    def load_arrays(self, arrays: Mapping[str, np.ndarray], steps: int) -> None:
-        for name, slots in self.state.items():
-            for slot, a in slots.items():
-                a[...] = arrays[f"{slot}/{name}"]
-        self.steps = steps
+                tmp *= np.float32(c.lr)
+        else:
+            if c.momentum:
+                buf = s["momentum_buffer"]
+                if self.steps == 1:
+                    buf[...] = g  # torch: the first step's buffer is the gradient itself
+                else:
+                    buf *= c.momentum
+                    buf += g
+                g = buf
+            np.multiply(g, np.float32(c.lr), out=tmp)
+        p -= tmp
 
 
 @dataclass
@@ -140,9 +156,6 @@ def check_push(
         if g.dtype != np.float32 or tuple(g.shape) != shape:
             raise Refusal("bad_gradients", f"gradient {name!r} is {g.dtype}{list(g.shape)}; allowed:"
                           f" float32{list(shape)} (the weights' dtype is {dtype})")
-        if not np.isfinite(g).all():
-            bad = int(np.count_nonzero(~np.isfinite(g)))
-            raise Refusal("bad_gradients", f"gradient {name!r} has {bad} NaN or Inf values; nothing applied")
     staleness = newest - version
     if staleness > max_staleness:
         raise Refusal("stale_gradients", f"gradients computed on version {version}, {staleness} versions behind"
@@ -152,12 +165,14 @@ def check_push(
 
 
 class SliceTrainer:
-    """The shard's own copy of its slice and the optimizer stepping it."""
+    """The shard's own copy of its slice (one flat buffer) and the optimizer stepping it."""
 
     def __init__(self, cfg: GradientsConfig) -> None:
         self.cfg = cfg
         self.version = -1  # the version ``params`` holds
-        self.params: dict[str, np.ndarray] = {}
+        self.flat: FlatSlice | None = None
+        self.params = np.empty(0, np.float32)
+        self.grads = np.empty(0, np.float32)
         self.optimizer: ShardOptimizer | None = None
 
     def follow(self, version: int, arrays: Mapping[str, np.ndarray]) -> None:
@@ -165,33 +180,44 @@ class SliceTrainer:
         when the tensors are the same."""
         if self.version == version:
             return
-        params = {n: np.array(a, dtype=np.float32, copy=True) for n, a in arrays.items()}
-        if self.optimizer is None or set(params) != set(self.params):
-            self.optimizer = ShardOptimizer(self.cfg, params)
-        self.params = params
+        if self.flat is None or self.flat.names != sorted(arrays) or self.flat.shapes != [
+                tuple(np.shape(arrays[n])) for n in self.flat.names]:
+            self.flat = FlatSlice(arrays)
+            self.optimizer = ShardOptimizer(self.cfg, self.flat.size)
+            self.grads = np.empty(self.flat.size, np.float32)
+        self.params = self.flat.pack(arrays)
         self.version = version
 
     def apply(self, grads: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Step once; the new slice (copies: the shard keeps them as a read-only version)."""
-        assert self.optimizer is not None
-        self.optimizer.step(self.params, grads)
+        """Step once; the new slice as read-only views of one copy (the shard keeps it as a version).
+        Raises Refusal, with nothing changed, if a gradient holds a NaN or an Inf."""
+        assert self.optimizer is not None and self.flat is not None
+        g = self.flat.pack(grads, self.grads)
+        if not np.isfinite(g.sum(dtype=np.float64)):  # one pass; finite float32s cannot sum to inf in float64
+            name = next(n for n in self.flat.names if not np.isfinite(grads[n]).all())
+            bad = int(np.count_nonzero(~np.isfinite(grads[name])))
+            raise Refusal("bad_gradients", f"gradient {name!r} has {bad} NaN or Inf values; nothing applied")
+        self.optimizer.step(self.params, g)
         self.version += 1
-        out = {n: p.copy() for n, p in self.params.items()}
-        for a in out.values():
-            a.flags.writeable = False
-        return out
+        out = self.params.copy()
+        out.flags.writeable = False
+        return self.flat.views(out)
 
     def state(self) -> dict[str, Any]:
-        assert self.optimizer is not None
-        return {"version": self.version, "steps": self.optimizer.steps, "params": self.params,
-                "optimizer": self.optimizer.arrays()}
+        assert self.optimizer is not None and self.flat is not None
+        opt = {f"{slot}/{n}": v for slot, a in self.optimizer.state.items() for n, v in self.flat.views(a).items()}
+        return {"version": self.version, "steps": self.optimizer.steps, "params": self.flat.views(self.params),
+                "optimizer": opt}
 
     def load(self, version: int, steps: int, params: Mapping[str, np.ndarray],
              optimizer: Mapping[str, np.ndarray]) -> None:
-        self.params = {n: np.array(a, dtype=np.float32, copy=True) for n, a in params.items()}
-        self.optimizer = ShardOptimizer(self.cfg, self.params)
-        self.optimizer.load_arrays(optimizer, steps)
-        self.version = version
+        self.version = -1
+        self.flat = None
+        self.follow(version, params)
+        assert self.optimizer is not None and self.flat is not None
+        for slot, a in self.optimizer.state.items():
+            self.flat.pack({n: optimizer[f"{slot}/{n}"] for n in self.flat.names}, a)
+        self.optimizer.steps = steps
 
 
 class GradientApplier:
@@ -203,13 +229,15 @@ class GradientApplier:
     with the same moments and still answers a resend as a duplicate.
     """
 
-    def __init__(self, cfg: GradientsConfig, path: str | None, shard: int) -> None:
+    def __init__(self, cfg: GradientsConfig, path: str | None, shard: int, experiment: str = "") -> None:
         self.cfg = cfg
         self.path = path
+        self.experiment = experiment  # a checkpoint of another experiment (same run_dir) is not restored
         self.shard = shard
         self.trainer = SliceTrainer(cfg)
         self.dedup = Dedup(10_000, service=f"paramserver shard {shard}", what="push")
         self.dirty = False  # applied since the last checkpoint
+        self._specs: tuple[Layout, list[tuple[str, str, tuple[int, ...]]]] | None = None  # this shard's tensors
         self.next_checkpoint = time.monotonic() + cfg.checkpoint_every_s
 
     def push(self, msg: Message, layout: Layout, versions: list[int],
@@ -225,11 +253,13 @@ class GradientApplier:
         if self.dedup.seen(sender, seq):
             return {"version": versions[0] if versions else -1, "applied": False, "duplicate": True,
                     "staleness": 0}, None
-        staleness = check_push(layout.shard_specs(self.shard), msg.arrays, version, versions, self.cfg.max_staleness)
+        if self._specs is None or self._specs[0] is not layout:
+            self._specs = (layout, layout.shard_specs(self.shard))
+        staleness = check_push(self._specs[1], msg.arrays, version, versions, self.cfg.max_staleness)
         assert newest is not None
         self.trainer.follow(versions[0], newest)
         new = self.trainer.apply(msg.arrays)
-        self.dedup.add(sender, seq)
+        self.dedup.add(sender, seq, msg.get("window_start"))
         self.dirty = True
         return {"version": self.trainer.version, "applied": True, "duplicate": False, "staleness": staleness}, new
 
@@ -242,7 +272,8 @@ class GradientApplier:
         if not self.dirty or self.path is None:
             return
         state = self.trainer.state()
-        meta = {"version": state["version"], "steps": state["steps"], "num_shards": layout.num_shards,
+        meta = {"experiment": self.experiment, "version": state["version"], "steps": state["steps"],
+                "num_shards": layout.num_shards,
                 "tensors": layout.to_wire(), "dedup": self.dedup.state()}
         arrays = {f"param/{n}": a for n, a in state["params"].items()}
         arrays.update({f"opt/{n}": a for n, a in state["optimizer"].items()})
@@ -267,6 +298,11 @@ class GradientApplier:
             with np.load(self.path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
             meta = json.loads(arrays.pop("meta").tobytes())
+            if meta.get("experiment", "") != self.experiment:
+                log.warning("paramserver shard %d: %s is a checkpoint of experiment %r, not %r: not restored"
+                            " (it is overwritten once this one applies gradients)", self.shard, self.path,
+                            meta.get("experiment"), self.experiment)
+                return None
             if meta["num_shards"] != num_shards:
                 raise ValueError(f"it was written for {meta['num_shards']} shards; paramserver.shards is {num_shards}")
             layout = Layout.from_wire(meta["tensors"], num_shards)
@@ -279,5 +315,6 @@ class GradientApplier:
             self.dedup.restore(meta["dedup"])
         except (OSError, KeyError, ValueError, json.JSONDecodeError) as exc:
             raise ValueError(f"paramserver checkpoint {self.path} cannot be read: {exc}") from None
-        out = {n: p.copy() for n, p in self.trainer.params.items()}
+        assert self.trainer.flat is not None
+        out = self.trainer.flat.views(self.trainer.params.copy())
         return layout, self.trainer.version, out

@@ -50,6 +50,7 @@ class ParamServerService:
             limits=cfg.limits,
             gradients=cfg.paramserver.gradients,
             checkpoint=checkpoint_path(cfg, args.shard),
+            experiment=cfg.name,
         )
 
     @property

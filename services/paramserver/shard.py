@@ -72,6 +72,7 @@ class ShardServer(ShmVersions, CoordinatingServer):
         shm_dir: str = shmlib.SHM_DIR,
         gradients: GradientsConfig | None = None,
         checkpoint: str | None = None,
+        experiment: str = "",
         **kw: Any,
     ) -> None:
         super().__init__(metrics, bind, **kw)
@@ -107,7 +108,7 @@ class ShardServer(ShmVersions, CoordinatingServer):
         for reason in ("stale_gradients", "bad_gradients"):
             self.m_refused.labels(reason)  # exported at 0 from the start
         # gradient pushes (workers): applied by this shard's optimizer, checkpointed to ``checkpoint``
-        self.gradients = GradientApplier(gradients or GradientsConfig(), checkpoint, shard)
+        self.gradients = GradientApplier(gradients or GradientsConfig(), checkpoint, shard, experiment)
         restored = self.gradients.load(num_shards)
         if restored is not None:
             self.layout, version, arrays = restored
