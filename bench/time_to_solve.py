@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.time_to_solve --env LunarLander-v3
     .venv/bin/python -m bench.time_to_solve --algo ppo --env LunarLander-v3 [--sync barrier|async]
     .venv/bin/python -m bench.time_to_solve --algo sac --env Pendulum-v1 [--sync async|barrier]
+    .venv/bin/python -m bench.time_to_solve --algo a3c --env CartPole-v1 [--workers 1,2,4]
 
 Both sides are evaluated the same way: the mean return of 10 deterministic
 (greedy, or mean-action) episodes every EVAL_EVERY env steps; the first
@@ -32,6 +33,11 @@ took to spend its budget (a lower bound of its time to solve).
 ``env_steps_per_s`` on both sides: env steps / wall seconds of a run, start-up
 and evaluations included.
 
+--algo a3c: configs/cartpole-a3c.yaml with 1, 2 and 4 gradient workers (--workers) against SB3 A2C
+with the zoo's settings (bench/sb3_a2c.py), evaluations every 5,000 env steps, budget the zoo's 500k
+on both sides. ``ratio`` = 4 workers / SB3 median wall seconds over solved runs, ``speedup_4`` = 1
+worker / 4 workers.
+
 --algo sac: configs/pendulum-sac.yaml (or lunarlandercontinuous-sac.yaml), async by default,
 against SB3 SAC with the zoo's settings (bench/sb3_sac.py), evaluations every 1,000 (Pendulum,
 target -200) or 10,000 (LunarLanderContinuous, target 200) env steps, budgets the zoo's
@@ -59,6 +65,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from bench.sb3_a2c import A2C_BUDGET, A2C_EVAL_EVERY, run_sb3_a2c
 from bench.sb3_peers import (
     DQN_EVAL_EVERY,
     EVAL_EPISODES,
@@ -78,6 +85,7 @@ CONFIGS = {
     ("ppo", "CartPole-v1"): "configs/cartpole-ppo.yaml", ("ppo", "LunarLander-v3"): "configs/lunarlander-ppo.yaml",
     ("sac", "Pendulum-v1"): "configs/pendulum-sac.yaml",
     ("sac", "LunarLanderContinuous-v3"): "configs/lunarlandercontinuous-sac.yaml",
+    ("a3c", "CartPole-v1"): "configs/cartpole-a3c.yaml",
 }
 # algo -> (env-step budgets, evaluation intervals, the SB3 peer) of the side-by-side runs with medians over solved
 PAIRED: dict[str, tuple[dict[str, int], dict[str, int], Callable[[str, int, int], dict[str, Any]]]] = {
@@ -264,9 +272,48 @@ def paired_main(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+def a3c_main(args: argparse.Namespace) -> None:
+    """A3C with 1, 2 and 4 gradient workers against SB3 A2C: the same seeds, alternating runs."""
+    if (args.algo, args.env) not in CONFIGS:
+        raise SystemExit(f"--algo a3c runs on {', '.join(e for a, e in CONFIGS if a == 'a3c')}")
+    budget = int(A2C_BUDGET[args.env] * args.budget_factor)
+    extra = [x for s in args.sets for x in ("--set", s)]
+    workers = [int(w) for w in args.workers.split(",")]
+    ours: dict[int, list[dict[str, Any]]] = {w: [] for w in workers}
+    theirs: list[dict[str, Any]] = []
+    for seed in range(args.seeds):
+        for w in workers:
+            ours[w].append(run_rlfleet(args.env, seed, w, budget, extra, "a3c", A2C_EVAL_EVERY[args.env]))
+            print(f"rlfleet workers={w}", json.dumps(ours[w][-1]), flush=True)
+        if not args.no_sb3:
+            theirs.append(run_sb3_a2c(args.env, seed, budget))
+            theirs[-1]["steps_per_wall_s"] = theirs[-1]["env_steps_per_s"]
+            print("sb3", json.dumps(theirs[-1]), flush=True)
+
+    def solved_median(runs: list[dict[str, Any]]) -> float | None:
+        solved = [r for r in runs if r["solved"]]
+        return median(solved, "wall_s") if solved else None
+
+    most = max(workers)
+    ours_most, peer = solved_median(ours[most]), solved_median(theirs)
+    one = solved_median(ours[min(workers)])
+    result: dict[str, Any] = {
+        "algo": "a3c", "env": args.env, "target": TARGETS[args.env], "budget_env_steps": budget,
+        "eval_every": A2C_EVAL_EVERY[args.env], "workers": workers,
+        # the goal's figures: the most workers against SB3 A2C, and against 1 worker (medians of solved runs)
+        "ratio": round(ours_most / peer, 3) if ours_most and peer else None,
+        f"speedup_{most}": round(one / ours_most, 3) if one and ours_most else None,
+        "ratio_counts": sum(r["solved"] for r in ours[most]) >= sum(r["solved"] for r in theirs) if theirs else None,
+        "solved": {f"rlfleet_{w}": f"{sum(r['solved'] for r in ours[w])}/{len(ours[w])}" for w in workers}
+        | ({"sb3": f"{sum(r['solved'] for r in theirs)}/{len(theirs)}"} if theirs else {}),
+        "rlfleet": {w: side(ours[w]) for w in workers}, "sb3": side(theirs) if theirs else None,
+    }
+    print(json.dumps(result))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--algo", choices=["dqn", "ppo", "sac"], default="dqn")
+    ap.add_argument("--algo", choices=["dqn", "ppo", "sac", "a3c"], default="dqn")
     ap.add_argument("--env", choices=sorted(TARGETS), default="CartPole-v1")
     ap.add_argument("--sync", choices=["barrier", "async"], default=None,
                     help="rlfleet's training protocol (default: the config's; ppo: barrier)")
@@ -276,10 +323,13 @@ def main() -> None:
                     help="the env-step budget as a multiple of the default (dqn: the zoo's, rlfleet only; "
                          "ppo: 200k CartPole, 1.5M LunarLander, both sides)")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="extra rlfleet --set overrides")
-    ap.add_argument("--no-sb3", action="store_true", help="ppo, sac: rlfleet only (no peer, no ratio)")
+    ap.add_argument("--no-sb3", action="store_true", help="ppo, sac, a3c: rlfleet only (no peer, no ratio)")
+    ap.add_argument("--workers", default="1,2,4", help="a3c: gradient worker counts to run (each on every seed)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    if args.algo in PAIRED:
+    if args.algo == "a3c":
+        a3c_main(args)
+    elif args.algo in PAIRED:
         paired_main(args)
     else:
         dqn_main(args)

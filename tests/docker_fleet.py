@@ -51,6 +51,7 @@ PPO_ENV = {
 # SAC (async, Pendulum): the experiment file as shipped, short evaluations.
 SAC_CONFIG = "./configs/pendulum-sac.yaml"
 SAC_ENV = PPO_ENV
+A3C_CONFIG = "./configs/cartpole-a3c.yaml"
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))  # what RLFLEET_CONFIG may name
 

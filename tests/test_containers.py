@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.docker_fleet import (
+    A3C_CONFIG,
     CONFIGS,
     PPO_CONFIG,
     PPO_ENV,
@@ -308,3 +309,29 @@ def test_compose_and_swarm_run_sac(docker_client: Any, tmp_path: Path) -> None:
         check_evaluates(proj)
     with swarm_stack(docker_client, tmp_path, SAC_ENV, 2, SAC_CONFIG) as stack:
         check_fleet_trains(stack, 2)
+
+
+def check_workers_push(fleet: ComposeProject | SwarmStack, actors: int) -> None:
+    """A3C: every actor is a gradient worker whose pushes the paramserver applies; the learner idles."""
+    ps = wait_for(lambda: fleet.one("paramserver"), bool, STARTUP_S, "a running paramserver")
+    wait_for(lambda: live_actors(ps), lambda n: n == actors, STARTUP_S, f"{actors} live workers at the paramserver")
+    first = wait_for(lambda: metrics(ps).get("rlfleet_paramserver_gradients_applied_total", 0), lambda n: n > 0,
+                     STARTUP_S, "the paramserver applies gradient pushes")
+    wait_for(lambda: [metrics(c).get("rlfleet_worker_pushes_total", 0) for c in fleet.containers("actor")],
+             lambda pushes: len(pushes) == actors and all(p > 0 for p in pushes), STARTUP_S, "every worker pushes")
+    m = wait_for(lambda: metrics(ps), lambda m: m.get("rlfleet_paramserver_gradients_applied_total", 0) > first + 100,
+                 STARTUP_S, "100 more pushes applied")
+    assert m.get("rlfleet_paramserver_version", -1) > first
+    learner = fleet.one("learner")
+    assert learner is not None and "no learner needed" in learner.logs().decode(errors="replace")
+
+
+@pytest.mark.container
+def test_compose_and_swarm_run_a3c(docker_client: Any, tmp_path: Path) -> None:
+    """RLFLEET_CONFIG=./configs/cartpole-a3c.yaml: the actors push gradients to the paramserver's shard
+    optimizer and the evaluator scores what it publishes, in compose and then in a Swarm stack."""
+    with compose_project(docker_client, tmp_path, PPO_ENV, A3C_CONFIG) as proj:
+        check_workers_push(proj, 2)
+        check_evaluates(proj)
+    with swarm_stack(docker_client, tmp_path, PPO_ENV, 2, A3C_CONFIG) as stack:
+        check_workers_push(stack, 2)

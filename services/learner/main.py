@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from common import algorithms
@@ -14,19 +15,21 @@ log = logging.getLogger("rlfleet.learner")
 
 
 class NoLearner:
-    """The learner of an algorithm that trains through gradient workers: says so and exits 0 (a compose
-    file or stack that starts a learner anyway then does not restart it)."""
+    """The learner of an algorithm that trains through gradient workers: says so, then idles until
+    stopped (compose and the Swarm stack start a learner whatever the algorithm, and restart one that
+    exits; ``rlfleet up`` starts none)."""
 
     def __init__(self, cfg: Experiment) -> None:
         self.metrics = ServiceMetrics("learner", 0)
+        self._stop = threading.Event()
         log.info("algorithm %s trains through gradient workers (the actors) and the paramserver's shard"
-                 " optimizers: no learner needed, exiting", cfg.algorithm.name)
+                 " optimizers: no learner needed; idle until stopped", cfg.algorithm.name)
 
     def run(self) -> None:
-        pass
+        self._stop.wait()
 
     def stop(self) -> None:
-        pass
+        self._stop.set()
 
     def health(self) -> dict[str, Any]:
         return {"ok": True, "learner": "not needed"}
