@@ -75,8 +75,9 @@ def test_the_value_target_is_the_n_step_return() -> None:
 
 
 def test_refused_before_anything_starts(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="sync=barrier with algorithm a3c"):
-        load(str(CONFIGS / "cartpole-a3c.yaml"), ["sync=barrier"])
+    with pytest.raises(ValueError, match="paramserver.shards=2 with sync=barrier and algorithm a3c"):
+        load(str(CONFIGS / "cartpole-a2c.yaml"), ["paramserver.shards=2",
+                                                  'network.paramserver=["tcp://a:5560", "tcp://b:5560"]'])
     with pytest.raises(EnvMismatch, match="allowed: Discrete"):
         algorithms.get("a3c").check_env(A3CConfig(), OBS, gym.spaces.Box(-1, 1, (2,)), "Pendulum-v1")
     with pytest.raises(ValueError, match="max_staleness"):
@@ -120,3 +121,16 @@ def test_a3c_solves_cartpole_with_workers_killed_and_restarted(tmp_path: Path) -
     progress = read_csv(run_dir / "progress.csv")
     # the progress line's updates are shard 0's applied pushes, each a version
     assert int(progress[-1]["updates"]) > 100 and int(progress[-1]["weights_version"]) > 100
+
+
+@pytest.mark.e2e
+def test_synchronous_a2c_solves_cartpole(tmp_path: Path) -> None:
+    """Barrier rounds: the shard applies the mean of both workers' pushes once a round (measured:
+    186k env steps, 41 s)."""
+    proc = rlfleet("up", "--config", str(CONFIGS / "cartpole-a2c.yaml"), "--actors", "2", "--until-return", "475",
+                   "--max-env-steps", "600000", "--max-seconds", "400", "--runs", str(tmp_path))
+    assert proc.returncode == 0 and "target reached" in proc.stdout, proc.stdout[-3000:]
+    progress = read_csv(only_run_dir(tmp_path) / "progress.csv")
+    # two pushes a round, one version
+    last = progress[-1]
+    assert int(last["updates"]) >= 2 * int(last["weights_version"]) - 4

@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from common.clients.gradient_pusher import GradientPusher
+from common.clients.registry import RegistryClient
 from common.clients.weights_publisher import WeightsPublisher
 from common.clients.weights_reader import WeightsReader
 from common.config.sections import GradientsConfig
 from common.tensor_shards import Layout
 from common.wire.codec import Message
 from common.wire.connection import Connection
+from common.wire.errors import CommTimeout
 from services.paramserver.gradients import FlatSlice, ShardOptimizer
 from tests.paramserver_procs import ShardProcesses
 
@@ -171,3 +173,56 @@ def test_a_restarted_shard_goes_on_from_its_checkpoint(shards: ShardProcesses, t
     np.testing.assert_allclose(v[1]["w"], w0["w"] - 2.0, rtol=1e-6)
     pusher.close()
     reader.close()
+
+
+def test_a_barrier_round_applies_the_mean_once_every_live_worker_pushed(tmp_path: Path) -> None:
+    sets = [f"run_dir={tmp_path}", "paramserver.gradients.optimizer=sgd", "paramserver.gradients.lr=1.0",
+            "paramserver.liveness_timeout_s=2.0"]
+    with ShardProcesses(1, extra_sets=sets) as shards:
+        addr = shards.addresses
+        w0 = model()
+        WeightsPublisher(addr).publish(0, w0)
+        workers = {name: RegistryClient(addr[0], name, "actor") for name in ("worker-0", "worker-1", "worker-2")}
+        for reg in workers.values():
+            reg.hello(timeout_s=5.0)
+        pushers = {name: GradientPusher(addr, f"{name}/tok", timeout_s=0.5) for name in workers}
+        grads = {name: {n: np.full_like(a, i + 1) for n, a in w0.items()} for i, name in enumerate(workers)}
+        # two of three pushed: the round waits (the pushes are held, unanswered)
+        for name in ("worker-0", "worker-1"):
+            with pytest.raises(CommTimeout):
+                pushers[name].push(0, grads[name], barrier=True)
+        for reg in workers.values():
+            reg.heartbeat(0, timeout_s=2.0)
+        # the third push completes it: every held push is answered, the mean (2.0) applied once
+        out = pushers["worker-2"].push(0, grads["worker-2"], barrier=True)
+        assert out.complete and out.version == 1
+        for name in ("worker-0", "worker-1"):  # their pushes again (same seqs): the late ack, or a duplicate's
+            again = pushers[name].push(0, grads[name], barrier=True, again=True)
+            assert again.applied + again.duplicates == 1 and again.version == 1
+        reader = WeightsReader(addr, "reader")
+        version, weights = reader.get(-1)
+        assert version == 1
+        np.testing.assert_allclose(weights["w"], w0["w"] - 2.0, rtol=1e-6)
+        # a push for the round that is over is stale
+        late = pushers["worker-0"].push(0, grads["worker-0"], barrier=True)
+        assert {r for r, _ in late.refused.values()} == {"stale_gradients"}
+        # a worker that stops heartbeating leaves the registry: the round completes without it
+        with pytest.raises(CommTimeout):
+            pushers["worker-0"].push(1, grads["worker-0"], barrier=True)
+        deadline, again = time.monotonic() + 10, False
+        while True:  # as a worker waits for its round: heartbeats, and the same push again
+            for name in ("worker-0", "worker-1"):
+                workers[name].heartbeat(1, timeout_s=2.0)
+            try:
+                out = pushers["worker-1"].push(1, grads["worker-1"], barrier=True, again=again)
+                break
+            except CommTimeout:
+                again = True
+                assert time.monotonic() < deadline, "the round never completed without worker-2"
+        assert out.version == 2
+        np.testing.assert_allclose(reader.get(-1)[1]["w"], w0["w"] - 2.0 - 1.5, rtol=1e-6)
+        for p in pushers.values():
+            p.close()
+        for reg in workers.values():
+            reg.close()
+        reader.close()

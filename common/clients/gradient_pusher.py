@@ -55,6 +55,7 @@ class GradientPusher:
         self.shards = ParamserverShards(addresses, sender, curve, ctx)
         self.timeout_s = timeout_s
         self._layout: Layout | None = None
+        self._unanswered: dict[int, int] | None = None  # seqs of the last push, while it is not answered
 
     def layout_for(self, grads: Mapping[str, np.ndarray]) -> Layout:
         layout = self._layout
@@ -62,16 +63,25 @@ class GradientPusher:
             layout = self._layout = Layout.of(grads, len(self.shards))
         return layout
 
-    def push(self, version: int, grads: Mapping[str, np.ndarray]) -> PushOutcome:
+    def push(self, version: int, grads: Mapping[str, np.ndarray], *, barrier: bool = False,
+             timeout_s: float | None = None, again: bool = False) -> PushOutcome:
         """Send every shard its slice of ``grads`` (float32, named like the weights); CommTimeout if a
-        shard does not answer within the timeout."""
+        shard does not answer within the timeout (the pusher's, or ``timeout_s``).
+
+        ``barrier``: part of a synchronous round, answered once every live worker pushed. ``again``: the
+        same push as the last call that timed out, sent again with its seqs (the shard holds it once)."""
         layout = self.layout_for(grads)
-        body = {"version": version, "num_shards": layout.num_shards, "layout": layout.fingerprint}
+        body: dict[str, Any] = {"version": version, "num_shards": layout.num_shards, "layout": layout.fingerprint}
+        if barrier:
+            body["barrier"] = True
         # one push in flight: every earlier one is answered (or given up), so its own seq starts the window
-        seqs = {i: c.next_seq() for i, c in enumerate(self.shards.connections)}
+        seqs = self._unanswered if again and self._unanswered else {
+            i: c.next_seq() for i, c in enumerate(self.shards.connections)}
+        self._unanswered = seqs
         requests = {i: Message("push_gradients", {**body, "window_start": seqs[i]}, layout.slice(grads, i))
                     for i in range(len(self.shards))}
-        replies = self.shards.gather(requests, time.monotonic() + self.timeout_s, seqs)
+        replies = self.shards.gather(requests, time.monotonic() + (timeout_s or self.timeout_s), seqs)
+        self._unanswered = None
         out = PushOutcome()
         for i, r in sorted(replies.items()):
             if r.type == "error":

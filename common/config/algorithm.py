@@ -43,3 +43,8 @@ def algorithm_class(name: str) -> Any:
 def default_algorithm() -> Any:
     """The algorithm section when the file has none: DQN with its defaults."""
     return get("dqn").config()
+
+
+def algorithm_uses_workers(name: str) -> bool:
+    """True when algorithm ``name`` trains through gradient workers (no replay, no learner)."""
+    return get(name).uses_workers

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from common.config.algorithm import AlgorithmConfig, default_algorithm
+from common.config.algorithm import AlgorithmConfig, algorithm_uses_workers, default_algorithm
 from common.config.sections import (
     ActorConfig,
     EnvConfig,
@@ -75,6 +75,10 @@ class Experiment(Strict):
                 f"replay.tables[{table.name}].kind={table.kind!r} with algorithm {self.algorithm.name};"
                 f" allowed: {', '.join(allowed)}"
             )
+        if self.sync == "barrier" and self.paramserver.shards > 1 and algorithm_uses_workers(self.algorithm.name):
+            problems.append(f"paramserver.shards={self.paramserver.shards} with sync=barrier and algorithm "
+                            f"{self.algorithm.name}: a synchronous gradient round is counted by the one shard that"
+                            " holds the registry; allowed: paramserver.shards=1, or sync=async")
         if self.learners > 1:
             if self.sync == "barrier":
                 problems.append(f"learners={self.learners} with sync=barrier: several learners train in async "

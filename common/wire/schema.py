@@ -147,6 +147,7 @@ _SPECS = [
         "layout": _f("str", "fingerprint of the partition the weights came with"),
         "window_start": _f("int", "lowest seq the sender has not seen answered; older pushes are never resent",
                            False, SEQ_RANGE),
+        "barrier": _f("bool", "true: part of a synchronous round, answered once every live worker pushed", False),
     }, open_arrays=True),
     MessageSpec("gradients_ack", "A push is applied (or was a duplicate of an applied one).", {
         "ref_seq": _f("int", "seq of the push"),

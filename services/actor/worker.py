@@ -8,6 +8,9 @@ the version its push made. A push refused as stale (the shards moved more than
 ``paramserver.gradients.max_staleness`` versions on meanwhile) is dropped and counted, and the
 worker pulls the newest weights; so is one the worker itself cannot compute (non-finite).
 
+Barrier (synchronous A2C): every push is part of its version's round; the shard answers once every
+live worker pushed for it and applies their mean, and the worker heartbeats while it waits.
+
 Start-up: the first worker finds no weights and publishes the model from the experiment seed
 as version 0 (every worker builds the same one; a shard that already holds a version refuses
 the publish with ``stale_version``, and the worker reads what is there).
@@ -26,7 +29,7 @@ import torch
 
 from common import algorithms
 from common.clients.fleet_links import FleetLinks
-from common.clients.gradient_pusher import RETRYABLE, GradientPusher
+from common.clients.gradient_pusher import RETRYABLE, GradientPusher, PushOutcome
 from common.clients.weights_publisher import WeightsPublisher
 from common.config import Experiment
 from common.envs import make_vector_env, probe_env
@@ -134,11 +137,7 @@ class WorkerService:
             self.m_pushes.labels("refused").inc()
             log.warning("worker %s: non-finite gradients (loss %s); not pushed", self.actor_id, figures.get("loss"))
             return
-        try:
-            out = self.pusher.push(self.version, grads)
-        except CommTimeout as exc:
-            log.warning("worker %s: push not answered (%s); pulling weights and going on", self.actor_id, exc)
-            out = None
+        out = self._push_round(grads) if self.cfg.sync == "barrier" else self._push(grads)
         if out is not None:
             if out.applied:
                 self.m_pushes.labels("applied").inc()
@@ -152,6 +151,25 @@ class WorkerService:
                     break
         self._pull()
         self.m_push_s.inc(time.monotonic() - pushed)
+
+    def _push(self, grads: dict[str, np.ndarray]) -> PushOutcome | None:
+        try:
+            return self.pusher.push(self.version, grads)
+        except CommTimeout as exc:
+            log.warning("worker %s: push not answered (%s); pulling weights and going on", self.actor_id, exc)
+            return None
+
+    def _push_round(self, grads: dict[str, np.ndarray]) -> PushOutcome | None:
+        """Barrier: push for the round and wait until every live worker has (heartbeating meanwhile)."""
+        again = False
+        while not self._stopping:
+            try:
+                return self.pusher.push(self.version, grads, barrier=True, timeout_s=self.cfg.actor.heartbeat_s,
+                                        again=again)
+            except CommTimeout:
+                again = True  # the shard holds it (or lost it with a restart): the same seqs again
+                self.links.heartbeat(self.version, self.env_steps)
+        return None
 
     # -- loop -------------------------------------------------------------------
     def run(self) -> None:

@@ -33,6 +33,8 @@ from common.config.sections import GradientsConfig
 from common.tensor_shards import Layout
 from common.wire.codec import Message
 from common.wire.dedup import Dedup
+from common.wire.server import Peer
+from services.paramserver.gradient_rounds import GradientRound, RoundPush
 
 log = logging.getLogger(__name__)
 
@@ -188,15 +190,25 @@ class SliceTrainer:
         self.params = self.flat.pack(arrays)
         self.version = version
 
-    def apply(self, grads: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Step once; the new slice as read-only views of one copy (the shard keeps it as a version).
-        Raises Refusal, with nothing changed, if a gradient holds a NaN or an Inf."""
-        assert self.optimizer is not None and self.flat is not None
-        g = self.flat.pack(grads, self.grads)
+    def gather(self, grads: Mapping[str, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """``grads`` as one flat array (into ``out``, or the trainer's buffer); raises Refusal if one holds
+        a NaN or an Inf."""
+        assert self.flat is not None
+        g = self.flat.pack(grads, self.grads if out is None else out)
         if not np.isfinite(g.sum(dtype=np.float64)):  # one pass; finite float32s cannot sum to inf in float64
             name = next(n for n in self.flat.names if not np.isfinite(grads[n]).all())
             bad = int(np.count_nonzero(~np.isfinite(grads[name])))
             raise Refusal("bad_gradients", f"gradient {name!r} has {bad} NaN or Inf values; nothing applied")
+        return g
+
+    def apply(self, grads: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Step once; the new slice as read-only views of one copy (the shard keeps it as a version).
+        Raises Refusal, with nothing changed, if a gradient holds a NaN or an Inf."""
+        return self.step(self.gather(grads))
+
+    def step(self, g: np.ndarray) -> dict[str, np.ndarray]:
+        """Step once with the flat gradient ``g``; the new slice, as :meth:`apply`."""
+        assert self.optimizer is not None and self.flat is not None
         self.optimizer.step(self.params, g)
         self.version += 1
         out = self.params.copy()
@@ -239,10 +251,13 @@ class GradientApplier:
         self.dirty = False  # applied since the last checkpoint
         self._specs: tuple[Layout, list[tuple[str, str, tuple[int, ...]]]] | None = None  # this shard's tensors
         self.next_checkpoint = time.monotonic() + cfg.checkpoint_every_s
+        self.round = GradientRound()  # barrier: the pushes of the round being collected
 
-    def push(self, msg: Message, layout: Layout, versions: list[int],
-             newest: Mapping[str, np.ndarray] | None) -> tuple[dict[str, Any], dict[str, np.ndarray] | None]:
-        """The ``gradients_ack`` body and, if the push was applied, the new slice; raises Refusal."""
+    def push(self, msg: Message, layout: Layout, versions: list[int], newest: Mapping[str, np.ndarray] | None,
+             peer: Peer | None = None) -> tuple[dict[str, Any] | None, dict[str, np.ndarray] | None]:
+        """The ``gradients_ack`` body and, if the push was applied, the new slice; raises Refusal.
+
+        A ``barrier`` push is held in the round (body None): :meth:`complete` answers it."""
         sender, seq, version = msg.sender, msg.seq, msg["version"]
         if not sender:
             raise Refusal("bad_gradients", "push_gradients needs a sender (the worker's id): a push is applied"
@@ -255,13 +270,35 @@ class GradientApplier:
                     "staleness": 0}, None
         if self._specs is None or self._specs[0] is not layout:
             self._specs = (layout, layout.shard_specs(self.shard))
-        staleness = check_push(self._specs[1], msg.arrays, version, versions, self.cfg.max_staleness)
+        barrier = bool(msg.get("barrier"))
+        staleness = check_push(self._specs[1], msg.arrays, version, versions, 0 if barrier else self.cfg.max_staleness)
         assert newest is not None
         self.trainer.follow(versions[0], newest)
+        if barrier:
+            assert peer is not None
+            held = self.round.pushes.get(sender)
+            grads = self.trainer.gather(msg.arrays, held.grads if held is not None else None)
+            self.round.add(version, sender, RoundPush(peer, seq, msg.get("window_start"),
+                                                      grads if held is not None else grads.copy()))
+            return None, None
         new = self.trainer.apply(msg.arrays)
         self.dedup.add(sender, seq, msg.get("window_start"))
         self.dirty = True
         return {"version": self.trainer.version, "applied": True, "duplicate": False, "staleness": staleness}, new
+
+    def complete(self, live_workers: int) -> tuple[list[tuple[Peer, dict[str, Any]]], dict[str, np.ndarray]] | None:
+        """If every live worker pushed for the round: apply their mean once; (the held pushes' peers and
+        acks, the new slice). None while the round waits."""
+        if not self.round.ready(live_workers):
+            return None
+        new = self.trainer.step(self.round.mean(self.trainer.grads))
+        self.dirty = True
+        acks = []
+        for sender, held in self.round.take():
+            self.dedup.add(sender, held.seq, held.window_start)
+            acks.append((held.peer, {"version": self.trainer.version, "applied": True, "duplicate": False,
+                                     "staleness": 0}))
+        return acks, new
 
     # -- checkpoints ----------------------------------------------------------
     def due(self, now: float) -> bool:

@@ -247,17 +247,39 @@ class ShardServer(ShmVersions, CoordinatingServer):
             if self.layout is None:
                 raise Refusal("no_weights", f"shard {self.shard} holds no weights yet: publish the initial"
                               " weights first, then push gradients computed on them")
-            ack, new = self.gradients.push(msg, self.layout, self.versions, self.held[0].arrays if self.held else None)
+            if msg.get("barrier") and (self.registry is None or self.num_shards > 1):
+                raise Refusal("bad_field", "barrier pushes (synchronous gradient rounds) need a single paramserver"
+                              f" shard, which counts the live workers; this paramserver has {self.num_shards}")
+            ack, new = self.gradients.push(msg, self.layout, self.versions, self.held[0].arrays if self.held else None,
+                                           peer)
         except Refusal as exc:
             self.m_refused.labels(exc.reason).inc()
             # a stale push is the expected cost of asynchrony, not a protocol error
             self.reply_error(peer, exc.reason, exc.detail, count=exc.reason != "stale_gradients")
+            return
+        if ack is None:  # held in the barrier round
+            self._complete_round()
             return
         if new is not None:
             self.m_pushes.inc()
             self.m_staleness.observe(ack["staleness"])
             self._keep(Held(ack["version"], new, self.layout.fingerprint))
         self.reply(peer, Message("gradients_ack", ack))
+
+    def _complete_round(self) -> None:
+        """Barrier: once every live worker pushed for the round, apply their mean and answer them all."""
+        if self.registry is None or self.layout is None or not self.gradients.round.pushes:
+            return
+        done = self.gradients.complete(self.registry.num_actors)
+        if done is None:
+            return
+        acks, new = done
+        self.m_pushes.inc(len(acks))
+        for _ in acks:
+            self.m_staleness.observe(0)
+        self._keep(Held(acks[0][1]["version"], new, self.layout.fingerprint))
+        for peer, body in acks:
+            self.reply(peer, Message("gradients_ack", body))
 
     def _send_weights(self, peer: Peer, held: Held, shm: bool = False) -> None:
         body: dict[str, Any] = {"version": held.version, "versions": self.versions, "layout": held.layout}
@@ -342,6 +364,7 @@ class ShardServer(ShmVersions, CoordinatingServer):
         if expired:
             self._waits_changed()
         self._tick_shm(now)
+        self._complete_round()  # the registry may have expired a worker the round waited for
         if self.gradients.due(now) and self.layout is not None:
             self._checkpoint()
         if self.registry is None:

@@ -34,8 +34,3 @@ class A3CConfig(AlgorithmSettings):
     hidden: list[PosInt] = Field(default_factory=lambda: [64, 64], description="shared torso MLP widths")
     activation: Literal["tanh", "relu"] = Field("tanh", description="MLP activation")
 
-    def check_fleet(self, sync: str, actors: int, num_envs: int, steps_per_round: int) -> list[str]:
-        if sync == "barrier":
-            return ["sync=barrier with algorithm a3c: synchronous A2C (a round's gradients averaged on the"
-                    " shards) is not built yet; allowed: sync=async (A3C: each push applied on arrival)"]
-        return []
