@@ -25,6 +25,8 @@ from common.wire.transport import CurveConfig
 
 #: reasons a shard refuses a push that say "try again with newer weights", not "this push is wrong"
 RETRYABLE = frozenset({"stale_gradients", "unknown_version", "no_weights"})
+#: a shard's slice up to this size is sent as one packed frame, larger ones a frame per tensor
+PACK_MAX_BYTES = 256 << 10
 
 
 @dataclass
@@ -80,7 +82,9 @@ class GradientPusher:
         self._unanswered = seqs
         requests = {i: Message("push_gradients", {**body, "window_start": seqs[i]}, layout.slice(grads, i))
                     for i in range(len(self.shards))}
-        replies = self.shards.gather(requests, time.monotonic() + (timeout_s or self.timeout_s), seqs)
+        # a small slice goes as one packed frame (a frame per tensor costs more than the copy)
+        packed = {i: layout.shard_nbytes(i) <= PACK_MAX_BYTES for i in requests}
+        replies = self.shards.gather(requests, time.monotonic() + (timeout_s or self.timeout_s), seqs, packed)
         self._unanswered = None
         out = PushOutcome()
         for i, r in sorted(replies.items()):

@@ -44,17 +44,18 @@ class ParamserverShards:
     def __len__(self) -> int:
         return len(self.connections)
 
-    def send(self, i: int, msg: Message, seq: int | None = None) -> int:
-        """Send ``msg`` to shard ``i`` (with ``seq``, or the connection's next); the seq its reply will
-        reference."""
+    def send(self, i: int, msg: Message, seq: int | None = None, packed: bool = False) -> int:
+        """Send ``msg`` to shard ``i`` (with ``seq``, or the connection's next; ``packed``: its arrays in
+        one frame); the seq its reply will reference."""
         self.connections[i].reconnected()  # reconnections before this request are no reason to send it twice
-        return self.connections[i].send(msg, seq)
+        return self.connections[i].send(msg, seq, packed=packed)
 
     def gather(self, requests: Mapping[int, Message], deadline: float,
-               seqs: Mapping[int, int] | None = None) -> dict[int, Message]:
-        """Send every request (with ``seqs``, if given), then collect one reply per shard (``error``
-        replies included)."""
-        seqs = {i: self.send(i, msg, None if seqs is None else seqs[i]) for i, msg in requests.items()}
+               seqs: Mapping[int, int] | None = None, packed: Mapping[int, bool] | None = None) -> dict[int, Message]:
+        """Send every request (with ``seqs``, and packed where ``packed`` says, if given), then collect one
+        reply per shard (``error`` replies included)."""
+        seqs = {i: self.send(i, msg, None if seqs is None else seqs[i], bool(packed and packed[i]))
+                for i, msg in requests.items()}
         return self.collect(seqs, requests, deadline)
 
     def collect(self, seqs: Mapping[int, int], requests: Mapping[int, Message], deadline: float) -> dict[int, Message]:

@@ -76,16 +76,17 @@ class Connection:
     def next_seq(self) -> int:
         return next(self._seq)
 
-    def send(self, msg: Message, seq: int | None = None) -> int:
+    def send(self, msg: Message, seq: int | None = None, *, packed: bool = False) -> int:
         """Send, waiting at most the socket's send timeout; returns the seq the reply will reference.
 
         The arrays go without a copy (``copy=False``): they must not change until
-        the reply came. Raises CommTimeout when the server's queue stays full.
+        the reply came. ``packed``: all arrays copied into one payload frame (cheaper
+        for many small arrays). Raises CommTimeout when the server's queue stays full.
         """
         msg.sender = self.sender
         msg.seq = self.next_seq() if seq is None else seq
         try:
-            self.sock.send_multipart(encode(msg), copy=False)
+            self.sock.send_multipart(encode(msg, packed=packed), copy=False)
         except zmq.Again:
             raise CommTimeout(f"send of {msg.type} to {self.address} timed out (peer queue full)") from None
         return msg.seq
