@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from bench.sb3_peers import evaluations, peer_result
+from bench.sb3_peers import crossing, evaluations, peer_result
 
 ZOO_A2C: dict[str, dict[str, Any]] = {
     "CartPole-v1": dict(n_envs=8, n_timesteps=500_000, ent_coef=0.0),
@@ -30,18 +30,9 @@ def run_sb3_a2c(env_id: str, seed: int, budget: int | None = None) -> dict[str, 
     n_envs = int(hp.pop("n_envs"))
     budget = budget or int(hp.pop("n_timesteps"))
     hp.pop("n_timesteps", None)
-    every = A2C_EVAL_EVERY[env_id]
-    state = {"next_at": every}
-
-    def due(_model: Any, steps: int) -> bool:
-        if steps < state["next_at"]:
-            return False
-        state["next_at"] = (steps // every + 1) * every
-        return True
-
     start = time.perf_counter()
     env = make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs={"render_mode": None})
     model = A2C("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hp)
-    cb = evaluations(env_id, seed, start, due)
+    cb = evaluations(env_id, seed, start, crossing(A2C_EVAL_EVERY[env_id]))
     model.learn(total_timesteps=budget, callback=cb)
     return {**peer_result(seed, cb, model, start), "budget": budget}

@@ -161,6 +161,20 @@ def peer_result(seed: int, cb: Any, model: Any, start: float) -> dict[str, Any]:
             "env_steps_per_s": round(steps / wall, 1), "evaluations": cb.evals}
 
 
+def crossing(every: int) -> Callable[[Any, int], bool]:
+    """An evaluation schedule for :func:`evaluations`: due once each time the env steps pass a multiple of
+    ``every`` (a vectorised learner's steps jump by its env count, so they rarely hit one exactly)."""
+    state = {"next_at": every}
+
+    def due(_model: Any, steps: int) -> bool:
+        if steps < state["next_at"]:
+            return False
+        state["next_at"] = (steps // every + 1) * every
+        return True
+
+    return due
+
+
 def run_sb3_ppo(env_id: str, seed: int, budget: int | None = None) -> dict[str, Any]:
     """SB3 PPO: evaluations once the env steps pass each multiple of PPO_EVAL_EVERY, skipped while the
     weights are those already evaluated (PPO learns once a rollout)."""
@@ -170,12 +184,12 @@ def run_sb3_ppo(env_id: str, seed: int, budget: int | None = None) -> dict[str, 
     budget = budget or PPO_BUDGET[env_id]
     every = PPO_EVAL_EVERY[env_id]
     n_envs, hp = ppo_kwargs(env_id, budget)
-    state = {"next_at": every, "evaluated": -1}  # model._n_updates at the last evaluation
+    state = {"evaluated": -1}  # model._n_updates at the last evaluation
+    passed = crossing(every)
 
     def due(model: Any, steps: int) -> bool:
-        if steps < state["next_at"]:
+        if not passed(model, steps):
             return False
-        state["next_at"] = (steps // every + 1) * every
         updates = int(model._n_updates)
         if updates == state["evaluated"]:
             return False

@@ -89,9 +89,13 @@ def test_refused_before_anything_starts(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_a3c_solves_cartpole_with_workers_killed_and_restarted(tmp_path: Path) -> None:
-    """Two gradient workers, one killed -9 mid-run: `rlfleet up` restarts it and the run still solves."""
+    """Two gradient workers, one killed -9 mid-run: `rlfleet up` restarts it and the run still solves.
+
+    With the shared torso (118k-186k env steps to 475, 15 s or more): the default network can solve
+    CartPole in 6k env steps, before a kill and its restart could be seen."""
     cmd = [sys.executable, "-m", "cli", "up", "--config", str(CONFIGS / "cartpole-a3c.yaml"), "--actors", "2",
-           "--until-return", "475", "--max-env-steps", "600000", "--max-seconds", "400", "--runs", str(tmp_path)]
+           "--until-return", "475", "--max-env-steps", "600000", "--max-seconds", "400", "--runs", str(tmp_path),
+           "--set", "algorithm.shared_torso=true"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -101,7 +105,7 @@ def test_a3c_solves_cartpole_with_workers_killed_and_restarted(tmp_path: Path) -
             time.sleep(0.5)
             runs = list(tmp_path.glob("*/logs/actor-1.log"))
             progress = list(tmp_path.glob("*/progress.csv"))
-            if runs and progress and len(read_csv(progress[0])) >= 3:  # training for a few seconds
+            if runs and progress and len(read_csv(progress[0])) >= 2:  # training
                 pid = re.search(r"pid (\d+) forked", runs[0].read_text())
                 if pid:
                     subprocess.run(["kill", "-9", pid.group(1)], check=False)

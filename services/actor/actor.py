@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -28,49 +27,9 @@ from common.envs import acting_policy, make_vector_env
 from common.metrics import ServiceMetrics
 from common.runtime import FatalError
 from common.wire.errors import CommTimeout, RemoteError
+from services.actor.episodes import Episodes
 
 log = logging.getLogger("rlfleet.actor")
-
-
-class EpisodeStats:
-    """Episode returns per vector slot, aware of NEXT_STEP autoreset (the step after an end is a reset)."""
-
-    def __init__(self, num_envs: int, next_step_reset: bool = True) -> None:
-        self.returns = np.zeros(num_envs)
-        self.resetting = np.zeros(num_envs, bool)
-        self.next_step_reset = next_step_reset
-        self.recent: deque[float] = deque(maxlen=20)
-
-    def add(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> list[float]:
-        live = ~self.resetting
-        self.returns[live] += rewards[live]
-        done = live & (terminated | truncated)
-        finished = [float(r) for r in self.returns[done]]
-        self.recent.extend(finished)
-        self.returns[done] = 0.0
-        if self.next_step_reset:
-            self.resetting = done
-        return finished
-
-
-class EpisodeLog:
-    """Every finished episode as a CSV row: what reports and the determinism test read."""
-
-    FIELDS = "wall_s,env_steps,version,episode_return\n"
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "a", buffering=1)  # noqa: SIM115 (closed in close())
-        if self._file.tell() == 0:
-            self._file.write(self.FIELDS)
-        self._start = time.time()
-
-    def write(self, env_steps: int, version: int, returns: list[float]) -> None:
-        wall = time.time() - self._start
-        self._file.writelines(f"{wall:.3f},{env_steps},{version},{r:g}\n" for r in returns)
-
-    def close(self) -> None:
-        self._file.close()
 
 
 def fleet_size(welcome: Welcome) -> int:
@@ -146,17 +105,14 @@ class ActorService:
         self.pending: list[dict[str, np.ndarray]] = []
         self.pending_rows = 0
         self.pending_bytes = 0
-        self.episodes = EpisodeStats(cfg.env.num_envs, next_step_reset=self.algo.autoreset_mode == "NextStep")
-        self.episode_log = EpisodeLog(Path(cfg.run_dir) / "episodes" / f"{actor_id}.csv")
+        self.episodes = Episodes(self.metrics, cfg.env.num_envs, self.algo.autoreset_mode == "NextStep",
+                                 Path(cfg.run_dir) / "episodes" / f"{actor_id}.csv")
         explore = ", ".join(f"{k} {v:.4g}" for k, v in self.exploration.items()) or "no exploration parameter"
         log.info("actor %s: index %d of %d, %s, replay shard %d, %s protocol", actor_id, self.index,
                  self.num_actors, explore, shard, cfg.sync)
 
     def _define_metrics(self) -> None:
         m = self.metrics
-        self.m_steps = m.counter("env_steps", "Environment steps taken (all vector slots).")
-        self.m_episodes = m.counter("episodes", "Episodes finished.")
-        self.m_return = m.gauge("episode_return", "Mean return of the last 20 episodes (exploring).")
         self.m_version = m.gauge("weights_version", "Weights version this actor acts with.")
         self.m_stale = m.gauge("weights_staleness", "Versions this actor was behind when it last synced.")
         self.m_epsilon = m.gauge("actor_epsilon", "Exploration epsilon of this actor (Ape-X).")
@@ -325,13 +281,8 @@ class ActorService:
             actions, extras = self.policy.act(obs)
             obs, rewards, terminated, truncated, infos = self.envs.step(actions)
             self._queue(self.adder.add(actions, extras, obs, rewards, terminated, truncated, infos, self.version))
-            finished = self.episodes.add(np.asarray(rewards, np.float64), terminated, truncated)
             self.env_steps += cfg.env.num_envs
-            if finished:
-                self.episode_log.write(self.env_steps, self.version, finished)
-                self.m_episodes.inc(len(finished))
-                self.m_return.set(float(np.mean(self.episodes.recent)))
-            self.m_steps.inc(cfg.env.num_envs)
+            self.episodes.step(self.env_steps, self.version, rewards, terminated, truncated)
             self.replay.poll()
             self._replay_metrics()
             if time.monotonic() - last_beat >= cfg.actor.heartbeat_s:
@@ -378,6 +329,6 @@ class ActorService:
         self.links.close()
         self.replay.close()
         self.envs.close()
-        self.episode_log.close()
+        self.episodes.close()
         if self.acked_log is not None:
             self.acked_log.close()

@@ -37,7 +37,7 @@ from common.metrics import ServiceMetrics
 from common.runtime import FatalError
 from common.security import client_curve
 from common.wire.errors import CommTimeout, RemoteError
-from services.actor.actor import EpisodeLog, EpisodeStats
+from services.actor.episodes import Episodes
 
 log = logging.getLogger("rlfleet.worker")
 
@@ -71,16 +71,13 @@ class WorkerService:
         self.version = -1
         self.env_steps = 0
         self.figures: dict[str, float] = {}
-        self.episodes = EpisodeStats(cfg.env.num_envs, next_step_reset=self.algo.autoreset_mode == "NextStep")
-        self.episode_log = EpisodeLog(Path(cfg.run_dir) / "episodes" / f"{actor_id}.csv")
+        self.episodes = Episodes(self.metrics, cfg.env.num_envs, self.algo.autoreset_mode == "NextStep",
+                                 Path(cfg.run_dir) / "episodes" / f"{actor_id}.csv")
         log.info("worker %s: index %d, pushes gradients to %d paramserver shard(s), %s protocol", actor_id,
                  self.index, cfg.paramserver.shards, cfg.sync)
 
     def _define_metrics(self) -> None:
         m = self.metrics
-        self.m_steps = m.counter("env_steps", "Environment steps taken (all vector slots).")
-        self.m_episodes = m.counter("episodes", "Episodes finished.")
-        self.m_return = m.gauge("episode_return", "Mean return of the last 20 episodes (exploring).")
         self.m_version = m.gauge("weights_version", "Weights version this actor acts with.")
         self.m_pushes = m.counter("worker_pushes", "Gradient pushes, by outcome: applied, stale, duplicate, refused.",
                                   ("outcome",))
@@ -183,13 +180,8 @@ class WorkerService:
             actions, extras = self.worker.act(obs)
             obs, rewards, terminated, truncated, infos = self.envs.step(actions)
             items = self.adder.add(actions, extras, obs, rewards, terminated, truncated, infos, self.version)
-            finished = self.episodes.add(np.asarray(rewards, np.float64), terminated, truncated)
             self.env_steps += cfg.env.num_envs
-            self.m_steps.inc(cfg.env.num_envs)
-            if finished:
-                self.episode_log.write(self.env_steps, self.version, finished)
-                self.m_episodes.inc(len(finished))
-                self.m_return.set(float(np.mean(self.episodes.recent)))
+            self.episodes.step(self.env_steps, self.version, rewards, terminated, truncated)
             if len(items["version"]):
                 self._learn(items)
             if time.monotonic() - last_beat >= cfg.actor.heartbeat_s:
@@ -207,4 +199,4 @@ class WorkerService:
         self.links.close()
         self.pusher.close()
         self.envs.close()
-        self.episode_log.close()
+        self.episodes.close()
