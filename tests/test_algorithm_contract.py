@@ -106,7 +106,7 @@ def test_worker_act_add_gradients(name: str, env_id: str) -> None:
                                     autoreset_mode=gym.vector.AutoresetMode(algo.autoreset_mode))
     spaces = envs.single_observation_space, envs.single_action_space
     worker = algo.make_worker(cfg, *spaces, seed=3, act_seed=[3, 0])
-    weights = worker.initial_weights()
+    weights = worker.weights()
     policy = algo.make_policy(cfg, *spaces, device="cpu", seed=3, act_seed=[3, 0])
     policy.load_weights(weights)  # evaluators act on what workers publish
     adder = algo.make_adder(cfg, num_envs, *spaces, algo.autoreset_mode)

@@ -176,8 +176,10 @@ class GradientWorker(Policy, Protocol):
     """A policy that also computes gradients on its own experience (A3C, HogWild): the actor
     service runs as a gradient worker, and the paramserver's shards apply what it pushes."""
 
-    def initial_weights(self) -> dict[str, np.ndarray]:
-        """The whole model from the experiment seed (version 0, published by the first worker)."""
+    def weights(self) -> dict[str, np.ndarray]:
+        """The whole model as the worker holds it: from the experiment seed before any weights were loaded
+        (version 0, published by the first worker), and what a worker publishes to a paramserver that
+        restarted with none."""
         ...
 
     def gradients(self, items: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, float]]:

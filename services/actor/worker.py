@@ -14,6 +14,11 @@ live worker pushed for it and applies their mean, and the worker heartbeats whil
 Start-up: the first worker finds no weights and publishes the model from the experiment seed
 as version 0 (every worker builds the same one; a shard that already holds a version refuses
 the publish with ``stale_version``, and the worker reads what is there).
+
+A paramserver that restarted: from its checkpoint, it may hold an older version than the worker's
+(pushes refused ``unknown_version``): the worker takes that version and goes on from it; with no
+checkpoint it holds none (``no_weights``): the worker publishes the model it holds (every worker
+holds a whole copy), the shard goes on from it with a fresh optimizer state.
 """
 
 from __future__ import annotations
@@ -102,19 +107,35 @@ class WorkerService:
             try:
                 if self._take(self.links.reader.get(-1, timeout_s=self.cfg.network.timeout_s)):
                     return True
-                publisher = WeightsPublisher(self.cfg.network.paramserver, f"{self.actor_id}-init", curve=self.curve)
-                try:
-                    publisher.publish(0, self.worker.initial_weights(), timeout_s=self.cfg.network.timeout_s)
-                    log.info("worker %s: published the initial weights (version 0)", self.actor_id)
-                except RemoteError as exc:
-                    if exc.reason != "stale_version":  # another worker was first
-                        raise
-                finally:
-                    publisher.close()
+                self._publish(0)
             except CommTimeout as exc:
                 log.warning("worker %s: waiting for the paramserver: %s", self.actor_id, exc)
                 self.links.heartbeat(self.version, self.env_steps)
         return False
+
+    def _publish(self, version: int) -> None:
+        """Publish the model as this worker holds it as ``version`` (unless a worker was first)."""
+        publisher = WeightsPublisher(self.cfg.network.paramserver, f"{self.actor_id}-publish", curve=self.curve)
+        try:
+            publisher.publish(version, self.worker.weights(), timeout_s=self.cfg.network.timeout_s)
+            log.info("worker %s: published the weights it holds as version %d", self.actor_id, version)
+        except RemoteError as exc:
+            if exc.reason != "stale_version":  # another worker was first
+                raise
+        finally:
+            publisher.close()
+
+    def _recover(self, reason: str) -> None:
+        """The paramserver restarted: from an older checkpoint (``unknown_version``: take its version,
+        even if older), or with none (``no_weights``: give it ours, then take the newest)."""
+        try:
+            if reason == "no_weights":
+                log.warning("worker %s: the paramserver holds no weights (restarted without a checkpoint);"
+                            " publishing ours (v%d)", self.actor_id, self.version)
+                self._publish(max(self.version, 0))
+            self.version = -1  # accept whatever version the paramserver holds now
+        except (CommTimeout, RemoteError) as exc:
+            log.warning("worker %s: could not republish the weights: %s", self.actor_id, exc)
 
     def _pull(self) -> None:
         try:
@@ -146,6 +167,8 @@ class WorkerService:
                 if reason == "stale_gradients":
                     self.m_pushes.labels("stale").inc()
                     break
+                self._recover(reason)
+                break
         self._pull()
         self.m_push_s.inc(time.monotonic() - pushed)
 

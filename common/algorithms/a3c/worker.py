@@ -36,8 +36,8 @@ class A3CWorker(A3CPolicy):
         super().__init__(cfg, observation_space, action_space, seed=seed, act_seed=act_seed)
         self.params = dict(self.net.named_parameters())
 
-    def initial_weights(self) -> dict[str, np.ndarray]:
-        """The whole model from the experiment seed: what the first worker publishes as version 0."""
+    def weights(self) -> dict[str, np.ndarray]:
+        """The whole model as held now (from the experiment seed until weights are loaded)."""
         return publish_arrays(self.net)
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
