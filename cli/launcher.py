@@ -28,8 +28,8 @@ from cli.env_check import check_env
 from cli.fleetview import FleetView, Scrape, scrape
 from cli.forkserver import ForkedProcess, ForkServerError, ForkServers, reap_orphans
 from cli.supervision import RestartPolicy
-from common import algorithms, security
 from common import config as config_mod
+from common import security
 from common.config import Experiment
 from common.envs import EnvError
 from common.metrics import MetricsServer
@@ -106,7 +106,7 @@ def plan(cfg: Experiment, actors: int, run_dir: Path, inproc: bool) -> tuple[Exp
     resolved = config_mod.validate(data)
     # an algorithm trained by gradient workers (A3C) needs no replay and no learner: the actors push
     # gradients to the paramserver's shard optimizers
-    learns = not algorithms.get(cfg.algorithm.name).uses_workers
+    learns = not cfg.algorithm.trains_with_workers()
     count = {"replay": cfg.replay.shards * learns, "paramserver": cfg.paramserver.shards,
              "learner": cfg.learners * learns, "actor": actors, "evaluator": int(cfg.evaluator.enabled)}
     members: list[Member] = []

@@ -182,9 +182,10 @@ class GradientWorker(Policy, Protocol):
         restarted with none."""
         ...
 
-    def gradients(self, items: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    def gradients(self, items: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray] | None, dict[str, float]]:
         """float32 gradients named like the published weights, computed on ``items`` (what the adder
-        returned) against the weights loaded last, and the loss's figures."""
+        returned; a worker may keep them and compute on a batch of what it kept) against the weights
+        loaded last, and the loss's figures; None while it has nothing to push yet."""
         ...
 
 
@@ -210,14 +211,10 @@ class AlgorithmModule:
     # slot, so fixed-length segments end together, on barrier round boundaries
     autoreset_mode: str = "NextStep"
     # (cfg, observation_space, action_space, *, seed=0, act_seed=None) -> GradientWorker, or None.
-    # Given: the algorithm trains through gradient workers (the actors) and the paramserver's shard
-    # optimizers; the fleet then runs no replay and no learner.
+    # Given: the algorithm can train through gradient workers (the actors) and the paramserver's shard
+    # optimizers; its config section's trains_with_workers() says whether an experiment does (then the
+    # fleet runs no replay and no learner).
     make_worker: Callable[..., GradientWorker] | None = None
-
-    @property
-    def uses_workers(self) -> bool:
-        """True when actors compute and push gradients: no replay, no learner."""
-        return self.make_worker is not None
 
     @property
     def table_kinds(self) -> tuple[str, ...]:

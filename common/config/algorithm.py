@@ -25,6 +25,8 @@ class AlgorithmSection(Protocol):
 
     def check_fleet(self, sync: str, actors: int, num_envs: int, steps_per_round: int) -> list[str]: ...
 
+    def trains_with_workers(self) -> bool: ...
+
     # Any other field is the algorithm's own (services should ask the algorithm, not read them).
     def __getattr__(self, field: str) -> Any: ...
 
@@ -43,8 +45,3 @@ def algorithm_class(name: str) -> Any:
 def default_algorithm() -> Any:
     """The algorithm section when the file has none: DQN with its defaults."""
     return get("dqn").config()
-
-
-def algorithm_uses_workers(name: str) -> bool:
-    """True when algorithm ``name`` trains through gradient workers (no replay, no learner)."""
-    return get(name).uses_workers

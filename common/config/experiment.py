@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from common.config.algorithm import AlgorithmConfig, algorithm_uses_workers, default_algorithm
+from common.config.algorithm import AlgorithmConfig, default_algorithm
 from common.config.sections import (
     ActorConfig,
     EnvConfig,
@@ -49,6 +49,7 @@ class Experiment(Strict):
     @model_validator(mode="after")
     def _cross(self) -> Experiment:
         problems = []
+        workers = self.algorithm.trains_with_workers()  # no replay, no learner
         tables = {t.name: t for t in self.replay.tables}
         if self.learner.table not in tables:
             problems.append(f"learner.table={self.learner.table!r}: allowed: one of {sorted(tables)}")
@@ -70,12 +71,12 @@ class Experiment(Strict):
                 " wait for the next version (deadlock); allowed: null (the round fixes the ratio)"
             )
         allowed = tuple(type(self.algorithm).table_kinds)
-        if table is not None and allowed and table.kind not in allowed:  # none allowed: it uses no replay
+        if table is not None and not workers and table.kind not in allowed:
             problems.append(
                 f"replay.tables[{table.name}].kind={table.kind!r} with algorithm {self.algorithm.name};"
                 f" allowed: {', '.join(allowed)}"
             )
-        if self.sync == "barrier" and self.paramserver.shards > 1 and algorithm_uses_workers(self.algorithm.name):
+        if self.sync == "barrier" and self.paramserver.shards > 1 and workers:
             problems.append(f"paramserver.shards={self.paramserver.shards} with sync=barrier and algorithm "
                             f"{self.algorithm.name}: a synchronous gradient round is counted by the one shard that"
                             " holds the registry; allowed: paramserver.shards=1, or sync=async")

@@ -30,6 +30,12 @@ class AlgorithmSettings(Strict):
         not split into minibatches; each names the field, the value and what is allowed."""
         return []
 
+    def trains_with_workers(self) -> bool:
+        """True when this experiment trains through gradient workers (the algorithm's ``make_worker``:
+        every actor computes and pushes gradients, the paramserver's shards apply them) instead of a
+        learner: the fleet then runs no replay and no learner."""
+        return False
+
 
 class EnvConfig(Strict):
     id: str = Field("CartPole-v1", description="gymnasium id, or 'module:Class' for a custom env")

@@ -16,9 +16,7 @@ def build(cfg: Experiment, args: ServiceArgs):  # type: ignore[no-untyped-def]
         from services.actor.evaluator import EvaluatorService
 
         return EvaluatorService(cfg, actor_id)
-    from common import algorithms
-
-    if algorithms.get(cfg.algorithm.name).uses_workers:  # A3C, HogWild: no replay, no learner
+    if cfg.algorithm.trains_with_workers():  # A3C, HogWild DQN: no replay, no learner
         from services.actor.worker import WorkerService
 
         return WorkerService(cfg, actor_id)

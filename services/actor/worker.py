@@ -76,6 +76,10 @@ class WorkerService:
         self.version = -1
         self.env_steps = 0
         self.figures: dict[str, float] = {}
+        # exploration on the fleet's env steps (the registry's count at the last heartbeat, plus ours since
+        # times the live workers), as the actor's
+        self._fleet = (self.links.welcome.fleet_env_steps, 0, max(1, self.links.welcome.num_actors))
+        self.exploration = self.worker.explore(self.index, self._fleet[2], self._fleet[0])
         self.episodes = Episodes(self.metrics, cfg.env.num_envs, self.algo.autoreset_mode == "NextStep",
                                  Path(cfg.run_dir) / "episodes" / f"{actor_id}.csv")
         log.info("worker %s: index %d, pushes gradients to %d paramserver shard(s), %s protocol", actor_id,
@@ -147,6 +151,8 @@ class WorkerService:
     def _learn(self, items: dict[str, np.ndarray]) -> None:
         start = time.monotonic()
         grads, figures = self.worker.gradients(items)
+        if grads is None:  # nothing to push yet (a worker filling its own buffer)
+            return
         pushed = time.monotonic()
         self.m_grad_s.inc(pushed - start)
         self.figures = figures
@@ -208,15 +214,22 @@ class WorkerService:
             if len(items["version"]):
                 self._learn(items)
             if time.monotonic() - last_beat >= cfg.actor.heartbeat_s:
-                self.links.heartbeat(self.version, self.env_steps)
+                welcome = self.links.heartbeat(self.version, self.env_steps)
+                if welcome is not None and welcome.index >= 0:
+                    self.index = welcome.index
+                    workers = max(1, welcome.num_actors, welcome.index + 1)
+                    self._fleet = (welcome.fleet_env_steps, self.env_steps, workers)
                 last_beat = time.monotonic()
+            if self.env_steps % (50 * cfg.env.num_envs) == 0:  # an epsilon schedule moves with the fleet's steps
+                fleet, own, workers = self._fleet
+                self.exploration = self.worker.explore(self.index, workers, fleet + (self.env_steps - own) * workers)
 
     def stop(self) -> None:
         self._stopping = True
 
     def health(self) -> dict[str, Any]:
         return {"ok": not self._stopping, "actor_id": self.actor_id, "index": self.index, "version": self.version,
-                "env_steps": self.env_steps, **self.figures}
+                "env_steps": self.env_steps, **self.exploration, **self.figures}
 
     def close(self) -> None:
         self.links.close()

@@ -6,7 +6,6 @@ import logging
 import threading
 from typing import Any
 
-from common import algorithms
 from common.config import Experiment
 from common.metrics import ServiceMetrics
 from common.runtime import ServiceArgs
@@ -39,7 +38,7 @@ class NoLearner:
 
 
 def build(cfg: Experiment, args: ServiceArgs) -> Any:
-    if algorithms.get(cfg.algorithm.name).uses_workers:
+    if cfg.algorithm.trains_with_workers():
         return NoLearner(cfg)
     from services.learner.learner import LearnerService
 

@@ -23,6 +23,9 @@ class A3CConfig(AlgorithmSettings):
     #: no replay table: it trains through gradient workers (ALGORITHM.make_worker)
     table_kinds: ClassVar[tuple[str, ...]] = ()
 
+    def trains_with_workers(self) -> bool:
+        return True
+
     name: Literal["a3c"] = "a3c"
     n_steps: PosInt = Field(5, description="env steps per env slot in each rollout a worker computes gradients on")
     gamma: Annotated[float, Field(gt=0, le=1)] = Field(0.99, description="discount")

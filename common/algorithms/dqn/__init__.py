@@ -3,8 +3,9 @@
 Horgan et al. 2018, "Distributed Prioritized Experience Replay". The folder:
 :mod:`.config` (the ``algorithm:`` section), :mod:`.networks` (the Q-network and
 its numpy acting path), :mod:`.policy` (epsilon-greedy acting with the Ape-X
-schedule, initial priorities), :mod:`.learner` (the update) and the shared
-n-step adder (:mod:`common.algorithms.adders.nstep`).
+schedule, initial priorities), :mod:`.learner` (the update), :mod:`.worker`
+(``hogwild: true``: the same loss computed by each actor on its own buffer) and
+the shared n-step adder (:mod:`common.algorithms.adders.nstep`).
 
 This module stays torch-free (the config reads it): the factories import the rest.
 """
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from common.algorithms.adders.nstep import NStepAdder
     from common.algorithms.dqn.learner import DQNLearner
     from common.algorithms.dqn.policy import DQNPolicy
+    from common.algorithms.dqn.worker import DQNWorker
 
 
 def check_env(cfg: DQNConfig, observation_space: gym.Space[Any], action_space: gym.Space[Any],
@@ -63,6 +65,13 @@ def make_adder(cfg: DQNConfig, num_envs: int, observation_space: gym.Space[Any],
     return NStepAdder(num_envs, cfg.n_step, cfg.gamma, tuple(shape), autoreset_mode)
 
 
+def make_worker(cfg: DQNConfig, observation_space: gym.Space[Any], action_space: gym.Space[Any],
+                **kwargs: Any) -> DQNWorker:
+    from common.algorithms.dqn.worker import DQNWorker
+
+    return DQNWorker(cfg, observation_space, action_space, **kwargs)
+
+
 ALGORITHM = AlgorithmModule(
     name="dqn",
     config=DQNConfig,
@@ -70,4 +79,5 @@ ALGORITHM = AlgorithmModule(
     make_policy=make_policy,
     make_adder=make_adder,
     make_learner=make_learner,
+    make_worker=make_worker,  # hogwild: true
 )

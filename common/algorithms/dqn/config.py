@@ -43,6 +43,15 @@ class DQNConfig(AlgorithmSettings):
         1.0, description="every actor's epsilon at fleet step 0 (with epsilon_decay_steps)"
     )
     priority_eps: PosFloat = Field(1e-3, description="added to |TD error| to form a priority")
+    hogwild: bool = Field(
+        False, description="gradient workers instead of a learner (HogWild DQN): each actor keeps its own"
+        " buffer, computes the loss's gradient on batches of it and pushes it to the paramserver, whose shards"
+        " apply it (paramserver.gradients); no replay, no learner")
+    hogwild_buffer: PosInt = Field(20_000, description="hogwild: transitions each worker keeps (its own ring)")
+    hogwild_start: PosInt = Field(1_000, description="hogwild: transitions a worker holds before its first gradient")
+
+    def trains_with_workers(self) -> bool:
+        return self.hogwild
 
     @model_validator(mode="after")
     def _schedule(self) -> DQNConfig:
