@@ -226,3 +226,26 @@ def test_a_barrier_round_applies_the_mean_once_every_live_worker_pushed(tmp_path
         for reg in workers.values():
             reg.close()
         reader.close()
+
+
+def test_a_packed_push_is_the_flat_gradient_and_its_padding_is_not_trusted() -> None:
+    """A packed push in the slice's name order is used as the flat gradient without a copy; NaNs a
+    client put in the padding between tensors are not applied."""
+    from common.wire.codec import encode
+    from common.wire.decoder import decode
+    from services.paramserver.gradients import SliceTrainer
+
+    w = {"a": np.ones(3, np.float32), "b": np.ones((2, 1), np.float32)}  # "a" ends mid-8-bytes: padded
+    trainer = SliceTrainer(GradientsConfig(optimizer="sgd", lr=1.0))
+    trainer.follow(0, w)
+    frames = encode(Message("push_gradients", {"version": 0, "num_shards": 1, "layout": "x"},
+                            {"a": np.full(3, 2, np.float32), "b": np.full((2, 1), 3, np.float32)}), packed=True)
+    msg = decode(frames)
+    assert trainer.flat is not None and trainer.flat.payload(msg.arrays, msg.layout) is not None
+    payload = bytearray(frames[1])
+    payload[12:16] = np.float32(np.nan).tobytes()  # the 4 padding bytes after "a"
+    msg = decode([frames[0], bytes(payload)])
+    new = trainer.apply(msg.arrays, msg.layout)
+    np.testing.assert_array_equal(new["a"], [-1, -1, -1])
+    np.testing.assert_array_equal(new["b"], [[-2], [-2]])
+    assert np.isfinite(trainer.params).all()

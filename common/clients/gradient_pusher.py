@@ -57,12 +57,17 @@ class GradientPusher:
         self.shards = ParamserverShards(addresses, sender, curve, ctx)
         self.timeout_s = timeout_s
         self._layout: Layout | None = None
+        self._names: set[str] = set()
+        self._packed: dict[int, bool] = {}
         self._unanswered: dict[int, int] | None = None  # seqs of the last push, while it is not answered
 
     def layout_for(self, grads: Mapping[str, np.ndarray]) -> Layout:
         layout = self._layout
-        if layout is None or layout.spec_by_name.keys() != grads.keys():
+        if layout is None or self._names != grads.keys():
             layout = self._layout = Layout.of(grads, len(self.shards))
+            self._names = set(grads)
+            # a small slice goes as one packed frame (a frame per tensor costs more than the copy)
+            self._packed = {i: layout.shard_nbytes(i) <= PACK_MAX_BYTES for i in range(len(self.shards))}
         return layout
 
     def push(self, version: int, grads: Mapping[str, np.ndarray], *, barrier: bool = False,
@@ -82,9 +87,7 @@ class GradientPusher:
         self._unanswered = seqs
         requests = {i: Message("push_gradients", {**body, "window_start": seqs[i]}, layout.slice(grads, i))
                     for i in range(len(self.shards))}
-        # a small slice goes as one packed frame (a frame per tensor costs more than the copy)
-        packed = {i: layout.shard_nbytes(i) <= PACK_MAX_BYTES for i in requests}
-        replies = self.shards.gather(requests, time.monotonic() + (timeout_s or self.timeout_s), seqs, packed)
+        replies = self.shards.gather(requests, time.monotonic() + (timeout_s or self.timeout_s), seqs, self._packed)
         self._unanswered = None
         out = PushOutcome()
         for i, r in sorted(replies.items()):

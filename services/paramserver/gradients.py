@@ -40,24 +40,47 @@ log = logging.getLogger(__name__)
 
 
 class FlatSlice:
-    """A shard's tensors as views of one flat float32 buffer (sorted by name): the optimizer then
-    takes a handful of numpy passes over one array per push, whatever the number of tensors."""
+    """A shard's tensors as views of one flat float32 buffer (sorted by name, each starting at a
+    multiple of 8 bytes, zeros between): the optimizer then takes a handful of numpy passes over one
+    array per push, whatever the number of tensors. It is laid out as a packed message's payload
+    (docs/protocol.md), so a packed push of the slice in name order is the flat gradient itself."""
 
     def __init__(self, arrays: Mapping[str, Any]) -> None:
         self.names = sorted(arrays)
         self.shapes = [tuple(np.shape(arrays[n])) for n in self.names]
-        sizes = [int(np.prod(shape, dtype=np.int64)) for shape in self.shapes]
-        self.offsets = np.cumsum([0, *sizes]).tolist()
-        self.size = int(self.offsets[-1])
+        self.offsets: list[int] = []  # in floats
+        end = 0
+        for shape in self.shapes:
+            end += end % 2  # 8-byte alignment: 2 floats
+            self.offsets.append(end)
+            end += int(np.prod(shape, dtype=np.int64))
+        self.ends = [o + int(np.prod(s, dtype=np.int64)) for o, s in zip(self.offsets, self.shapes, strict=True)]
+        self.size = end
+        self._packed: Any = None  # the last packed layout seen to match this one
 
     def views(self, flat: np.ndarray) -> dict[str, np.ndarray]:
-        return {n: flat[self.offsets[i]:self.offsets[i + 1]].reshape(self.shapes[i]) for i, n in enumerate(self.names)}
+        return {n: flat[self.offsets[i]:self.ends[i]].reshape(self.shapes[i]) for i, n in enumerate(self.names)}
 
     def pack(self, arrays: Mapping[str, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
-        out = np.empty(self.size, np.float32) if out is None else out
+        out = np.zeros(self.size, np.float32) if out is None else out
         for i, n in enumerate(self.names):
-            out[self.offsets[i]:self.offsets[i + 1]] = np.ravel(arrays[n])
+            out[self.offsets[i]:self.ends[i]] = np.ravel(arrays[n])
         return out
+
+    def payload(self, arrays: Mapping[str, np.ndarray], layout: Any) -> np.ndarray | None:
+        """The packed payload of a decoded message as the flat array (no copy), if ``layout`` (its
+        Message.layout) is this slice's layout; else None."""
+        if layout is None:
+            return None
+        if layout is not self._packed:
+            items, total = layout
+            want = [(n, np.dtype(np.float32), s, 4 * o) for n, s, o in zip(self.names, self.shapes, self.offsets,
+                                                                         strict=True)]
+            if [(n, d, tuple(s), o) for n, d, s, o in items] != want or total != 4 * self.size:
+                return None
+            self._packed = layout
+        base = next(iter(arrays.values())).base
+        return np.frombuffer(base, np.float32) if base is not None else None
 
 
 class ShardOptimizer:
@@ -90,11 +113,13 @@ class ShardOptimizer:
             np.multiply(g, g, out=tmp)
             tmp *= 1 - b2
             v += tmp
+            # torch: p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), the same as
+            # p -= lr * sqrt(bc2) / bc1 * m / (sqrt(v) + eps * sqrt(bc2)): one pass less
+            root_bc2 = np.sqrt(1 - b2 ** self.steps)
             np.sqrt(v, out=denom)
-            denom /= np.float32(np.sqrt(1 - b2 ** self.steps))
-            denom += np.float32(c.eps)
+            denom += np.float32(c.eps * root_bc2)
             np.divide(m, denom, out=tmp)
-            tmp *= np.float32(c.lr / (1 - b1 ** self.steps))
+            tmp *= np.float32(c.lr * root_bc2 / (1 - b1 ** self.steps))
         elif c.optimizer == "rmsprop":
             sq = s["square_avg"]
             sq *= c.alpha
@@ -136,6 +161,7 @@ def check_push(
     version: int,
     versions: list[int],
     max_staleness: int,
+    tensors: bool = True,
 ) -> int:
     """The push's staleness (newest held version minus ``version``), or raise :class:`Refusal`."""
     if not versions:
@@ -145,6 +171,18 @@ def check_push(
     if version > newest:
         raise Refusal("unknown_version", f"gradients computed on version {version}; this shard's newest is"
                       f" {newest} (a version it never held)")
+    if tensors:
+        check_tensors(slice_specs, arrays)
+    staleness = newest - version
+    if staleness > max_staleness:
+        raise Refusal("stale_gradients", f"gradients computed on version {version}, {staleness} versions behind"
+                      f" the newest ({newest}); allowed: at most {max_staleness} (paramserver.gradients."
+                      "max_staleness); pull the newest weights")
+    return staleness
+
+
+def check_tensors(slice_specs: list[tuple[str, str, tuple[int, ...]]], arrays: Mapping[str, np.ndarray]) -> None:
+    """Raise :class:`Refusal` unless ``arrays`` are the slice's tensors, each float32 of its shape."""
     want = {n: (d, s) for n, d, s in slice_specs}
     missing = sorted(set(want) - set(arrays))
     if missing:
@@ -158,12 +196,6 @@ def check_push(
         if g.dtype != np.float32 or tuple(g.shape) != shape:
             raise Refusal("bad_gradients", f"gradient {name!r} is {g.dtype}{list(g.shape)}; allowed:"
                           f" float32{list(shape)} (the weights' dtype is {dtype})")
-    staleness = newest - version
-    if staleness > max_staleness:
-        raise Refusal("stale_gradients", f"gradients computed on version {version}, {staleness} versions behind"
-                      f" the newest ({newest}); allowed: at most {max_staleness} (paramserver.gradients."
-                      "max_staleness); pull the newest weights")
-    return staleness
 
 
 class SliceTrainer:
@@ -186,25 +218,33 @@ class SliceTrainer:
                 tuple(np.shape(arrays[n])) for n in self.flat.names]:
             self.flat = FlatSlice(arrays)
             self.optimizer = ShardOptimizer(self.cfg, self.flat.size)
-            self.grads = np.empty(self.flat.size, np.float32)
+            self.grads = np.zeros(self.flat.size, np.float32)  # the padding between tensors stays 0
         self.params = self.flat.pack(arrays)
         self.version = version
 
-    def gather(self, grads: Mapping[str, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
-        """``grads`` as one flat array (into ``out``, or the trainer's buffer); raises Refusal if one holds
-        a NaN or an Inf."""
+    def gather(self, grads: Mapping[str, np.ndarray], out: np.ndarray | None = None,
+               packed: Any = None) -> np.ndarray:
+        """``grads`` as one flat array (the packed payload itself when ``packed``, the message's layout,
+        is the slice's; else copied into ``out``, or the trainer's buffer); raises Refusal if one holds a
+        NaN or an Inf."""
         assert self.flat is not None
-        g = self.flat.pack(grads, self.grads if out is None else out)
-        if not np.isfinite(g.sum(dtype=np.float64)):  # one pass; finite float32s cannot sum to inf in float64
-            name = next(n for n in self.flat.names if not np.isfinite(grads[n]).all())
+        g = self.flat.payload(grads, packed) if out is None else None
+        if g is None:
+            g = self.flat.pack(grads, self.grads if out is None else out)
+        # a NaN or an Inf makes the sum non-finite; so can a float32 overflow of finite values, which the
+        # exact check then tells apart
+        if not np.isfinite(g.sum()) and not np.isfinite(g).all():
+            name = next((n for n in self.flat.names if not np.isfinite(grads[n]).all()), None)
+            if name is None:  # only the padding of a packed payload: the tensors alone, copied
+                return self.flat.pack(grads, self.grads if out is None else out)
             bad = int(np.count_nonzero(~np.isfinite(grads[name])))
             raise Refusal("bad_gradients", f"gradient {name!r} has {bad} NaN or Inf values; nothing applied")
         return g
 
-    def apply(self, grads: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def apply(self, grads: Mapping[str, np.ndarray], packed: Any = None) -> dict[str, np.ndarray]:
         """Step once; the new slice as read-only views of one copy (the shard keeps it as a version).
         Raises Refusal, with nothing changed, if a gradient holds a NaN or an Inf."""
-        return self.step(self.gather(grads))
+        return self.step(self.gather(grads, packed=packed))
 
     def step(self, g: np.ndarray) -> dict[str, np.ndarray]:
         """Step once with the flat gradient ``g``; the new slice, as :meth:`apply`."""
@@ -250,6 +290,7 @@ class GradientApplier:
         self.dedup = Dedup(10_000, service=f"paramserver shard {shard}", what="push")
         self.dirty = False  # applied since the last checkpoint
         self._specs: tuple[Layout, list[tuple[str, str, tuple[int, ...]]]] | None = None  # this shard's tensors
+        self._checked: Any = None  # the packed layout whose tensors passed check_tensors last
         self.next_checkpoint = time.monotonic() + cfg.checkpoint_every_s
         self.round = GradientRound()  # barrier: the pushes of the round being collected
 
@@ -270,8 +311,15 @@ class GradientApplier:
                     "staleness": 0}, None
         if self._specs is None or self._specs[0] is not layout:
             self._specs = (layout, layout.shard_specs(self.shard))
+            self._checked = None
         barrier = bool(msg.get("barrier"))
-        staleness = check_push(self._specs[1], msg.arrays, version, versions, 0 if barrier else self.cfg.max_staleness)
+        # a packed push whose decoded layout (names, dtypes, shapes: one object per layout) passed before
+        # needs no second look at its tensors
+        known = msg.layout is not None and msg.layout is self._checked
+        staleness = check_push(self._specs[1], msg.arrays, version, versions, 0 if barrier else self.cfg.max_staleness,
+                               tensors=not known)
+        if msg.layout is not None:
+            self._checked = msg.layout
         assert newest is not None
         self.trainer.follow(versions[0], newest)
         if barrier:
@@ -281,7 +329,7 @@ class GradientApplier:
             self.round.add(version, sender, RoundPush(peer, seq, msg.get("window_start"),
                                                       grads if held is not None else grads.copy()))
             return None, None
-        new = self.trainer.apply(msg.arrays)
+        new = self.trainer.apply(msg.arrays, msg.layout)
         self.dedup.add(sender, seq, msg.get("window_start"))
         self.dirty = True
         return {"version": self.trainer.version, "applied": True, "duplicate": False, "staleness": staleness}, new
