@@ -249,3 +249,34 @@ def test_a_packed_push_is_the_flat_gradient_and_its_padding_is_not_trusted() -> 
     np.testing.assert_array_equal(new["a"], [-1, -1, -1])
     np.testing.assert_array_equal(new["b"], [[-2], [-2]])
     assert np.isfinite(trainer.params).all()
+
+
+def test_a_shard_that_dies_halfway_through_a_push_gets_it_again_and_the_shards_agree(tmp_path: Path) -> None:
+    """Two shards; shard 1 is killed -9 (after a checkpoint) and a push reaches only shard 0; the same push
+    sent again once shard 1 is back: shard 0 answers it as a duplicate, shard 1 applies it, and readers
+    see one consistent version again."""
+    sets = [f"run_dir={tmp_path}", "paramserver.gradients.optimizer=sgd", "paramserver.gradients.lr=1.0",
+            "paramserver.gradients.checkpoint_every_s=0.2"]
+    with ShardProcesses(2, extra_sets=sets) as shards:
+        addr = shards.addresses
+        w0 = model()
+        WeightsPublisher(addr).publish(0, w0)
+        grads = {n: np.ones_like(a) for n, a in w0.items()}
+        pusher = GradientPusher(addr, "worker-h/1", timeout_s=1.0)
+        for v in range(2):
+            assert pusher.push(v, grads).complete
+        time.sleep(0.6)  # both shards checkpoint version 2
+        shards.procs[1].kill()
+        shards.procs[1].wait(10)
+        with pytest.raises(CommTimeout):  # shard 0 applies it (version 3), shard 1 is gone
+            pusher.push(2, grads)
+        shards.restart(1)  # back from its checkpoint: version 2
+        out = pusher.push(2, grads, again=True)  # the same push, the same seqs
+        assert out.complete and out.applied + out.duplicates == 2 and out.version == 3
+        reader = WeightsReader(addr, "reader")
+        version, weights = reader.get(-1)
+        assert version == 3
+        for n in w0:  # three pushes applied once each on both shards
+            np.testing.assert_allclose(weights[n], w0[n] - 3.0, rtol=1e-6)
+        pusher.close()
+        reader.close()
