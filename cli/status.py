@@ -190,6 +190,8 @@ def figures(service: str, now: Reading, before: Reading | None, dt: float) -> st
     elif service == "paramserver":
         parts = [f"version v{_f(g('rlfleet_paramserver_version'))}",
                  f"live actors {_f(g('rlfleet_paramserver_live_actors'))}"]
+        if g("rlfleet_paramserver_gradients_applied_total"):  # gradient workers push to it
+            parts.append(f"pushes {_f(rate('rlfleet_paramserver_gradients_applied_total'), '.1f')}/s")
     elif service == "evaluator":
         parts = [f"return {_f(g('rlfleet_eval_return'), '.1f')}", f"+- {_f(g('rlfleet_eval_return_std'), '.1f')}",
                  f"of v{_f(g('rlfleet_eval_version'))}", f"evaluations {_f(g('rlfleet_evaluations_total'))}"]
