@@ -20,7 +20,7 @@ from common.tensor_shards import Layout
 from common.wire.codec import Message
 from common.wire.connection import Connection
 from common.wire.errors import CommTimeout
-from services.paramserver.gradients import FlatSlice, ShardOptimizer
+from services.paramserver.shard_optimizer import FlatSlice, ShardOptimizer
 from tests.paramserver_procs import ShardProcesses
 
 
