@@ -98,7 +98,7 @@ def autograd_update(learner: DQNLearner, batch: dict[str, np.ndarray], weights: 
                                    cfg.grad_clip if cfg.grad_clip is not None else float("inf"))
     learner.optimizer.step()
     learner.num_updates += 1
-    learner._follow_target()
+    learner.follow_target()
 
 
 @pytest.mark.parametrize("hidden,dueling,grad_clip,weighted", [

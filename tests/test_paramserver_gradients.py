@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -177,7 +178,7 @@ def test_a_restarted_shard_goes_on_from_its_checkpoint(shards: ShardProcesses, t
 
 def test_a_barrier_round_applies_the_mean_once_every_live_worker_pushed(tmp_path: Path) -> None:
     sets = [f"run_dir={tmp_path}", "paramserver.gradients.optimizer=sgd", "paramserver.gradients.lr=1.0",
-            "paramserver.liveness_timeout_s=2.0"]
+            "paramserver.liveness_timeout_s=3.0"]
     with ShardProcesses(1, extra_sets=sets) as shards:
         addr = shards.addresses
         w0 = model()
@@ -251,6 +252,19 @@ def test_a_packed_push_is_the_flat_gradient_and_its_padding_is_not_trusted() -> 
     assert np.isfinite(trainer.params).all()
 
 
+def wait_for_checkpoint(path: Path, version: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                if json.loads(z["meta"].tobytes())["version"] == version:
+                    return
+        except (OSError, KeyError, ValueError):
+            pass  # not written yet, or being replaced
+        assert time.monotonic() < deadline, f"{path} never held version {version}"
+        time.sleep(0.05)
+
+
 def test_a_shard_that_dies_halfway_through_a_push_gets_it_again_and_the_shards_agree(tmp_path: Path) -> None:
     """Two shards; shard 1 is killed -9 (after a checkpoint) and a push reaches only shard 0; the same push
     sent again once shard 1 is back: shard 0 answers it as a duplicate, shard 1 applies it, and readers
@@ -265,7 +279,7 @@ def test_a_shard_that_dies_halfway_through_a_push_gets_it_again_and_the_shards_a
         pusher = GradientPusher(addr, "worker-h/1", timeout_s=1.0)
         for v in range(2):
             assert pusher.push(v, grads).complete
-        time.sleep(0.6)  # both shards checkpoint version 2
+        wait_for_checkpoint(tmp_path / "paramserver" / "shard-1.npz", 2)
         shards.procs[1].kill()
         shards.procs[1].wait(10)
         with pytest.raises(CommTimeout):  # shard 0 applies it (version 3), shard 1 is gone
@@ -280,3 +294,25 @@ def test_a_shard_that_dies_halfway_through_a_push_gets_it_again_and_the_shards_a
             np.testing.assert_allclose(weights[n], w0[n] - 3.0, rtol=1e-6)
         pusher.close()
         reader.close()
+
+
+def test_a_refused_resend_leaves_a_held_round_contribution_as_it_was() -> None:
+    """Barrier: a sender's push held in the round, then a push of the same sender with a NaN: refused,
+    and the round's mean is still the first push's."""
+    from common.wire.server import Peer
+    from services.paramserver.gradients import GradientApplier, Refusal
+
+    w = {"a": np.zeros(3, np.float32)}
+    layout = Layout.of(w, 1)
+    applier = GradientApplier(GradientsConfig(optimizer="sgd", lr=1.0), None, 0)
+
+    def push(seq: int, value: float) -> Message:
+        return Message("push_gradients", {"version": 0, "num_shards": 1, "layout": layout.fingerprint,
+                                          "barrier": True}, {"a": np.full(3, value, np.float32)}, sender="w/1", seq=seq)
+
+    assert applier.push(push(1, 2.0), layout, [0], w, Peer(b"x", 1)) == (None, None)
+    with pytest.raises(Refusal, match="NaN"):
+        applier.push(push(2, np.nan), layout, [0], w, Peer(b"x", 2))
+    done = applier.complete(1)
+    assert done is not None
+    np.testing.assert_array_equal(done[1]["a"], [-2.0, -2.0, -2.0])

@@ -215,10 +215,14 @@ class GradientApplier:
         self.trainer.follow(versions[0], newest)
         if barrier:
             assert peer is not None
+            grads = self.trainer.gather(msg.arrays)  # a refused push leaves a held contribution as it was
             held = self.round.pushes.get(sender)
-            grads = self.trainer.gather(msg.arrays, held.grads if held is not None else None)
-            self.round.add(version, sender, RoundPush(peer, seq, msg.get("window_start"),
-                                                      grads if held is not None else grads.copy()))
+            if held is not None and held.grads.shape == grads.shape:
+                np.copyto(held.grads, grads)
+                grads = held.grads
+            else:
+                grads = grads.copy()
+            self.round.add(version, sender, RoundPush(peer, seq, msg.get("window_start"), grads))
             return None, None
         new = self.trainer.apply(msg.arrays, msg.layout)
         self.dedup.add(sender, seq, msg.get("window_start"))

@@ -236,7 +236,7 @@ class ShardServer(ShmVersions, CoordinatingServer):
             self._reclaim()
 
     def on_push_gradients(self, peer: Peer, msg: Message) -> None:
-        self._touch(msg)
+        # no registry touch: a push's sender is the worker's <actor id>/<token>, not its registry id
         other_layout = self.layout is not None and msg["layout"] != self.layout.fingerprint
         if msg["num_shards"] != self.num_shards or other_layout:
             self.m_refused.labels("layout_mismatch").inc()

@@ -42,7 +42,7 @@ class FlatSlice:
     def payload(self, arrays: Mapping[str, np.ndarray], layout: Any) -> np.ndarray | None:
         """The packed payload of a decoded message as the flat array (no copy), if ``layout`` (its
         Message.layout) is this slice's layout; else None."""
-        if layout is None:
+        if layout is None or not arrays:
             return None
         if layout is not self._packed:
             items, total = layout

@@ -99,7 +99,7 @@ class DQNLearner:
         """Clip by global norm (as clip_grad_norm_), one Adam step, then the target network follows."""
         self.adam.step(grads["q"], self.cfg.grad_clip)
         self.num_updates += 1
-        self._follow_target()
+        self.follow_target()
 
     def learn(
         self, batch: Mapping[str, ArrayLike], weights: ArrayLike | None = None
@@ -111,7 +111,8 @@ class DQNLearner:
         self.apply_gradients(grads)
         return metrics, priorities
 
-    def _follow_target(self) -> None:
+    def follow_target(self) -> None:
+        """The target network follows the online one: Polyak ``tau``, or a hard copy every ``target_period``."""
         with torch.no_grad():
             if self.cfg.target_update == "polyak":
                 torch._foreach_lerp_(self._target_params, self._online_params, self.cfg.tau)

@@ -80,6 +80,6 @@ class DQNWorker(DQNPolicy):
         if self.cfg.grad_clip is not None and figures["grad_norm"] > self.cfg.grad_clip:
             torch._foreach_mul_(g, self.cfg.grad_clip / (figures["grad_norm"] + 1e-6))
         self.learner.num_updates += 1
-        self.learner._follow_target()  # the target follows the weights pulled last
+        self.learner.follow_target()  # the target follows the weights pulled last
         named = {name: np.ascontiguousarray(t.numpy(), np.float32) for name, t in zip(self.names, g, strict=True)}
         return named, figures
