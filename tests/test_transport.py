@@ -16,7 +16,7 @@ from common.wire.codec import Message, encode
 from common.wire.connection import Connection
 from common.wire.errors import CommTimeout, RemoteError, RequestError
 from common.wire.server import Peer, Server
-from common.wire.transport import CurveConfig, rejected_clients
+from common.wire.transport import CurveConfig, context, rejected_clients
 
 
 class EchoServer(Server):
@@ -154,6 +154,25 @@ def test_curve_servers_open_and_close_in_a_row_in_one_process(serve) -> None:
     server = serve(EchoServer("tcp://127.0.0.1:0", curve=keys))
     with Connection(server.endpoint, "friend", curve=friend) as client:
         assert client.request(Message("info"), 5).type == "info_reply"
+
+
+def test_a_watching_client_never_collides_with_a_monitor_endpoint_still_bound(serve) -> None:
+    # pyzmq names a monitor endpoint after the socket's file descriptor; a descriptor reused
+    # while the reaper has not yet unbound the old endpoint made the next client fail with
+    # "Address already in use" (seen once in CI). Hold every such name: a client must still open.
+    server = serve(EchoServer("tcp://127.0.0.1:0"))
+    squatter = context().socket(zmq.PAIR)
+    try:
+        for fd in range(1024):
+            squatter.bind(f"inproc://monitor.s-{fd}")
+        with Connection(server.endpoint, "watcher", watch_handshakes=True) as client:
+            assert client.request(Message("info"), 5).type == "info_reply"
+            deadline = time.monotonic() + 5
+            while client.reconnected() == 0 and client.connects == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert client.connects == 1  # its own handshake, seen through its own monitor
+    finally:
+        squatter.close(linger=0)
 
 
 def test_encode_sends_array_memory_without_copy() -> None:

@@ -33,7 +33,9 @@ import zmq
 from common.wire.codec import DEFAULT_LIMITS, Limits, Message, ProtocolError, encode
 from common.wire.decoder import decode
 from common.wire.errors import CommTimeout, RemoteError
-from common.wire.transport import DEFAULT_HWM, NOBLOCK, CurveConfig, make_socket, recv_frames, send_parts
+from common.wire.transport import (
+    DEFAULT_HWM, NOBLOCK, CurveConfig, make_socket, monitor_socket, recv_frames, send_parts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +71,7 @@ class Connection:
             # attached before connecting: the first handshake can finish within microseconds of
             # connect(), and a monitor attached after it would count the first reconnection as the
             # first connection
-            self.monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            self.monitor = monitor_socket(self.sock, zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self.sock.connect(address)
 
     # -- sending --------------------------------------------------------------

@@ -230,15 +230,28 @@ def _apply_curve(
     sock.zap_domain = domain.encode()
     sock.curve_server = True
     # A client without CurveZMQ never reaches ZAP: only the socket's events tell of it.
-    # An address of our own: get_monitor_socket() names it by file descriptor, which a socket
-    # opened right after a close reuses while the old monitor endpoint is still bound.
-    addr = f"inproc://{domain}-monitor"
-    sock.monitor(addr, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                 | zmq.EVENT_MONITOR_STOPPED)
-    monitor = ctx.socket(zmq.PAIR)
-    monitor.connect(addr)
+    monitor = monitor_socket(sock, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                             | zmq.EVENT_MONITOR_STOPPED)
     threading.Thread(target=_watch_handshakes, args=(sock, monitor, allow, auth, domain), name=f"zap-{name}",
                      daemon=True).start()
+
+
+_monitors = itertools.count(1)
+
+
+def monitor_socket(sock: zmq.Socket[Any], events: int) -> zmq.Socket[Any]:
+    """A PAIR socket receiving ``sock``'s events (``zmq.utils.monitor.recv_monitor_message`` reads them).
+
+    pyzmq's ``get_monitor_socket()`` names the endpoint after the socket's file
+    descriptor, which a socket opened right after a close reuses while libzmq's
+    reaper has not yet unbound the old monitor's endpoint ("Address already in
+    use"): every monitor here gets a name of its own.
+    """
+    addr = f"inproc://rlfleet-monitor-{next(_monitors)}"
+    sock.monitor(addr, events)
+    monitor = sock.context.socket(zmq.PAIR)
+    monitor.connect(addr)
+    return monitor
 
 
 def _watch_handshakes(sock: zmq.Socket[Any], monitor: zmq.Socket[Any], allow: _Allowlist,
