@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from common.wire.codec import Message, encode
 from common.wire.connection import Connection
 from common.wire.errors import CommTimeout, RemoteError, RequestError
 from common.wire.server import Peer, Server
-from common.wire.transport import CurveConfig, context, rejected_clients
+from common.wire.transport import CurveConfig, _ephemeral_ports, context, free_tcp_port, rejected_clients
 
 
 class EchoServer(Server):
@@ -179,3 +180,14 @@ def test_encode_sends_array_memory_without_copy() -> None:
     big = np.arange(1 << 16, dtype=np.float64)
     frames = encode(Message("insert", {"table": "t"}, {"x": big}))
     assert np.shares_memory(frames[1], big)
+
+
+def test_free_ports_are_distinct_and_never_from_the_range_outgoing_connections_use() -> None:
+    # a port from the ephemeral range can be taken by any outgoing connection (a client's local
+    # port) between the choice and the bind: the launcher's learner once failed to bind its metrics
+    low, high = _ephemeral_ports()
+    ports = [free_tcp_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert not [p for p in ports if low <= p <= high]
+    with socket.socket() as s:  # and each is free to bind
+        s.bind(("127.0.0.1", ports[-1]))

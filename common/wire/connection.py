@@ -34,7 +34,13 @@ from common.wire.codec import DEFAULT_LIMITS, Limits, Message, ProtocolError, en
 from common.wire.decoder import decode
 from common.wire.errors import CommTimeout, RemoteError
 from common.wire.transport import (
-    DEFAULT_HWM, NOBLOCK, CurveConfig, make_socket, monitor_socket, recv_frames, send_parts,
+    DEFAULT_HWM,
+    NOBLOCK,
+    CurveConfig,
+    make_socket,
+    monitor_socket,
+    recv_frames,
+    send_parts,
 )
 
 log = logging.getLogger(__name__)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -312,10 +314,44 @@ def recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
     return frames
 
 
+_handed_out: set[int] = set()  # ports free_tcp_port() gave this process (each at most once)
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (and for binds to port 0)."""
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_tcp_port(host: str = "127.0.0.1") -> int:
-    """A port that is free now (for tests and the local launcher)."""
+    """A port that is free now, for a server to bind a moment later (tests and the local launcher).
+
+    Drawn below the kernel's ephemeral range: a port from bind(("", 0)) comes
+    from that range, and every outgoing connection (a ZeroMQ client's, a
+    scrape's) takes its local port from it too, so between the choice and the
+    bind one of them could take it ("Address already in use", seen in CI). A
+    port is handed out at most once per process and is checked free by binding it.
+    """
     import socket
 
-    with socket.socket() as s:
+    low, _ = _ephemeral_ports()
+    top = min(low, 65536)
+    if top - 10000 >= 1000:
+        rng = random.Random()
+        for _ in range(200):
+            port = rng.randrange(10000, top)
+            if port in _handed_out:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
+    with socket.socket() as s:  # an unusual range: the kernel's choice
         s.bind((host, 0))
         return int(s.getsockname()[1])
