@@ -105,11 +105,15 @@ def record_gif(cfg: Experiment, policy: Any, seed: int, path: str | Path, max_fr
     import gymnasium as gym
     from PIL import Image
 
+    from common import atari
     from common.envs import custom_env_class
 
     kw = dict(cfg.env.kwargs)
     cls = custom_env_class(cfg.env.id)
-    if cls is not None:
+    if atari.is_atari(cfg.env.id):  # the screen as played, the policy fed the preprocessed frames
+        env = atari.make_atari(cfg.env.id, cfg.env.atari, {**kw, "render_mode": "rgb_array"},
+                               cfg.env.max_episode_steps, training=False)
+    elif cls is not None:
         env: gym.Env = cls(render_mode="rgb_array", **kw)  # type: ignore[type-arg, call-arg]
         if cfg.env.max_episode_steps:
             env = gym.wrappers.TimeLimit(env, cfg.env.max_episode_steps)

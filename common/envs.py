@@ -18,7 +18,7 @@ import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.utils import concatenate, iterate
 
-from common import algorithms
+from common import algorithms, atari
 from common.config import EnvConfig, Experiment
 
 
@@ -53,12 +53,19 @@ def custom_env_class(env_id: str) -> type[gym.Env] | None:  # type: ignore[type-
     return None  # gymnasium's own "module:EnvId-v0" form: the module registers it
 
 
-def env_factory(cfg: EnvConfig) -> Callable[[], gym.Env]:  # type: ignore[type-arg]
-    """A thunk that makes one env as configured (render_mode None: no rendering cost)."""
+def env_factory(cfg: EnvConfig, training: bool = True) -> Callable[[], gym.Env]:  # type: ignore[type-arg]
+    """A thunk that makes one env as configured (render_mode None: no rendering cost).
+
+    ``training`` False: an evaluation's env (Atari: whole games, real rewards; see common/atari.py)."""
     cls = custom_env_class(cfg.id)
 
     def make() -> gym.Env:  # type: ignore[type-arg]
-        if cls is not None:
+        if atari.is_atari(cfg.id):
+            try:
+                env = atari.make_atari(cfg.id, cfg.atari, cfg.kwargs, cfg.max_episode_steps, training)
+            except atari.AtariEnvError as exc:
+                raise EnvError(str(exc)) from None
+        elif cls is not None:
             env: gym.Env = cls(**cfg.kwargs)  # type: ignore[type-arg]
             if cfg.max_episode_steps:
                 env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)
@@ -119,7 +126,7 @@ class ThreadVectorEnv(SyncVectorEnv):
 
 
 def make_vector_env(cfg: EnvConfig, seed: int,  # type: ignore[type-arg]
-                    autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP) -> VectorEnv:
+                    autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, training: bool = True) -> VectorEnv:
     """``cfg.num_envs`` envs as one vector env, reset with seeds seed..seed+n-1 by the caller.
 
     ``autoreset_mode`` is the algorithm's (``AlgorithmModule.autoreset_mode``): NEXT_STEP spends a

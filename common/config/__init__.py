@@ -31,6 +31,7 @@ from common.config.loading import (
 )
 from common.config.sections import (
     ActorConfig,
+    AtariConfig,
     EnvConfig,
     EvaluatorConfig,
     LearnerConfig,
@@ -51,6 +52,7 @@ __all__ = [
     "ActorConfig",
     "AlgorithmConfig",
     "ConfigError",
+    "AtariConfig",
     "EnvConfig",
     "EvaluatorConfig",
     "Experiment",

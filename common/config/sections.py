@@ -37,6 +37,22 @@ class AlgorithmSettings(Strict):
         return False
 
 
+class AtariConfig(Strict):
+    """The standard Atari preprocessing (Mnih et al. 2015; Machado et al. 2018), applied to every
+    ``ALE/...`` env id. The training-only parts (episodic life, reward clipping) are left out of
+    evaluations, which play whole games and score their real rewards."""
+
+    frame_stack: PosInt = Field(4, description="frames stacked into one observation (the stack axis first)")
+    frame_skip: PosInt = Field(4, description="emulator frames per agent step (the last two max-pooled)")
+    screen_size: Annotated[int, Field(ge=36)] = Field(84, description="frames resized to this square, grayscale")
+    noop_max: Annotated[int, Field(ge=0)] = Field(30, description="up to this many no-op steps after a reset")
+    terminal_on_life_loss: bool = Field(
+        True, description="training: a lost life ends the episode for learning (the game goes on; SB3's"
+        " EpisodicLifeEnv)")
+    clip_rewards: bool = Field(True, description="training: rewards clipped to their sign")
+    fire_reset: bool = Field(True, description="press FIRE after each reset in games that need it to start")
+
+
 class EnvConfig(Strict):
     id: str = Field("CartPole-v1", description="gymnasium id, or 'module:Class' for a custom env")
     num_envs: PosInt = Field(4, description="environments per actor, stepped as one vector env")
@@ -49,6 +65,7 @@ class EnvConfig(Strict):
     )
     max_episode_steps: PosInt | None = Field(None, description="override the env's time limit")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to gymnasium.make")
+    atari: AtariConfig = Field(default_factory=lambda: AtariConfig(), description="ALE/... ids: preprocessing")
 
 
 class ActorConfig(Strict):
@@ -107,6 +124,10 @@ class TableConfig(Strict):
         "algorithm", description="the learner's table: fixed at start to the columns the algorithm's actors "
         "insert (algorithm), or by its first insert (first_insert: a table your own clients fill); other "
         "tables: always first_insert")
+    frames: Literal["auto", "off"] = Field(
+        "auto", description="auto: uniform and prioritized tables store each frame of image-stack columns (uint8"
+        " [stack, h, w]: obs and next_obs of Atari) once, and rebuild the stacks when sampled; off: every item"
+        " keeps its own stacks")
 
     @model_validator(mode="after")
     def _limiter(self) -> TableConfig:

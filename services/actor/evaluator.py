@@ -33,7 +33,7 @@ def eval_envs(cfg: Experiment, episodes: int, seed: int) -> VectorEnv:  # type: 
     update: dict[str, Any] = {"num_envs": episodes}
     if cfg.evaluator.vectorization is not None:
         update["vectorization"] = cfg.evaluator.vectorization
-    return make_vector_env(cfg.env.model_copy(update=update), seed)
+    return make_vector_env(cfg.env.model_copy(update=update), seed, training=False)
 
 
 def evaluate(policy: Any, cfg: Experiment, episodes: int, seed: int,

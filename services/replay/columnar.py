@@ -23,6 +23,7 @@ import numpy as np
 
 from common.config import TableConfig
 from common.wire.codec import DTYPE_NAMES
+from services.replay.frames import FrameColumns, frame_columns
 from services.replay.prefault import Prefaulter
 from services.replay.ratelimiter import RateLimiter
 
@@ -83,6 +84,7 @@ def batch_schema(arrays: Mapping[str, np.ndarray]) -> tuple[int, Schema]:
 
 class Table:
     kind = ""
+    stores_frames_once = True  # a kind whose items are overwritten in ring order can share frames
 
     def __init__(self, cfg: TableConfig, rng: np.random.Generator | None = None) -> None:
         self.name = cfg.name
@@ -94,6 +96,8 @@ class Table:
         self.generation = 0  # counts allocations of the columns: a packed_plan is for one generation
         self._prefault: Prefaulter | None = None
         self.columns: dict[str, np.ndarray] = {}
+        self.dedup_frames = cfg.frames == "auto" and self.stores_frames_once
+        self.frames: FrameColumns | None = None  # image-stack columns kept as frame references (frames.py)
         self.next_key = 0
         self.size = 0
         self.inserted_items = 0
@@ -167,6 +171,13 @@ class Table:
         self._signature = None
         self.generation += 1
         self.columns = {name: np.zeros((self.capacity, *s.shape), s.dtype) for name, s in schema.items()}
+        self.frames = None
+        stacks = frame_columns(schema) if self.dedup_frames else []
+        shapes = {schema[name].shape[1:] for name in stacks}
+        if len(shapes) == 1:  # one pool for the stacks of one frame shape (obs and next_obs share frames)
+            self.frames = FrameColumns(stacks, shapes.pop(), self.capacity)
+            for name in stacks:  # -1: a slot that holds no item's frames yet
+                self.columns[name] = np.full((self.capacity, schema[name].shape[0]), -1, np.int32)
         if self._prefault is not None:
             self._prefault.close()
         # pages made resident ahead of the first lap of writes (services/replay/prefault.py)
@@ -194,6 +205,10 @@ class Table:
         first = self.next_key
         start = first % self.capacity
         head = min(n, self.capacity - start)  # contiguous slices, not fancy indexing: 5x faster
+        if self.frames is not None:
+            replaced = {name: np.concatenate([self.columns[name][start:start + head], self.columns[name][:n - head]])
+                        for name in self.frames.names}
+            arrays = self.frames.store(arrays, replaced)
         if head == n:
             for name, col in self.columns.items():
                 col[start:start + n] = arrays[name]
@@ -220,7 +235,7 @@ class Table:
         as the decoder describes a checked packed layout) straight into the columns: per column,
         its bytes, the array's offset in the payload and the bytes of one item. None if a column
         is missing from it, or its bytes are not the column's (another dtype; a big-endian host)."""
-        if sys.byteorder != "little" or self.schema is None:
+        if sys.byteorder != "little" or self.schema is None or self.frames is not None:
             return None
         found = {name: (dtype, shape, offset) for name, dtype, shape, offset in items}
         plan = []
@@ -261,6 +276,8 @@ class Table:
         keys, prob, weight = self._select(batch_size, beta)
         slots = self._slots(keys)
         data = {name: col[slots] for name, col in self.columns.items()}
+        if self.frames is not None:
+            self.frames.expand(data)
         self.sampled_items += len(keys)
         self.limiter.sampled(len(keys))
         return Sampled(keys, prob, weight, data)
@@ -279,6 +296,10 @@ class Table:
         keys = np.arange(self.oldest_key, self.next_key, dtype=np.uint64)
         slots = self._slots(keys)
         arrays = {name: col[slots] for name, col in self.columns.items()}
+        if self.frames is not None:  # the frames the live items use, once; their references renumbered
+            frames, refs = self.frames.pool.export([arrays[name] for name in self.frames.names])
+            arrays.update(zip(self.frames.names, refs, strict=True))
+            arrays["__frames__"] = frames
         meta = {
             "kind": self.kind,
             "capacity": self.capacity,
@@ -304,14 +325,36 @@ class Table:
             self._allocate(schema)
             keys = np.arange(self.next_key - keep, self.next_key, dtype=np.uint64)
             slots = self._slots(keys)
+            stored = dict(arrays)
+            if self.frames is not None or "__frames__" in arrays:
+                stored.update(self._restore_frames(arrays, size - keep))
             for name, col in self.columns.items():
-                col[slots] = arrays[name][size - keep:]
+                col[slots] = stored[name][size - keep:]
             self._restored(slots, arrays, size - keep)
         self.size = keep
         self.limiter.restore(meta.get("limiter", {}))
         self.inserted_items = int(meta.get("inserted_items", 0))
         self.sampled_items = int(meta.get("sampled_items", 0))
         return keep
+
+    def _restore_frames(self, arrays: Mapping[str, np.ndarray], skip: int) -> dict[str, np.ndarray]:
+        """The stored form of a snapshot's image-stack columns: references into this table's pool, or
+        the stacks themselves if this table keeps none (``frames: off``); rows before ``skip`` unused."""
+        snap = arrays.get("__frames__")
+        names = self.frames.names if self.frames is not None else \
+            [n for n, col in self.columns.items() if snap is not None and arrays[n].ndim == 2 and col.ndim == 4]
+        out: dict[str, np.ndarray] = {}
+        for name in names:
+            kept = arrays[name][skip:]
+            if self.frames is None:  # the snapshot shares frames, this table does not
+                out[name] = np.concatenate([np.zeros((skip, *self.columns[name].shape[1:]), np.uint8), snap[kept]])
+            elif snap is None:  # the snapshot kept whole stacks
+                out[name] = np.concatenate([np.full((skip, kept.shape[1]), -1, np.int32),
+                                            self.frames.pool.intern(kept)])
+            else:
+                out[name] = np.concatenate([np.full((skip, kept.shape[1]), -1, np.int32),
+                                            self.frames.pool.load(snap, kept)])
+        return out
 
     def _restored(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray], skip: int) -> None:
         """Hook: per-item bookkeeping after a restore."""
@@ -336,4 +379,16 @@ class Table:
             # match (null: none yet)
             "schema": None if self.schema is None else
             {n: f"{DTYPE_NAMES.get(sp.dtype, sp.dtype.str)}{list(sp.shape)}" for n, sp in self.schema.items()},
+            # image stacks kept as shared frames (none: each item keeps its own), the frames held, and
+            # what an item costs
+            "frame_columns": [] if self.frames is None else self.frames.names,
+            "frames_stored": 0 if self.frames is None else self.frames.pool.live,
+            "bytes_per_item": round(self.bytes_per_item(), 1),
         }
+
+    def bytes_per_item(self) -> float:
+        """Bytes the live items take in this table: their columns' rows and, with shared frames, the frames."""
+        row = sum(col.itemsize * (col.size // self.capacity) for col in self.columns.values())
+        if not self.size:
+            return float(row)
+        return row + (self.frames.pool.nbytes / self.size if self.frames is not None else 0.0)

@@ -120,6 +120,7 @@ class PrioritizedTable(Table):
 
 class QueueTable(Table):
     kind = "queue"
+    stores_frames_once = False  # items leave by pops, in any number: each keeps its own stacks
 
     def can_insert(self, n: int) -> bool:
         return self.size + n <= self.capacity and self.limiter.can_insert(self.size)

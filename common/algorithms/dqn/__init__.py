@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.algorithms.contract import AlgorithmModule, EnvMismatch
 from common.algorithms.dqn.config import DQNConfig
+from common.algorithms.torsos import choose_torso
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -39,6 +40,7 @@ def check_env(cfg: DQNConfig, observation_space: gym.Space[Any], action_space: g
         raise EnvMismatch(
             f"algorithm {cfg.name} needs a Box observation space (flattened into an MLP); {env} has {observation_space}"
         )
+    choose_torso(cfg.torso, observation_space, cfg.name, env)
 
 
 def make_policy(cfg: DQNConfig, observation_space: gym.Space[Any], action_space: gym.Space[Any],

@@ -18,7 +18,9 @@ class DQNConfig(AlgorithmSettings):
     per_rank_fields: ClassVar[tuple[str, ...]] = ("batch_size",)
 
     name: Literal["dqn"] = "dqn"
-    hidden: list[PosInt] = Field(default_factory=lambda: [256, 256], description="MLP layer widths")
+    torso: Literal["auto", "mlp", "nature_cnn"] = Field(
+        "auto", description="auto: the Nature CNN for image observations (uint8 [stack, h, w]), else an MLP")
+    hidden: list[PosInt] = Field(default_factory=lambda: [256, 256], description="MLP layer widths (torso mlp)")
     dueling: bool = Field(True, description="separate value and advantage heads")
     double: bool = Field(True, description="double-Q targets (online argmax, target value)")
     gamma: Annotated[float, Field(gt=0, le=1)] = Field(0.99, description="discount")
@@ -43,6 +45,9 @@ class DQNConfig(AlgorithmSettings):
         1.0, description="every actor's epsilon at fleet step 0 (with epsilon_decay_steps)"
     )
     priority_eps: PosFloat = Field(1e-3, description="added to |TD error| to form a priority")
+    actor_priorities: bool = Field(
+        True, description="actors compute each item's initial priority (Ape-X: two forward passes per item);"
+        " false: items enter at the table's highest priority (cheaper acting with a CNN on CPU)")
     hogwild: bool = Field(
         False, description="gradient workers instead of a learner (HogWild DQN): each actor keeps its own"
         " buffer, computes the loss's gradient on batches of it and pushes it to the paramserver, whose shards"

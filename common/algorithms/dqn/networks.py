@@ -1,4 +1,4 @@
-"""The DQN Q-network: an MLP torso with a dueling or a plain head.
+"""The DQN Q-network: an MLP or Nature CNN torso with a dueling or a plain head.
 
 The actor and the learner build the same module from the same config, so the
 names of its state_dict are the names the paramserver publishes.
@@ -13,25 +13,35 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.algorithms.cnn import NatureCNN
 from common.algorithms.dqn import check_env
 from common.algorithms.dqn.config import DQNConfig
+from common.algorithms.torsos import choose_torso
 
 
 class QNetwork(nn.Module):
-    """Q(s, .) for flat float inputs (any observation shape is flattened).
+    """Q(s, .) over an MLP torso (any observation shape flattened) or the Nature CNN (uint8 frames).
 
     Dueling (Wang et al. 2016): Q = V(s) + A(s, a) - mean_a A(s, a), which
     keeps V and A identifiable. ``hidden=[]`` gives a linear Q-function.
     """
 
-    def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], dueling: bool) -> None:
+    def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], dueling: bool,
+                 image_shape: Sequence[int] | None = None) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
         width = obs_dim
-        for size in hidden:
-            layers += [nn.Linear(width, size), nn.ReLU()]
-            width = size
-        self.torso = nn.Sequential(*layers)
+        self.torso: nn.Module
+        if image_shape is not None:  # the Nature CNN: its 512 features feed the heads
+            c, h, w = image_shape
+            self.torso = NatureCNN(c, h, w)
+            width = self.torso.features
+        else:
+            layers: list[nn.Module] = []
+            for size in hidden:
+                layers += [nn.Linear(width, size), nn.ReLU()]
+                width = size
+            self.torso = nn.Sequential(*layers)
+        self.is_mlp = image_shape is None
         self.dueling = dueling
         if dueling:
             self.value = nn.Linear(width, 1)
@@ -40,7 +50,7 @@ class QNetwork(nn.Module):
             self.head = nn.Linear(width, num_actions)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        features = self.torso(obs.flatten(1).float())
+        features = self.torso(obs.flatten(1).float() if self.is_mlp else obs)
         if not self.dueling:
             return self.head(features)  # type: ignore[no-any-return]
         advantage = self.advantage(features)
@@ -49,8 +59,10 @@ class QNetwork(nn.Module):
     def numpy_layers(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """(W^T, b) float32 copies per layer, for :func:`numpy_q`; a dueling head folded into one layer.
 
-        V + A_j - mean_k A_k is linear in the features: one (features x actions) layer.
+        V + A_j - mean_k A_k is linear in the features: one (features x actions) layer. MLP torsos only.
         """
+        if not self.is_mlp:
+            raise TypeError("numpy_layers: a CNN torso acts in torch")
         with torch.no_grad():
             layers: list[tuple[torch.Tensor, torch.Tensor]] = [
                 (m.weight.t(), m.bias) for m in self.torso if isinstance(m, nn.Linear)]
@@ -84,10 +96,13 @@ def obs_dim(observation_space: gym.Space) -> int:
 
 
 def build_q_network(
-    hidden: Sequence[int], dueling: bool, observation_space: gym.Space, action_space: gym.Space
+    hidden: Sequence[int], dueling: bool, observation_space: gym.Space, action_space: gym.Space,
+    torso: str = "auto",
 ) -> QNetwork:
     assert isinstance(action_space, gym.spaces.Discrete)
-    return QNetwork(obs_dim(observation_space), int(action_space.n), hidden, dueling)
+    cnn = choose_torso(torso, observation_space, "dqn", "the env") == "nature_cnn"
+    return QNetwork(obs_dim(observation_space), int(action_space.n), hidden, dueling,
+                    image_shape=tuple(observation_space.shape) if cnn else None)  # type: ignore[arg-type]
 
 
 def seeded_q_network(cfg: DQNConfig, observation_space: gym.Space, action_space: gym.Space, seed: int) -> QNetwork:
@@ -96,7 +111,7 @@ def seeded_q_network(cfg: DQNConfig, observation_space: gym.Space, action_space:
     check_env(cfg, observation_space, action_space)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return build_q_network(cfg.hidden, cfg.dueling, observation_space, action_space)
+        return build_q_network(cfg.hidden, cfg.dueling, observation_space, action_space, cfg.torso)
 
 
 def n_step_target(

@@ -78,7 +78,8 @@ class DQNPolicy:
         self.num_actions = int(action_space.n)  # type: ignore[attr-defined]
         self.rng = np.random.default_rng(seed if act_seed is None else act_seed)
         self.epsilon = 0.0
-        self._numpy = self.device.type == "cpu"  # a CUDA policy acts in torch: no host copy to keep
+        # a CUDA policy and a CNN act in torch: no host copy to keep
+        self._numpy = self.device.type == "cpu" and self.net.is_mlp
         self._layers = self.net.numpy_layers() if self._numpy else []
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
@@ -102,7 +103,7 @@ class DQNPolicy:
         if self._numpy and len(obs) <= NUMPY_ROWS:
             return numpy_q(self._layers, obs)
         with torch.inference_mode():
-            return self.net(to_device(obs, self.device)).cpu().numpy()  # type: ignore[no-any-return]
+            return self.net(to_device(np.asarray(obs), self.device)).cpu().numpy()  # type: ignore[no-any-return]
 
     def act(self, obs: np.ndarray, *, deterministic: bool = False) -> tuple[np.ndarray, Columns]:
         """int64[B] actions: uniform with probability epsilon, else greedy; no extras.
@@ -118,13 +119,16 @@ class DQNPolicy:
         actions[explore] = random_actions[explore]
         return actions, NO_EXTRAS
 
-    def priorities(self, items: Mapping[str, np.ndarray]) -> np.ndarray:
+    def priorities(self, items: Mapping[str, np.ndarray]) -> np.ndarray | None:
         """|n-step TD error| + priority_eps, float64[B], computed where the data is made.
 
         An actor has no target network, so the bootstrap uses its online net for
         both choosing and valuing a* (max_a Q(s', a)). Ape-X does the same; the
-        learner overwrites these with proper double-Q errors once sampled.
+        learner overwrites these with proper double-Q errors once sampled. None with
+        ``actor_priorities: false`` (the items enter at the table's highest priority).
         """
+        if not self.cfg.actor_priorities:
+            return None
         obs = to_device(column(items, "obs"), self.device)
         next_obs = to_device(column(items, "next_obs"), self.device)
         action = to_device(column(items, "action"), self.device).long()
