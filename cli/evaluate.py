@@ -110,11 +110,12 @@ def record_gif(cfg: Experiment, policy: Any, seed: int, path: str | Path, max_fr
 
     kw = dict(cfg.env.kwargs)
     cls = custom_env_class(cfg.env.id)
+    env: gym.Env  # type: ignore[type-arg]
     if atari.is_atari(cfg.env.id):  # the screen as played, the policy fed the preprocessed frames
         env = atari.make_atari(cfg.env.id, cfg.env.atari, {**kw, "render_mode": "rgb_array"},
                                cfg.env.max_episode_steps, training=False)
     elif cls is not None:
-        env: gym.Env = cls(render_mode="rgb_array", **kw)  # type: ignore[type-arg, call-arg]
+        env = cls(render_mode="rgb_array", **kw)  # type: ignore[call-arg]
         if cfg.env.max_episode_steps:
             env = gym.wrappers.TimeLimit(env, cfg.env.max_episode_steps)
     else:

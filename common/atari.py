@@ -81,7 +81,8 @@ class FireReset(gym.Wrapper):  # type: ignore[type-arg]
 
     def reset(self, **kwargs: Any) -> Any:
         self.env.reset(**kwargs)
-        obs, info = None, {}
+        obs: Any = None
+        info: dict[str, Any] = {}
         for action in (1, 2):
             obs, _, terminated, truncated, info = self.env.step(action)
             if terminated or truncated:

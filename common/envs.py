@@ -60,13 +60,14 @@ def env_factory(cfg: EnvConfig, training: bool = True) -> Callable[[], gym.Env]:
     cls = custom_env_class(cfg.id)
 
     def make() -> gym.Env:  # type: ignore[type-arg]
+        env: gym.Env  # type: ignore[type-arg]
         if atari.is_atari(cfg.id):
             try:
                 env = atari.make_atari(cfg.id, cfg.atari, cfg.kwargs, cfg.max_episode_steps, training)
             except atari.AtariEnvError as exc:
                 raise EnvError(str(exc)) from None
         elif cls is not None:
-            env: gym.Env = cls(**cfg.kwargs)  # type: ignore[type-arg]
+            env = cls(**cfg.kwargs)
             if cfg.max_episode_steps:
                 env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)
         else:

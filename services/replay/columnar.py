@@ -341,20 +341,16 @@ class Table:
         """The stored form of a snapshot's image-stack columns: references into this table's pool, or
         the stacks themselves if this table keeps none (``frames: off``); rows before ``skip`` unused."""
         snap = arrays.get("__frames__")
-        names = self.frames.names if self.frames is not None else \
-            [n for n, col in self.columns.items() if snap is not None and arrays[n].ndim == 2 and col.ndim == 4]
-        out: dict[str, np.ndarray] = {}
-        for name in names:
-            kept = arrays[name][skip:]
-            if self.frames is None:  # the snapshot shares frames, this table does not
-                out[name] = np.concatenate([np.zeros((skip, *self.columns[name].shape[1:]), np.uint8), snap[kept]])
-            elif snap is None:  # the snapshot kept whole stacks
-                out[name] = np.concatenate([np.full((skip, kept.shape[1]), -1, np.int32),
-                                            self.frames.pool.intern(kept)])
-            else:
-                out[name] = np.concatenate([np.full((skip, kept.shape[1]), -1, np.int32),
-                                            self.frames.pool.load(snap, kept)])
-        return out
+        if self.frames is None:  # the snapshot shares frames, this table does not: whole stacks again
+            assert snap is not None
+            return {n: np.concatenate([np.zeros((skip, *col.shape[1:]), np.uint8), snap[arrays[n][skip:]]])
+                    for n, col in self.columns.items() if arrays[n].ndim == 2 and col.ndim == 4}
+        kept = [arrays[name][skip:] for name in self.frames.names]
+        pool = self.frames.pool
+        # a snapshot of whole stacks (taken with frames: off) is interned; one of shared frames loaded
+        refs = [pool.intern(k) for k in kept] if snap is None else pool.load(snap, kept)
+        return {name: np.concatenate([np.full((skip, r.shape[1]), -1, np.int32), r])
+                for name, r in zip(self.frames.names, refs, strict=True)}
 
     def _restored(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray], skip: int) -> None:
         """Hook: per-item bookkeeping after a restore."""

@@ -111,15 +111,16 @@ class FramePool:
         used = used[used >= 0]
         return self.frames[used], [np.searchsorted(used, r).astype(np.int32) for r in refs]
 
-    def load(self, frames: np.ndarray, refs: np.ndarray) -> np.ndarray:
-        """Intern a snapshot's ``frames`` and count ``refs`` (indices into them); the pool's own refs."""
+    def load(self, frames: np.ndarray, refs: list[np.ndarray]) -> list[np.ndarray]:
+        """Intern a snapshot's ``frames`` and count ``refs`` (indices into them); the pool's own references."""
         if not len(frames):
-            return refs.astype(np.int32)
+            return [r.astype(np.int32) for r in refs]
         mine = self.intern(frames[:, None])[:, 0]
-        out = mine[refs]
-        np.add.at(self.refs, out.ravel(), 1)
+        out = [mine[r].astype(np.int32) for r in refs]
+        for r in out:
+            np.add.at(self.refs, r.ravel(), 1)
         self.release(mine)  # interning counted each frame once: only the items' references count
-        return out.astype(np.int32)
+        return out
 
 
 class FrameColumns:

@@ -60,12 +60,13 @@ class NStepAdder(VectorStepAdder):
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         action_shape: tuple[int, ...] = (),
         action_dtype: type | np.dtype = np.int64,
+        obs_dtype: type | np.dtype = np.float32,
     ) -> None:
         """``action_shape`` / ``action_dtype``: one action as stored (``()`` int64 for Discrete;
         ``(A,)`` float32 for a Box of A dimensions)."""
         if n_step < 1:
             raise ValueError(f"n_step={n_step}; allowed: >= 1")
-        super().__init__(num_envs, obs_shape, autoreset_mode)
+        super().__init__(num_envs, obs_shape, autoreset_mode, obs_dtype)
         self.n_step = n_step
         self.gamma = gamma
         self._powers = gamma ** np.arange(n_step + 1, dtype=np.float64)
@@ -74,7 +75,7 @@ class NStepAdder(VectorStepAdder):
         self._upper = np.where(offsets >= 0, gamma ** np.maximum(offsets, 0), 0.0)
         # Per slot: a ring of the last n (obs, action, reward); `_length` entries
         # are open windows, the oldest at (_head - _length) % n.
-        self._obs = np.zeros((num_envs, n_step, *self.obs_shape), np.float32)
+        self._obs = np.zeros((num_envs, n_step, *self.obs_shape), self.obs_dtype)
         self.action_shape, self.action_dtype = tuple(action_shape), np.dtype(action_dtype)
         self._action = np.zeros((num_envs, n_step, *self.action_shape), self.action_dtype)
         self._reward = np.zeros((num_envs, n_step), np.float64)
@@ -131,7 +132,7 @@ class NStepAdder(VectorStepAdder):
 
     def schema(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Every column of the items :meth:`add` returns: (dtype name, per-item shape)."""
-        obs = ("float32", self.obs_shape)
+        obs = (self.obs_dtype.name, self.obs_shape)
         return {"obs": obs, "action": (self.action_dtype.name, self.action_shape), "reward": ("float32", ()),
                 "next_obs": obs, "discount": ("float32", ()), "version": ("int64", ())}
 
@@ -162,7 +163,7 @@ class NStepAdder(VectorStepAdder):
             "obs": self._obs[slot, pos[row, col]],
             "action": self._action[slot, pos[row, col]],
             "reward": returns[row, col].astype(np.float32),
-            "next_obs": np.asarray(bootstrap[slot], np.float32),
+            "next_obs": np.asarray(bootstrap[slot], self.obs_dtype),
             "discount": np.where(terminated[slot], 0.0, self._powers[span]).astype(np.float32),
             "version": self._version[slot, pos[row, col]],
         }

@@ -19,19 +19,28 @@ from gymnasium.vector import AutoresetMode
 Columns = dict[str, np.ndarray]
 
 
+def stored_obs_dtype(observation_space: Any) -> np.dtype[Any]:
+    """How adders keep observations: uint8 images as uint8 (scaled on the learner's device), the rest float32."""
+    dtype = getattr(observation_space, "dtype", None)
+    return np.dtype(np.uint8) if dtype == np.uint8 else np.dtype(np.float32)
+
+
 class VectorStepAdder:
     """The base of :class:`~common.algorithms.adders.nstep.NStepAdder` and the PPO segment adder."""
 
     def __init__(self, num_envs: int, obs_shape: tuple[int, ...],
-                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP) -> None:
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+                 obs_dtype: type | np.dtype[Any] = np.float32) -> None:
+        """``obs_dtype``: observations as stored and sent (:func:`stored_obs_dtype`: uint8 frames stay uint8)."""
         mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
             raise ValueError(f"autoreset mode {mode.value!r} is not supported; allowed: NextStep, SameStep")
         self.num_envs = num_envs
         self.obs_shape = tuple(obs_shape)
+        self.obs_dtype = np.dtype(obs_dtype)
         self.autoreset_mode = mode
         self._length = np.zeros(num_envs, np.int64)  # steps recorded, not yet emitted, per slot
-        self._current = np.zeros((num_envs, *self.obs_shape), np.float32)
+        self._current = np.zeros((num_envs, *self.obs_shape), self.obs_dtype)
         self._skip = np.zeros(num_envs, bool)  # NEXT_STEP: this slot's next step is a reset
         self._started = False
 
@@ -76,7 +85,7 @@ class VectorStepAdder:
             return next_obs
         if infos is None or "final_obs" not in infos:
             raise ValueError("SAME_STEP autoreset: an episode ended but infos has no 'final_obs'")
-        final = next_obs.astype(np.float32, copy=True)
+        final = next_obs.astype(self.obs_dtype, copy=True)
         for slot in np.flatnonzero(done):
             final[slot] = infos["final_obs"][slot]
         return final

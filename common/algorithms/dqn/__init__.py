@@ -60,11 +60,13 @@ def make_learner(cfg: DQNConfig, observation_space: gym.Space[Any], action_space
 def make_adder(cfg: DQNConfig, num_envs: int, observation_space: gym.Space[Any], action_space: gym.Space[Any],
                autoreset_mode: Any) -> NStepAdder:
     from common.algorithms.adders.nstep import NStepAdder
+    from common.algorithms.adders.vector_steps import stored_obs_dtype
 
     shape = observation_space.shape
     if shape is None:
         raise EnvMismatch(f"observation space {observation_space} has no shape")
-    return NStepAdder(num_envs, cfg.n_step, cfg.gamma, tuple(shape), autoreset_mode)
+    return NStepAdder(num_envs, cfg.n_step, cfg.gamma, tuple(shape), autoreset_mode,
+                      obs_dtype=stored_obs_dtype(observation_space))
 
 
 def make_worker(cfg: DQNConfig, observation_space: gym.Space[Any], action_space: gym.Space[Any],

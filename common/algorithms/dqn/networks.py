@@ -65,7 +65,7 @@ class QNetwork(nn.Module):
             raise TypeError("numpy_layers: a CNN torso acts in torch")
         with torch.no_grad():
             layers: list[tuple[torch.Tensor, torch.Tensor]] = [
-                (m.weight.t(), m.bias) for m in self.torso if isinstance(m, nn.Linear)]
+                (m.weight.t(), m.bias) for m in self.torso.modules() if isinstance(m, nn.Linear)]
             if self.dueling:
                 adv_w, adv_b = self.advantage.weight, self.advantage.bias
                 layers.append(((self.value.weight + adv_w - adv_w.mean(dim=0, keepdim=True)).t(),
