@@ -1,0 +1,389 @@
+"""Pixels through the fleet (Pong, configs/pong-dqn.yaml), each figure beside its ceiling in the same run.
+
+    .venv/bin/python -m bench.pixels [--quick] [--curve SECONDS]
+
+- ``frames_ratio``: env frames/s (agent steps x frame skip) of ``rlfleet up`` with 1, 2 and 4 actors
+  (learner, replay, paramserver and evaluator running too) over their steady part, against a bare loop
+  of one actor's vector env (same preprocessing, random actions) in one process on this machine's
+  cores. Beside it, ``actor_loop``: the same vector env acted on by the CNN policy with the adder
+  and the Ape-X initial priorities, in one process without sockets, the most an actor could do.
+- ``bytes_ratio``: replay bytes per transition, frames shared (``frames: auto``), against the same
+  table keeping whole stacks (``frames: off``), both filled with the same real Pong transitions
+  (random play through the n-step adder) past one lap of the ring.
+- ``ingest_ratio``: insert MB/s of real Pong transitions (64 per insert, acked, ``actor.max_unacked``
+  window) into a replay process with shared frames, against raw PUSH/PULL of the very same encoded
+  bytes between two processes. Median of 3 alternating repeats.
+- ``learner_ratio``: DQN updates/s of the Nature CNN (batch 32) sampling a replay process over a
+  socket (priorities written back), against the same learner in a loop over batches already in
+  memory. Median of 3 alternating repeats.
+
+``--curve SECONDS``: also train Pong for that long with the shipped config and 2 actors, and write
+the curve (eval return against env frames and wall time) next to the JSON (bench/results/).
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import multiprocessing as mp
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import zmq
+
+from common import config as config_mod
+from common.config import ActorConfig, ReplayConfig, TableConfig
+from common.envs import acting_policy, make_vector_env, probe_env
+
+CONFIG = "configs/pong-dqn.yaml"
+CTX = mp.get_context("spawn")
+RESULTS = Path("bench/results")
+
+
+def pong_config() -> Any:
+    return config_mod.load(CONFIG, [], environ={})
+
+
+def transitions(count: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Real Pong transitions: random play through DQN's n-step adder, as an actor makes them."""
+    from common import algorithms
+
+    cfg = pong_config()
+    algo = algorithms.get(cfg.algorithm.name)
+    envs = make_vector_env(cfg.env, seed, algo.autoreset_mode)
+    adder = algo.make_adder(cfg.algorithm, cfg.env.num_envs, envs.single_observation_space,
+                            envs.single_action_space, algo.autoreset_mode)
+    rng = np.random.default_rng(seed)
+    parts: list[dict[str, np.ndarray]] = []
+    n = 0
+    try:
+        obs, _ = envs.reset(seed=seed)
+        adder.reset(obs)
+        while n < count:
+            actions = np.asarray(rng.integers(0, 6, cfg.env.num_envs))  # Pong's 6 actions
+            obs, rewards, terminated, truncated, infos = envs.step(actions)
+            items = adder.add(actions, {}, obs, rewards, terminated, truncated, infos, 0)
+            if len(items["obs"]):
+                parts.append(items)
+                n += len(items["obs"])
+    finally:
+        envs.close()
+    return {k: np.concatenate([p[k] for p in parts])[:count] for k in parts[0]}
+
+
+def chunks(data: dict[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:
+    n = len(data["obs"])
+    return [{k: v[i:i + size] for k, v in data.items()} for i in range(0, n - size + 1, size)]
+
+
+# -- frames -------------------------------------------------------------------
+def env_ceiling(seconds: float) -> float:
+    """Env frames/s of one actor's vector env, random actions, no policy."""
+    cfg = pong_config()
+    envs = make_vector_env(cfg.env, 0)
+    rng = np.random.default_rng(0)
+    try:
+        envs.reset(seed=0)
+        steps, start = 0, time.monotonic()
+        while time.monotonic() - start < seconds:
+            envs.step(rng.integers(0, 6, cfg.env.num_envs))
+            steps += cfg.env.num_envs
+        return steps * cfg.env.atari.frame_skip / (time.monotonic() - start)
+    finally:
+        envs.close()
+
+
+def actor_loop(seconds: float) -> dict[str, float]:
+    """Env frames/s of one actor's work without sockets: CNN acting, the adder, initial priorities."""
+    from common import algorithms
+
+    cfg = pong_config()
+    torch.set_num_threads(cfg.actor.torch_threads)
+    algo = algorithms.get(cfg.algorithm.name)
+    envs = make_vector_env(cfg.env, 0, algo.autoreset_mode)
+    policy = acting_policy(cfg, 0)
+    policy.explore(0, 1, 0)
+    adder = algo.make_adder(cfg.algorithm, cfg.env.num_envs, envs.single_observation_space,
+                            envs.single_action_space, algo.autoreset_mode)
+    spent = {"env": 0.0, "act": 0.0, "priorities": 0.0}
+    pending: list[dict[str, np.ndarray]] = []
+    try:
+        obs, _ = envs.reset(seed=0)
+        adder.reset(obs)
+        steps, start = 0, time.monotonic()
+        while time.monotonic() - start < seconds:
+            t0 = time.perf_counter()
+            actions, extras = policy.act(obs)
+            t1 = time.perf_counter()
+            obs, rewards, terminated, truncated, infos = envs.step(actions)
+            t2 = time.perf_counter()
+            pending.append(adder.add(actions, extras, obs, rewards, terminated, truncated, infos, 0))
+            if sum(len(p["obs"]) for p in pending) >= cfg.actor.insert_batch:
+                batch = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+                policy.priorities(batch)
+                pending = []
+            spent["act"] += t1 - t0
+            spent["env"] += t2 - t1
+            spent["priorities"] += time.perf_counter() - t2
+            steps += cfg.env.num_envs
+        elapsed = time.monotonic() - start
+        out = {"frames_per_s": steps * cfg.env.atari.frame_skip / elapsed}
+        out.update({f"ms_per_step_{k}": 1000 * v / steps for k, v in spent.items()})
+        return out
+    finally:
+        envs.close()
+
+
+def fleet_frames(actors: int, seconds: float, runs: Path) -> dict[str, Any]:
+    """Steady env frames/s of ``rlfleet up`` with ``actors`` actors (the first quarter left out)."""
+    root = runs / f"actors-{actors}"
+    cmd = [sys.executable, "-m", "cli", "up", "--config", CONFIG, "--actors", str(actors), "--max-seconds",
+           str(seconds), "--runs", str(root)]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=seconds + 180)
+    dirs = sorted(root.glob("*/progress.csv"))
+    if not dirs:
+        raise SystemExit(f"no progress.csv under {root}; exit {proc.returncode}:\n{proc.stdout[-2000:]}")
+    rows = list(csv.DictReader(dirs[-1].open()))
+    rows = [r for r in rows if float(r["wall_s"]) >= seconds / 4]
+    first, last = rows[0], rows[-1]
+    steps = float(last["env_steps"]) - float(first["env_steps"])
+    wall = float(last["wall_s"]) - float(first["wall_s"])
+    skip = pong_config().env.atari.frame_skip
+    return {"frames_per_s": steps * skip / wall, "updates_per_s": (float(last["updates"]) - float(first["updates"]))
+            / wall}
+
+
+# -- bytes --------------------------------------------------------------------
+def bytes_per_transition(data: dict[str, np.ndarray], capacity: int) -> dict[str, float]:
+    from services.replay.tables import make_table
+
+    out = {}
+    for mode in ("auto", "off"):
+        table = make_table(TableConfig(kind="prioritized", capacity=capacity, min_size=1, frames=mode))
+        for part in chunks(data, 64):
+            table.insert(part)
+        out[mode] = table.bytes_per_item()
+    return out
+
+
+# -- ingest -------------------------------------------------------------------
+def _stop_when_set(stop: Any, srv: Any) -> None:
+    stop.wait()
+    srv.stop()
+
+
+def _server(addr_q: Any, stop: Any, capacity: int) -> None:
+    from common.metrics import ServiceMetrics
+    from services.replay.server import ReplayServer
+
+    cfg = ReplayConfig(tables=[TableConfig(name="main", kind="prioritized", capacity=capacity, min_size=1)])
+    srv = ReplayServer(cfg, ServiceMetrics("replay"), "tcp://127.0.0.1:0", max_held_bytes=1 << 30)
+    addr_q.put(srv.endpoint)
+    threading.Thread(target=_stop_when_set, args=(stop, srv), daemon=True).start()
+    srv.serve()
+    srv.close()
+
+
+def _pull(total: int, addr_q: Any, result_q: Any) -> None:
+    from common.wire.transport import make_socket
+
+    sock = make_socket(zmq.PULL, bind="tcp://127.0.0.1:0", hwm=100)
+    addr_q.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    sock.recv_multipart(copy=False)
+    t0 = time.monotonic()
+    for _ in range(total - 1):
+        sock.recv_multipart(copy=False)
+    result_q.put(("seconds", time.monotonic() - t0))
+    sock.close()
+
+
+def _writer(mode: str, addr: str, batches: list[dict[str, np.ndarray]], msgs: int, result_q: Any) -> None:
+    from common.wire.inserts import InsertEncoder
+
+    encoded = [InsertEncoder().frames("main", b, "bench-writer", 1, 1) for b in batches]
+    nbytes = sum(sum(len(memoryview(f)) for f in e) for e in encoded) / len(encoded)
+    if mode == "raw":
+        from common.wire.transport import make_socket
+
+        sock = make_socket(zmq.PUSH, connect=addr, hwm=100)
+        for i in range(msgs):
+            sock.send_multipart(encoded[i % len(encoded)], copy=False)
+        time.sleep(2.0)  # linger 0: stay until the receiver has everything
+        sock.close()
+        result_q.put(("bytes", nbytes))
+        return
+    from common.clients.replay_insert import InsertClient
+
+    client = InsertClient(addr, f"bench-{time.time_ns()}", max_unacked=ActorConfig().max_unacked)
+    client.insert("main", batches[0], timeout_s=60)
+    client.flush(60)
+    t0 = time.monotonic()
+    for i in range(1, msgs):
+        client.insert("main", batches[i % len(batches)], timeout_s=60)
+    client.flush(120)
+    result_q.put(("bytes", nbytes))
+    result_q.put(("seconds", time.monotonic() - t0))
+    client.close()
+
+
+def ingest(mode: str, batches: list[dict[str, np.ndarray]], msgs: int, capacity: int) -> float:
+    """MB/s of encoded insert bytes: acked by replay (``ours``), or received by a PULL (``raw``)."""
+    addr_q, result_q, stop = CTX.Queue(), CTX.Queue(), CTX.Event()
+    receiver = CTX.Process(target=_pull, args=(msgs, addr_q, result_q)) if mode == "raw" else \
+        CTX.Process(target=_server, args=(addr_q, stop, capacity))
+    receiver.start()
+    addr = addr_q.get(timeout=60)
+    writer = CTX.Process(target=_writer, args=(mode, addr, batches, msgs, result_q))
+    writer.start()
+    got = dict(result_q.get(timeout=300) for _ in range(2))
+    stop.set()
+    writer.join(30)
+    receiver.join(30)
+    return float(got["bytes"] * (msgs - 1) / got["seconds"] / 1e6)
+
+
+# -- learner ------------------------------------------------------------------
+def _sampled_server(addr_q: Any, stop: Any, data: dict[str, np.ndarray]) -> None:
+    from common.metrics import ServiceMetrics
+    from services.replay.server import ReplayServer
+
+    cfg = ReplayConfig(tables=[TableConfig(name="main", kind="prioritized", capacity=len(data["obs"]),
+                                           min_size=1)])
+    srv = ReplayServer(cfg, ServiceMetrics("replay"), "tcp://127.0.0.1:0")
+    for part in chunks(data, 64):
+        srv.tables["main"].insert(part)
+    addr_q.put(srv.endpoint)
+    threading.Thread(target=_stop_when_set, args=(stop, srv), daemon=True).start()
+    srv.serve()
+    srv.close()
+
+
+def updates_per_s(mode: str, data: dict[str, np.ndarray], seconds: float) -> float:
+    from common import algorithms
+    from common.clients.replay_sample import SampleClient
+
+    cfg = pong_config()
+    torch.set_num_threads(cfg.learner.torch_threads)
+    obs_space, act_space = probe_env(cfg)
+    learner = algorithms.get("dqn").make_learner(cfg.algorithm, obs_space, act_space, device="auto", seed=0)
+    batch_size = cfg.algorithm.batch_size
+    if mode == "inproc":
+        rng = np.random.default_rng(0)
+        n, start = 0, time.monotonic()
+        while time.monotonic() - start < seconds:
+            idx = rng.integers(0, len(data["obs"]), batch_size)
+            learner.learn({k: v[idx] for k, v in data.items()})
+            n += 1
+        return n / (time.monotonic() - start)
+    addr_q, stop = CTX.Queue(), CTX.Event()
+    server = CTX.Process(target=_sampled_server, args=(addr_q, stop, data))
+    server.start()
+    try:
+        with SampleClient([addr_q.get(timeout=120)], "bench-learner", "main", batch_size,
+                          in_flight=cfg.learner.samples_in_flight) as client:
+            client.sample(timeout_s=60)
+            n, start = 0, time.monotonic()
+            while time.monotonic() - start < seconds:
+                batch = client.sample(timeout_s=60)
+                _, priorities = learner.learn(batch.data, batch.weights)
+                if priorities is not None:
+                    client.update_priorities(batch, priorities)
+                n += 1
+            return n / (time.monotonic() - start)
+    finally:
+        stop.set()
+        server.join(30)
+
+
+# -- curve --------------------------------------------------------------------
+def curve(seconds: float, runs: Path) -> dict[str, Any]:
+    root = runs / "curve"
+    cmd = [sys.executable, "-m", "cli", "up", "--config", CONFIG, "--actors", "2", "--max-seconds", str(seconds),
+           "--runs", str(root)]
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=seconds + 300)
+    rows = list(csv.DictReader(sorted(root.glob("*/progress.csv"))[-1].open()))
+    skip = pong_config().env.atari.frame_skip
+    points = [{"wall_s": float(r["wall_s"]), "env_frames": int(float(r["env_steps"])) * skip,
+               "updates": int(float(r["updates"])), "eval_return": float(r["eval_return"])}
+              for r in rows if r["eval_return"] not in ("", None)]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "pixels_curve.json").write_text(json.dumps(points, indent=1))
+    last = rows[-1]
+    return {"seconds": seconds, "env_frames": int(float(last["env_steps"])) * skip,
+            "updates": int(float(last["updates"])),
+            "evals": [(p["env_frames"], p["eval_return"]) for p in points],
+            "best_eval": max((p["eval_return"] for p in points), default=None)}
+
+
+def median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="shorter fleet runs and fewer messages")
+    p.add_argument("--curve", type=float, default=0.0, help="also train Pong this many seconds (2 actors)")
+    p.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4])
+    args = p.parse_args()
+    fleet_s = 40.0 if args.quick else 90.0
+    repeats = 1 if args.quick else 3
+    result: dict[str, Any] = {"config": CONFIG}
+    with tempfile.TemporaryDirectory(prefix="rlfleet-pixels-") as tmp:
+        runs = Path(tmp)
+        print("# Pong transitions from random play", flush=True)
+        data = transitions(2560 if args.quick else 6400)
+        naive = bytes_per_transition(data, capacity=len(data["obs"]) // 2)
+        result["bytes_per_transition"] = {"shared_frames": round(naive["auto"], 1),
+                                          "whole_stacks": round(naive["off"], 1)}
+        result["bytes_ratio"] = round(naive["auto"] / naive["off"], 4)
+        print(f"# bytes per transition: {naive}", flush=True)
+
+        batches = chunks(data, 64)
+        msgs = 300 if args.quick else 800
+        ours, raw = [], []
+        for _ in range(repeats):
+            ours.append(ingest("ours", batches, msgs, capacity=len(data["obs"]) // 2))
+            raw.append(ingest("raw", batches, msgs, capacity=0))
+            print(f"# ingest MB/s: ours {ours[-1]:.0f}, raw {raw[-1]:.0f}", flush=True)
+        result["ingest_mb_per_s"] = {"ours": round(median(ours), 1), "raw_push_pull": round(median(raw), 1)}
+        result["ingest_ratio"] = round(median([o / r for o, r in zip(ours, raw, strict=True)]), 3)
+
+        up_s = 15.0 if args.quick else 30.0
+        via, inproc = [], []
+        for _ in range(repeats):
+            via.append(updates_per_s("replay", data, up_s))
+            inproc.append(updates_per_s("inproc", data, up_s))
+            print(f"# updates/s: through replay {via[-1]:.1f}, in process {inproc[-1]:.1f}", flush=True)
+        result["learner_updates_per_s"] = {"through_replay": round(median(via), 2),
+                                           "in_process": round(median(inproc), 2)}
+        result["learner_ratio"] = round(median([v / i for v, i in zip(via, inproc, strict=True)]), 3)
+
+        ceiling = env_ceiling(10.0)
+        loop = actor_loop(15.0)
+        print(f"# raw env frames/s {ceiling:.0f}; actor loop {loop}", flush=True)
+        result["raw_env_frames_per_s"] = round(ceiling)
+        result["actor_loop"] = {k: round(v, 3) for k, v in loop.items()}
+        fleets = {}
+        for n in args.actors:
+            fleets[n] = fleet_frames(n, fleet_s, runs)
+            print(f"# {n} actor(s): {fleets[n]}", flush=True)
+        result["fleet_frames_per_s"] = {str(n): round(f["frames_per_s"]) for n, f in fleets.items()}
+        result["fleet_updates_per_s"] = {str(n): round(f["updates_per_s"], 2) for n, f in fleets.items()}
+        result["frames_ratio"] = {str(n): round(f["frames_per_s"] / ceiling, 3) for n, f in fleets.items()}
+        result["actor_loop_ratio"] = round(loop["frames_per_s"] / ceiling, 3)
+        if args.curve:
+            result["curve"] = curve(args.curve, runs)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
