@@ -11,6 +11,8 @@ import pytest
 from common.clients.replay_insert import InsertClient
 from common.clients.replay_sample import SampleClient
 from common.config import TableConfig
+from common.wire.errors import RemoteError
+from common.wire.frames import FRAMES, FrameIndex, pack_frames, unpack_frames
 from services.replay.frames import FramePool
 from services.replay.tables import make_table
 from tests.replay_helpers import replay_config, serving
@@ -148,3 +150,81 @@ def test_uint8_stacks_over_real_sockets_and_a_restart_from_the_log(tmp_path: Pat
         table = server.tables["main"]
         assert table.size == 500
         check_sampled(table, items)
+
+
+def test_packed_inserts_send_each_frame_once_and_unpack_to_the_same_stacks() -> None:
+    cols = batch(atari_like_transitions(64, envs=2, seed=5))
+    packed = pack_frames(cols)
+    assert list(packed) == ["obs@frames", "action", "next_obs@frames", FRAMES]  # frames last
+    distinct = {f.tobytes() for c in ("obs", "next_obs") for f in cols[c].reshape(-1, SIDE, SIDE)}
+    assert len(packed[FRAMES]) == len(distinct)
+    assert sum(a.nbytes for a in packed.values()) < sum(a.nbytes for a in cols.values()) / 3
+    again = unpack_frames(packed)
+    assert again.keys() == cols.keys()
+    for k in cols:
+        np.testing.assert_array_equal(again[k], cols[k])
+    for cfg in (TableConfig(kind="uniform", min_size=1), TableConfig(kind="queue", min_size=1),
+                TableConfig(kind="uniform", min_size=1, frames="off")):
+        table = make_table(cfg)
+        assert table.check(packed) == 64
+        table.insert(packed)
+        s = table.sample(64)
+        for key, obs in zip(s.keys, s.data["obs"], strict=True):
+            np.testing.assert_array_equal(obs, cols["obs"][int(key)])
+
+
+def test_a_frame_index_shares_a_slot_only_for_equal_bytes() -> None:
+    index = FrameIndex()
+    rows = [np.zeros(16, np.uint8), np.ones(16, np.uint8)]
+    index.add(7, 0)  # the same checksum for two different frames: a collision
+    assert index.find(7, rows[1], rows.__getitem__) is None
+    index.add(7, 1)
+    assert index.find(7, rows[1], rows.__getitem__) == 1 and index.find(7, rows[0], rows.__getitem__) == 0
+    index.remove(7, 0)
+    assert index.find(7, rows[0], rows.__getitem__) is None and index.find(7, rows[1], rows.__getitem__) == 1
+
+
+def bad_packed(case: str, good: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    bad = dict(good)
+    if case == "index_out_of_range":
+        bad["obs@frames"] = good["obs@frames"] + len(good[FRAMES])
+    elif case == "negative_index":
+        bad["obs@frames"] = good["obs@frames"] - 1000
+    elif case == "frames_not_uint8":
+        bad[FRAMES] = good[FRAMES].astype(np.float32)
+    elif case == "indices_not_int32":
+        bad["obs@frames"] = good["obs@frames"].astype(np.int64)
+    elif case == "no_packed_column":
+        bad = {"obs": unpack_frames(good)["obs"], "action": good["action"],
+               "next_obs": unpack_frames(good)["next_obs"], FRAMES: good[FRAMES]}
+    elif case == "stack_of_the_wrong_depth":
+        bad["obs@frames"] = good["obs@frames"][:, :2]
+    return bad
+
+
+def test_bad_packed_inserts_are_refused_with_the_reason_and_lose_nothing(tmp_path: Path) -> None:
+    good = [pack_frames(batch(part)) for part in chunks_of(atari_like_transitions(128, envs=2, seed=6), 64)]
+    with serving(replay_config(kind="prioritized", capacity=500), tmp_path) as server:
+        with InsertClient(server.endpoint, "actor-0", pack_frames=False) as ic:
+            ic.insert("main", good[0])
+            ic.flush(10)
+        for case in ("index_out_of_range", "negative_index", "frames_not_uint8", "indices_not_int32",
+                     "no_packed_column", "stack_of_the_wrong_depth"):
+            with InsertClient(server.endpoint, f"bad-{case}", pack_frames=False) as ic:
+                ic.insert("main", bad_packed(case, good[1]))
+                with pytest.raises(RemoteError) as err:
+                    ic.flush(10)
+            assert err.value.reason in ("bad_frames", "schema_mismatch"), (case, err.value)
+        with InsertClient(server.endpoint, "actor-1", pack_frames=False) as ic:
+            ic.insert("main", good[1])
+            ic.flush(10)
+        table = server.tables["main"]
+        assert table.size == 128  # both good inserts, nothing of the bad ones
+        s = table.sample(128)
+        want = unpack_frames(good[0]), unpack_frames(good[1])
+        for key, obs in zip(s.keys, s.data["obs"], strict=True):
+            np.testing.assert_array_equal(obs, want[int(key) // 64]["obs"][int(key) % 64])
+
+
+def chunks_of(items: list[dict[str, np.ndarray]], size: int) -> list[list[dict[str, np.ndarray]]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]

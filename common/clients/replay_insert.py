@@ -46,6 +46,7 @@ from common.security import client_curve
 from common.wire.codec import DEFAULT_LIMITS, Limits, Message
 from common.wire.connection import Connection, Poller
 from common.wire.errors import CommTimeout, RemoteError
+from common.wire.frames import pack_frames
 from common.wire.inserts import InsertEncoder
 from common.wire.transport import DEFAULT_HWM, CurveConfig
 
@@ -84,8 +85,11 @@ class InsertClient:
         ctx: zmq.Context[Any] | None = None,
         limits: Limits = DEFAULT_LIMITS,
         on_ack: Callable[[int, int], None] | None = None,
+        pack_frames: bool = True,
     ) -> None:
+        """``pack_frames``: image-stack columns go with each distinct frame once (common/wire/frames.py)."""
         self.address = address
+        self.pack_frames = pack_frames
         self.sender = sender
         # called with (seq, items) once per insert, at its first ack: how an actor can keep a
         # record of what replay has confirmed (the chaos test checks replay against it)
@@ -167,10 +171,12 @@ class InsertClient:
         """
         self._raise()
         arrays = {k: np.asarray(v) for k, v in columns.items()}  # copied into the one payload frame
+        items = len(next(iter(arrays.values()))) if arrays else 0
+        if self.pack_frames:  # image stacks: each distinct frame sent once (common/wire/frames.py)
+            arrays = pack_frames(arrays)
         if priorities is not None:
             arrays["priority"] = np.asarray(priorities, np.float64)
         nbytes = sum(a.nbytes for a in arrays.values())
-        items = len(next(iter(arrays.values()))) if arrays else 0
         deadline = time.monotonic() + timeout_s
         while self._full(nbytes):
             left = deadline - time.monotonic()

@@ -23,7 +23,8 @@ import numpy as np
 
 from common.config import TableConfig
 from common.wire.codec import DTYPE_NAMES
-from services.replay.frames import FrameColumns, frame_columns
+from common.wire.frames import FRAMES, packed_name, unpack_frames
+from services.replay.frames import FrameColumns, PackedError, check_packed, frame_columns
 from services.replay.prefault import Prefaulter
 from services.replay.ratelimiter import RateLimiter
 
@@ -106,7 +107,18 @@ class Table:
 
     # -- schema ---------------------------------------------------------------
     def check(self, arrays: Mapping[str, np.ndarray]) -> int:
-        """Validate a batch against the schema (fixing it on first use); returns N."""
+        """Validate a batch against the schema (fixing it on first use); returns N. A batch may come with its
+        image stacks packed (common/wire/frames.py): checked as the stacks it stands for."""
+        if FRAMES in arrays:
+            try:
+                columns = check_packed(arrays)
+            except PackedError as exc:
+                raise TableError("bad_frames", str(exc)) from None
+            lengths = {name: len(a) for name, a in arrays.items() if name != FRAMES}
+            # what the packed columns stand for, without their bytes: zero-stride arrays of their shapes
+            return self._check({(packed_name(k) or k): np.lib.stride_tricks.as_strided(
+                np.zeros(1, columns[packed_name(k) or k][0]), (n, *columns[packed_name(k) or k][1]),
+                (0,) * (1 + len(columns[packed_name(k) or k][1]))) for k, n in lengths.items()})
         n = self.known_batch(arrays)
         if n is not None:
             return n
@@ -208,7 +220,10 @@ class Table:
         if self.frames is not None:
             replaced = {name: np.concatenate([self.columns[name][start:start + head], self.columns[name][:n - head]])
                         for name in self.frames.names}
-            arrays = self.frames.store(arrays, replaced)
+            store = self.frames.store_packed if FRAMES in arrays else self.frames.store
+            arrays = store(arrays, replaced)
+        elif FRAMES in arrays:  # this table keeps whole stacks
+            arrays = unpack_frames(arrays)
         if head == n:
             for name, col in self.columns.items():
                 col[start:start + n] = arrays[name]

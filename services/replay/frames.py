@@ -7,31 +7,36 @@ with ``frames: auto`` keeps such columns (uint8, per-item shape [stack, h, w])
 as int32 references into one :class:`FramePool` per frame shape, and
 rebuilds the stacks when it samples them.
 
-The pool is content-addressed: a frame's key is its BLAKE2b-128 digest, so
-sharing needs no knowledge of actors, envs, episode boundaries or n-step
-(what the stacks held is what comes back, across resets and ring
-wrap-around), and a client cannot make its frame stand for another's
-without a BLAKE2b collision. Each frame counts its references; a frame no
-item references any more is freed when the last one is overwritten.
+The pool is content-addressed (:class:`~common.wire.frames.FrameIndex`: a
+CRC-32, then the bytes compared), so sharing needs no knowledge of actors,
+envs, episode boundaries or n-step: what the stacks held is what comes back,
+across resets and ring wrap-around, and no client can make its frame stand
+for another's. Each frame counts its references; a frame no item references
+any more is freed when the last one is overwritten.
+
+Inserts may arrive packed (common/wire/frames.py: each distinct frame once,
+the stacks as indices): :meth:`FrameColumns.check_packed` checks the
+indices, and the frames go into the pool without being unpacked.
 """
 
 from __future__ import annotations
 
-import hashlib
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-MAX_STACK = 64
-MIN_SIDE = 8
+from common.wire.frames import FRAMES, FrameIndex, is_image_stack, packed_name, unpack_frames
 
 
 def frame_columns(schema: Mapping[str, Any]) -> list[str]:
     """The columns of ``schema`` (name -> ColumnSpec) that are image stacks: uint8 [stack, h, w]."""
-    return [name for name, spec in schema.items()
-            if spec.dtype == np.uint8 and len(spec.shape) == 3 and 1 <= spec.shape[0] <= MAX_STACK
-            and min(spec.shape[1:]) >= MIN_SIDE]
+    return [name for name, spec in schema.items() if is_image_stack(spec.dtype, spec.shape)]
+
+
+class PackedError(ValueError):
+    """A packed insert whose frames or indices do not fit the table."""
 
 
 class FramePool:
@@ -42,15 +47,16 @@ class FramePool:
         self.frame_bytes = int(np.prod(frame_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         self.frames = np.zeros((max(1, initial), *frame_shape), dtype)
         self.refs = np.zeros(len(self.frames), np.int64)
-        self._digests: list[bytes | None] = [None] * len(self.frames)
-        self._index: dict[bytes, int] = {}
+        self._crcs: list[int | None] = [None] * len(self.frames)  # of each slot in use
+        self._index = FrameIndex()
+        self._live = 0
         self._free: list[int] = []
         self._top = 0  # slots at and past it were never used
 
     @property
     def live(self) -> int:
         """Frames held (referenced by at least one item)."""
-        return len(self._index)
+        return self._live
 
     @property
     def nbytes(self) -> int:
@@ -64,7 +70,7 @@ class FramePool:
             grow = len(self.frames)
             self.frames = np.concatenate([self.frames, np.zeros_like(self.frames[:grow])])
             self.refs = np.concatenate([self.refs, np.zeros(grow, np.int64)])
-            self._digests += [None] * grow
+            self._crcs += [None] * grow
         self._top += 1
         return self._top - 1
 
@@ -75,18 +81,21 @@ class FramePool:
         flat = np.ascontiguousarray(stacks).reshape(n * stack, -1)
         out = np.empty(n * stack, np.int32)
         index = self._index
-        for i in range(n * stack):
-            row = flat[i]
-            digest = hashlib.blake2b(row, digest_size=16).digest()  # type: ignore[arg-type]
-            slot = index.get(digest)
+        for i, row in enumerate(flat):
+            crc = zlib.crc32(row)  # type: ignore[arg-type]  # an ndarray is a buffer
+            slot = index.find(crc, row, self._flat)
             if slot is None:
                 slot = self._slot()
                 self.frames[slot] = row.reshape(self.frame_shape)
-                index[digest] = slot
-                self._digests[slot] = digest
+                index.add(crc, slot)
+                self._crcs[slot] = crc
+                self._live += 1
             out[i] = slot
         np.add.at(self.refs, out, 1)
         return out.reshape(n, stack)
+
+    def _flat(self, slot: int) -> np.ndarray:
+        return self.frames[slot].reshape(-1)
 
     def release(self, refs: np.ndarray) -> None:
         """Drop references (negative ones are empty slots: ignored); frames left unreferenced are freed."""
@@ -95,11 +104,12 @@ class FramePool:
             return
         np.subtract.at(self.refs, refs, 1)
         for slot in np.unique(refs[self.refs[refs] == 0]).tolist():
-            digest = self._digests[slot]
-            if digest is not None:
-                del self._index[digest]
-                self._digests[slot] = None
+            crc = self._crcs[slot]
+            if crc is not None:
+                self._index.remove(crc, slot)
+                self._crcs[slot] = None
                 self._free.append(slot)
+                self._live -= 1
 
     def gather(self, refs: np.ndarray) -> np.ndarray:
         """The stacks of ``refs`` (int32 [n, stack]): [n, stack, *frame_shape]."""
@@ -140,8 +150,53 @@ class FrameColumns:
             self.pool.release(refs)
         return out
 
+    def store_packed(self, arrays: Mapping[str, np.ndarray], replaced: dict[str, np.ndarray]
+                     ) -> dict[str, np.ndarray]:
+        """:meth:`store` of a packed insert (checked by :func:`check_packed`): only its distinct frames
+        are looked up; the stack columns become references to them."""
+        packed = {packed_name(k): v for k, v in arrays.items() if packed_name(k) is not None}
+        out = {k: v for k, v in arrays.items() if k != FRAMES and packed_name(k) is None}
+        if set(packed) != set(self.names):  # some stacks whole: looked up frame by frame
+            out.update({k: v for k, v in unpack_frames(arrays).items() if k in packed})
+            return self.store(out, replaced)
+        refs = self.pool.load(arrays[FRAMES], [packed[name] for name in self.names])
+        out.update(zip(self.names, refs, strict=True))
+        for old in replaced.values():
+            self.pool.release(old)
+        return out
+
     def expand(self, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Sampled columns with the stacks rebuilt (in place)."""
         for name in self.names:
             data[name] = self.pool.gather(data[name])
         return data
+
+
+def check_packed(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
+    """The columns a packed insert stands for ({name: (dtype, item shape)}, ``<name>@frames`` as the stack
+    ``<name>``: uint8 [stack, h, w]), or PackedError naming what does not fit: the ``__frames__`` array, an
+    index column, an index out of range."""
+    frames = arrays[FRAMES]
+    if frames.dtype != np.uint8 or frames.ndim != 3:
+        raise PackedError(f"{FRAMES} is {frames.dtype.name}{list(frames.shape)}; allowed: uint8 [frames, h, w]")
+    out: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
+    for name, a in arrays.items():
+        stack = packed_name(name)
+        if name == FRAMES:
+            continue
+        if stack is None:
+            out[name] = (a.dtype, a.shape[1:])
+            continue
+        shape = (a.shape[1], *frames.shape[1:]) if a.ndim == 2 else ()
+        if a.dtype != np.int32 or not shape or not is_image_stack(np.dtype(np.uint8), shape):
+            raise PackedError(f"column {name!r} is {a.dtype.name}{list(a.shape)}; allowed: int32 [items, stack] "
+                              f"indices into {FRAMES} (uint8 [frames, h, w], h and w >= 8, stack <= 64)")
+        if a.size and (int(a.min()) < 0 or int(a.max()) >= len(frames)):
+            raise PackedError(f"column {name!r}: frame indices in [{int(a.min())}, {int(a.max())}]; {FRAMES} "
+                              f"holds {len(frames)} frames")
+        if stack in out:
+            raise PackedError(f"column {stack!r} is sent both whole and as {name!r}")
+        out[stack] = (np.dtype(np.uint8), shape)
+    if not any(packed_name(name) for name in arrays):
+        raise PackedError(f"{FRAMES} is sent, but no column <name>@frames indexes into it")
+    return out

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from common.wire.dedup import Dedup
+from common.wire.frames import FRAMES
 from services.replay.columnar import Table
 from services.replay.storage import SNAPSHOT, Snapshotter, WriteAheadLog, read_snapshot
 from services.replay.tables import QueueTable
@@ -75,7 +76,7 @@ def apply_record(tables: dict[str, Table], dedup: Dedup, header: dict[str, Any],
         table.limiter.sampled(gone)
         return
     priority = arrays.pop("__priority__", None)
-    n = len(next(iter(arrays.values())))
+    n = len(next(a for name, a in arrays.items() if name != FRAMES))  # the frames of a packed insert are not items
     key = int(header["key"])
     if key + n > table.next_key:
         if key != table.next_key:

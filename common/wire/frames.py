@@ -1,0 +1,122 @@
+"""Image stacks on the wire with each frame once: what an insert of Atari transitions sends.
+
+An insert's image-stack columns (uint8 ``[n, stack, h, w]``: ``obs`` and
+``next_obs`` of stacked frames) repeat most frames: 64 Pong transitions hold
+512 frames of which about 80 differ. :func:`pack_frames` sends the distinct
+frames once, as the array ``__frames__`` (uint8 ``[F, h, w]``, last in the
+message), and each stack column ``obs`` as ``obs@frames``: int32 ``[n, stack]``
+indices into it;
+replay checks the indices and rebuilds or shares the frames
+(services/replay/frames.py). Priorities are computed before packing, on the
+stacks.
+
+:class:`FrameIndex` finds a frame among frames already seen by its CRC-32 and
+then compares the bytes: equal content is the only way to share a slot, so a
+checksum collision, accidental or crafted, costs a lookup and never mixes
+two frames.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+FRAMES = "__frames__"
+PACKED = "@frames"  # suffix of a stack column sent as indices into FRAMES
+MAX_STACK = 64
+MIN_SIDE = 8
+
+
+def is_image_stack(dtype: np.dtype, item_shape: tuple[int, ...]) -> bool:
+    """uint8 items of shape [stack, h, w]: frames stacked on the first axis."""
+    return (dtype == np.uint8 and len(item_shape) == 3 and 1 <= item_shape[0] <= MAX_STACK
+            and min(item_shape[1:]) >= MIN_SIDE)
+
+
+class FrameIndex:
+    """CRC-32 -> the slots of frames with that checksum; a hit counts only if the bytes are equal."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, int | list[int]] = {}
+
+    def __len__(self) -> int:
+        return sum(1 if isinstance(v, int) else len(v) for v in self._slots.values())
+
+    def find(self, crc: int, row: np.ndarray, frame: Callable[[int], np.ndarray]) -> int | None:
+        """The slot holding the bytes of ``row`` (``frame(slot)`` gives a slot's frame, flat), or None."""
+        found = self._slots.get(crc)
+        if found is None:
+            return None
+        for slot in (found,) if isinstance(found, int) else found:
+            if np.array_equal(frame(slot), row):
+                return slot
+        return None
+
+    def add(self, crc: int, slot: int) -> None:
+        found = self._slots.get(crc)
+        if found is None:
+            self._slots[crc] = slot
+        elif isinstance(found, int):
+            self._slots[crc] = [found, slot]
+        else:
+            found.append(slot)
+
+    def remove(self, crc: int, slot: int) -> None:
+        found = self._slots.get(crc)
+        if found == slot:
+            del self._slots[crc]
+        elif isinstance(found, list) and slot in found:
+            found.remove(slot)
+            if len(found) == 1:
+                self._slots[crc] = found[0]
+
+
+def pack_frames(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``columns`` with every image-stack column as int32 indices into one ``__frames__`` array of the
+    distinct frames (appended last); unchanged when there is none, or their frame shapes differ."""
+    names = [k for k, a in columns.items() if a.ndim == 4 and is_image_stack(a.dtype, a.shape[1:])]
+    if not names or len({columns[k].shape[2:] for k in names}) != 1 or FRAMES in columns:
+        return dict(columns)
+    frame_shape = columns[names[0]].shape[2:]
+    index = FrameIndex()
+    rows: list[np.ndarray] = []
+    out = dict(columns)
+    for name in names:
+        stacks = np.ascontiguousarray(columns[name])
+        flat = stacks.reshape(stacks.shape[0] * stacks.shape[1], -1)
+        refs = np.empty(len(flat), np.int32)
+        for i, row in enumerate(flat):
+            crc = zlib.crc32(row)  # type: ignore[arg-type]  # an ndarray is a buffer
+            slot = index.find(crc, row, rows.__getitem__)
+            if slot is None:
+                slot = len(rows)
+                rows.append(row)
+                index.add(crc, slot)
+            refs[i] = slot
+        out[name] = refs.reshape(stacks.shape[:2])
+    # the columns in their order (the first one's rows are the items), the stacks renamed, frames last
+    packed = {(k + PACKED if k in names else k): v for k, v in out.items()}
+    packed[FRAMES] = np.stack(rows).reshape(len(rows), *frame_shape)
+    return packed
+
+
+def packed_name(name: str) -> str | None:
+    """The stack column a packed column ``<name>@frames`` stands for, else None."""
+    return name[:-len(PACKED)] if name.endswith(PACKED) and len(name) > len(PACKED) else None
+
+
+def unpack_frames(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A packed insert with its stacks rebuilt (indices already checked), under their own names."""
+    if FRAMES not in arrays:
+        return dict(arrays)
+    frames = arrays[FRAMES]
+    out = {}
+    for name, a in arrays.items():
+        stack = packed_name(name)
+        if stack is not None:
+            out[stack] = frames[a]
+        elif name != FRAMES:
+            out[name] = a
+    return out
