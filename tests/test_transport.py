@@ -17,7 +17,7 @@ from common.wire.codec import Message, encode
 from common.wire.connection import Connection
 from common.wire.errors import CommTimeout, RemoteError, RequestError
 from common.wire.server import Peer, Server
-from common.wire.transport import CurveConfig, _ephemeral_ports, context, free_tcp_port, rejected_clients
+from common.wire.transport import CurveConfig, ephemeral_ports, context, free_tcp_port, rejected_clients
 
 
 class EchoServer(Server):
@@ -185,7 +185,7 @@ def test_encode_sends_array_memory_without_copy() -> None:
 def test_free_ports_are_distinct_and_never_from_the_range_outgoing_connections_use() -> None:
     # a port from the ephemeral range can be taken by any outgoing connection (a client's local
     # port) between the choice and the bind: the launcher's learner once failed to bind its metrics
-    low, high = _ephemeral_ports()
+    low, high = ephemeral_ports()
     ports = [free_tcp_port() for _ in range(300)]
     assert len(set(ports)) == len(ports)
     assert not [p for p in ports if low <= p <= high]

@@ -317,7 +317,7 @@ def recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
 _handed_out: set[int] = set()  # ports free_tcp_port() gave this process (each at most once)
 
 
-def _ephemeral_ports() -> tuple[int, int]:
+def ephemeral_ports() -> tuple[int, int]:
     """The kernel's range for outgoing connections' local ports (and for binds to port 0)."""
     try:
         low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
@@ -337,7 +337,7 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
     """
     import socket
 
-    low, _ = _ephemeral_ports()
+    low, _ = ephemeral_ports()
     top = min(low, 65536)
     if top - 10000 >= 1000:
         rng = random.Random()
