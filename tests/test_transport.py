@@ -17,7 +17,7 @@ from common.wire.codec import Message, encode
 from common.wire.connection import Connection
 from common.wire.errors import CommTimeout, RemoteError, RequestError
 from common.wire.server import Peer, Server
-from common.wire.transport import CurveConfig, ephemeral_ports, context, free_tcp_port, rejected_clients
+from common.wire.transport import CurveConfig, context, ephemeral_ports, free_tcp_port, rejected_clients
 
 
 class EchoServer(Server):

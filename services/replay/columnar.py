@@ -23,8 +23,8 @@ import numpy as np
 
 from common.config import TableConfig
 from common.wire.codec import DTYPE_NAMES
-from common.wire.frames import FRAMES, packed_name, unpack_frames
-from services.replay.frames import FrameColumns, PackedError, check_packed, frame_columns
+from common.wire.frames import FRAMES, unpack_frames
+from services.replay.frames import FrameColumns, PackedError, expand_snapshot, frame_columns, logical_batch
 from services.replay.prefault import Prefaulter
 from services.replay.ratelimiter import RateLimiter
 
@@ -111,14 +111,9 @@ class Table:
         image stacks packed (common/wire/frames.py): checked as the stacks it stands for."""
         if FRAMES in arrays:
             try:
-                columns = check_packed(arrays)
+                return self._check(logical_batch(arrays))
             except PackedError as exc:
                 raise TableError("bad_frames", str(exc)) from None
-            lengths = {name: len(a) for name, a in arrays.items() if name != FRAMES}
-            # what the packed columns stand for, without their bytes: zero-stride arrays of their shapes
-            return self._check({(packed_name(k) or k): np.lib.stride_tricks.as_strided(
-                np.zeros(1, columns[packed_name(k) or k][0]), (n, *columns[packed_name(k) or k][1]),
-                (0,) * (1 + len(columns[packed_name(k) or k][1]))) for k, n in lengths.items()})
         n = self.known_batch(arrays)
         if n is not None:
             return n
@@ -354,18 +349,10 @@ class Table:
 
     def _restore_frames(self, arrays: Mapping[str, np.ndarray], skip: int) -> dict[str, np.ndarray]:
         """The stored form of a snapshot's image-stack columns: references into this table's pool, or
-        the stacks themselves if this table keeps none (``frames: off``); rows before ``skip`` unused."""
-        snap = arrays.get("__frames__")
-        if self.frames is None:  # the snapshot shares frames, this table does not: whole stacks again
-            assert snap is not None
-            return {n: np.concatenate([np.zeros((skip, *col.shape[1:]), np.uint8), snap[arrays[n][skip:]]])
-                    for n, col in self.columns.items() if arrays[n].ndim == 2 and col.ndim == 4}
-        kept = [arrays[name][skip:] for name in self.frames.names]
-        pool = self.frames.pool
-        # a snapshot of whole stacks (taken with frames: off) is interned; one of shared frames loaded
-        refs = [pool.intern(k) for k in kept] if snap is None else pool.load(snap, kept)
-        return {name: np.concatenate([np.full((skip, r.shape[1]), -1, np.int32), r])
-                for name, r in zip(self.frames.names, refs, strict=True)}
+        whole stacks if this table keeps none (``frames: off``); rows before ``skip`` unused."""
+        if self.frames is None:
+            return expand_snapshot(arrays, self.columns, skip)
+        return self.frames.restore(arrays, skip)
 
     def _restored(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray], skip: int) -> None:
         """Hook: per-item bookkeeping after a restore."""

@@ -165,6 +165,15 @@ class FrameColumns:
             self.pool.release(old)
         return out
 
+    def restore(self, arrays: Mapping[str, np.ndarray], skip: int) -> dict[str, np.ndarray]:
+        """References into the pool for a snapshot's stack columns (rows before ``skip`` unused, -1):
+        a snapshot of shared frames is loaded, one of whole stacks (taken with ``frames: off``) interned."""
+        snap = arrays.get(FRAMES)
+        kept = [arrays[name][skip:] for name in self.names]
+        refs = [self.pool.intern(k) for k in kept] if snap is None else self.pool.load(snap, kept)
+        return {name: np.concatenate([np.full((skip, r.shape[1]), -1, np.int32), r])
+                for name, r in zip(self.names, refs, strict=True)}
+
     def expand(self, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Sampled columns with the stacks rebuilt (in place)."""
         for name in self.names:
@@ -200,3 +209,25 @@ def check_packed(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[np.dtype[A
     if not any(packed_name(name) for name in arrays):
         raise PackedError(f"{FRAMES} is sent, but no column <name>@frames indexes into it")
     return out
+
+
+def logical_batch(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What a packed insert stands for, checked (:func:`check_packed`), as zero-stride arrays of the
+    stacks' shapes: a table checks them as any batch, without their bytes."""
+    columns = check_packed(arrays)
+    out = {}
+    for name, a in arrays.items():
+        if name == FRAMES:
+            continue
+        logical = packed_name(name) or name
+        dtype, item = columns[logical]
+        out[logical] = np.lib.stride_tricks.as_strided(np.zeros(1, dtype), (len(a), *item), (0,) * (1 + len(item)))
+    return out
+
+
+def expand_snapshot(arrays: Mapping[str, np.ndarray], columns: Mapping[str, np.ndarray], skip: int
+                    ) -> dict[str, np.ndarray]:
+    """Whole stacks again from a snapshot of shared frames, for a table that keeps no pool."""
+    snap = arrays[FRAMES]
+    return {n: np.concatenate([np.zeros((skip, *col.shape[1:]), np.uint8), snap[arrays[n][skip:]]])
+            for n, col in columns.items() if arrays[n].ndim == 2 and col.ndim == 4}
