@@ -10,12 +10,14 @@
 - ``bytes_ratio``: replay bytes per transition, frames shared (``frames: auto``), against the same
   table keeping whole stacks (``frames: off``), both filled with the same real Pong transitions
   (random play through the n-step adder) past one lap of the ring.
-- ``ingest_ratio``: insert MB/s of real Pong transitions (64 per insert, acked, ``actor.max_unacked``
-  window) into a replay process with shared frames, against raw PUSH/PULL of the very same encoded
-  bytes between two processes. Median of 3 alternating repeats.
+- ``ingest_ratio``: insert MB/s of real Pong transitions (64 per insert, packed as InsertClient
+  sends them: each distinct frame once; acked, ``actor.max_unacked`` window) into a replay process
+  with shared frames, against raw PUSH/PULL of the very same encoded bytes between two processes.
+  Median of 3 alternating repeats. (The actor's packing cost is in ``actor_loop``.)
 - ``learner_ratio``: DQN updates/s of the Nature CNN (batch 32) sampling a replay process over a
   socket (priorities written back), against the same learner in a loop over batches already in
-  memory. Median of 3 alternating repeats.
+  memory, with the config's torch threads (and ``learner_ratio_1_thread``: one thread, leaving a
+  core to replay). Median of 3 alternating repeats.
 
 ``--curve SECONDS``: also train Pong for that long with the shipped config and 2 actors, and write
 the curve (eval return against env frames and wall time) next to the JSON (bench/results/).
@@ -103,8 +105,10 @@ def env_ceiling(seconds: float) -> float:
 
 
 def actor_loop(seconds: float) -> dict[str, float]:
-    """Env frames/s of one actor's work without sockets: CNN acting, the adder, initial priorities."""
+    """Env frames/s of one actor's work without sockets: CNN acting, the adder, initial priorities,
+    packing the frames of each insert."""
     from common import algorithms
+    from common.wire.frames import pack_frames
 
     cfg = pong_config()
     torch.set_num_threads(cfg.actor.torch_threads)
@@ -114,7 +118,7 @@ def actor_loop(seconds: float) -> dict[str, float]:
     policy.explore(0, 1, 0)
     adder = algo.make_adder(cfg.algorithm, cfg.env.num_envs, envs.single_observation_space,
                             envs.single_action_space, algo.autoreset_mode)
-    spent = {"env": 0.0, "act": 0.0, "priorities": 0.0}
+    spent = {"env": 0.0, "act": 0.0, "priorities": 0.0, "pack_frames": 0.0}
     pending: list[dict[str, np.ndarray]] = []
     try:
         obs, _ = envs.reset(seed=0)
@@ -127,13 +131,18 @@ def actor_loop(seconds: float) -> dict[str, float]:
             obs, rewards, terminated, truncated, infos = envs.step(actions)
             t2 = time.perf_counter()
             pending.append(adder.add(actions, extras, obs, rewards, terminated, truncated, infos, 0))
+            t3 = t4 = time.perf_counter()
             if sum(len(p["obs"]) for p in pending) >= cfg.actor.insert_batch:
                 batch = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
                 policy.priorities(batch)
+                t3 = time.perf_counter()
+                pack_frames(batch)  # what InsertClient does before sending
+                t4 = time.perf_counter()
                 pending = []
             spent["act"] += t1 - t0
             spent["env"] += t2 - t1
-            spent["priorities"] += time.perf_counter() - t2
+            spent["priorities"] += t3 - t2
+            spent["pack_frames"] += t4 - t3
             steps += cfg.env.num_envs
         elapsed = time.monotonic() - start
         out = {"frames_per_s": steps * cfg.env.atari.frame_skip / elapsed}
@@ -207,8 +216,10 @@ def _pull(total: int, addr_q: Any, result_q: Any) -> None:
 
 
 def _writer(mode: str, addr: str, batches: list[dict[str, np.ndarray]], msgs: int, result_q: Any) -> None:
+    from common.wire.frames import pack_frames
     from common.wire.inserts import InsertEncoder
 
+    batches = [pack_frames(b) for b in batches]  # as InsertClient sends them (packed once here, not timed)
     encoded = [InsertEncoder().frames("main", b, "bench-writer", 1, 1) for b in batches]
     nbytes = sum(sum(len(memoryview(f)) for f in e) for e in encoded) / len(encoded)
     if mode == "raw":
@@ -223,7 +234,7 @@ def _writer(mode: str, addr: str, batches: list[dict[str, np.ndarray]], msgs: in
         return
     from common.clients.replay_insert import InsertClient
 
-    client = InsertClient(addr, f"bench-{time.time_ns()}", max_unacked=ActorConfig().max_unacked)
+    client = InsertClient(addr, f"bench-{time.time_ns()}", max_unacked=ActorConfig().max_unacked, pack_frames=False)
     client.insert("main", batches[0], timeout_s=60)
     client.flush(60)
     t0 = time.monotonic()
@@ -267,12 +278,12 @@ def _sampled_server(addr_q: Any, stop: Any, data: dict[str, np.ndarray]) -> None
     srv.close()
 
 
-def updates_per_s(mode: str, data: dict[str, np.ndarray], seconds: float) -> float:
+def updates_per_s(mode: str, data: dict[str, np.ndarray], seconds: float, threads: int) -> float:
     from common import algorithms
     from common.clients.replay_sample import SampleClient
 
     cfg = pong_config()
-    torch.set_num_threads(cfg.learner.torch_threads)
+    torch.set_num_threads(threads)
     obs_space, act_space = probe_env(cfg)
     learner = algorithms.get("dqn").make_learner(cfg.algorithm, obs_space, act_space, device="auto", seed=0)
     batch_size = cfg.algorithm.batch_size
@@ -358,14 +369,18 @@ def main() -> None:
         result["ingest_ratio"] = round(median([o / r for o, r in zip(ours, raw, strict=True)]), 3)
 
         up_s = 15.0 if args.quick else 30.0
-        via, inproc = [], []
-        for _ in range(repeats):
-            via.append(updates_per_s("replay", data, up_s))
-            inproc.append(updates_per_s("inproc", data, up_s))
-            print(f"# updates/s: through replay {via[-1]:.1f}, in process {inproc[-1]:.1f}", flush=True)
-        result["learner_updates_per_s"] = {"through_replay": round(median(via), 2),
-                                           "in_process": round(median(inproc), 2)}
-        result["learner_ratio"] = round(median([v / i for v, i in zip(via, inproc, strict=True)]), 3)
+        config_threads = pong_config().learner.torch_threads
+        for threads in sorted({config_threads, 1}, reverse=True):
+            via, inproc = [], []
+            for _ in range(repeats):
+                via.append(updates_per_s("replay", data, up_s, threads))
+                inproc.append(updates_per_s("inproc", data, up_s, threads))
+                print(f"# updates/s, {threads} torch thread(s): through replay {via[-1]:.1f}, in process "
+                      f"{inproc[-1]:.1f}", flush=True)
+            key = "" if threads == config_threads else f"_{threads}_thread"
+            result[f"learner_updates_per_s{key}"] = {"through_replay": round(median(via), 2),
+                                                     "in_process": round(median(inproc), 2)}
+            result[f"learner_ratio{key}"] = round(median([v / i for v, i in zip(via, inproc, strict=True)]), 3)
 
         ceiling = env_ceiling(10.0)
         loop = actor_loop(15.0)
