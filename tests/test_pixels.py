@@ -111,3 +111,62 @@ def test_a_short_pong_run_inserts_samples_and_updates_through_every_service(tmp_
     assert last["eval_return"] not in ("", None), last  # whole (time-limited) games scored
     log = (only_run_dir(tmp_path) / "logs" / "replay-0.log").read_text()
     assert "Traceback" not in log
+
+
+def test_ppo_acts_and_learns_on_frames_with_one_cnn_under_both_heads() -> None:
+    from common.algorithms.ppo.learner import PPOLearner
+    from common.algorithms.ppo.networks import PPOCnnNetworks
+    from common.algorithms.ppo.policy import PPOPolicy
+    from common.algorithms.ppo.segments import SegmentAdder
+
+    cfg = load(str(CONFIGS / "breakout-ppo.yaml"), ["algorithm.segment_length=8", "algorithm.minibatch_size=16",
+                                                    "algorithm.batch_segments=4"])
+    envs = make_vector_env(cfg.env.model_copy(update={"num_envs": 2}), 0, "SameStep")
+    space, actions = envs.single_observation_space, envs.single_action_space
+    policy = PPOPolicy(cfg.algorithm, space, actions)
+    learner = PPOLearner(cfg.algorithm, space, actions, device="cpu")
+    assert isinstance(learner.net, PPOCnnNetworks)
+    adder = SegmentAdder(2, 8, space, actions, "SameStep", {"logp": ("float32", ()), "value": ("float32", ())})
+    segments = []
+    try:
+        obs, _ = envs.reset(seed=0)
+        adder.reset(obs)
+        while len(segments) < 2:
+            act, extras = policy.act(obs)
+            obs, reward, terminated, truncated, infos = envs.step(act)
+            items = adder.add(act, extras, obs, reward, terminated, truncated, infos, 0)
+            if len(items["obs"]):
+                segments.append(items)
+    finally:
+        envs.close()
+    batch = {k: np.concatenate([s[k] for s in segments]) for k in segments[0]}
+    assert batch["obs"].dtype == np.uint8 and batch["obs"].shape == (4, 8, 4, 84, 84)
+    before = {k: v.copy() for k, v in learner.weights().items()}
+    figures, _ = learner.learn(batch)
+    assert np.isfinite(figures["loss"]) and figures["value_drift"] < 1e-3  # the values acted with are the learner's
+    after = learner.weights()
+    assert any(not np.array_equal(before[k], after[k]) for k in after)
+    policy.load_weights(after)
+    out, value = policy._forward(obs)
+    with torch.no_grad():
+        want_out, want_value = learner.net.heads(torch.from_numpy(obs))
+    np.testing.assert_allclose(out, want_out.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(value, want_value.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_ppo_refuses_observation_normalisation_of_frames(tmp_path: Path) -> None:
+    proc = rlfleet("up", "--config", str(CONFIGS / "breakout-ppo.yaml"), "--max-seconds", "5", "--runs",
+                   str(tmp_path), "--set", "algorithm.obs_norm=true", timeout=120)
+    assert proc.returncode == 2 and "allowed for images: obs_norm false" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.e2e
+def test_a_short_breakout_ppo_round_trains_through_every_service(tmp_path: Path) -> None:
+    proc = rlfleet("up", "--config", str(CONFIGS / "breakout-ppo.yaml"), "--actors", "1", "--max-env-steps", "1500",
+                   "--max-seconds", "150", "--runs", str(tmp_path), "--set", "algorithm.segment_length=32",
+                   "--set", "actor.steps_per_round=32", "--set", "algorithm.minibatch_size=64",
+                   "--set", "evaluator.every_steps=1000", "--set", "evaluator.episodes=1",
+                   "--set", "env.max_episode_steps=400", timeout=240)
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}"
+    last = read_csv(only_run_dir(tmp_path) / "progress.csv")[-1]
+    assert int(last["updates"]) >= 8 and int(last["weights_version"]) >= 3, last

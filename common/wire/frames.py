@@ -5,7 +5,7 @@ An insert's image-stack columns (uint8 ``[n, stack, h, w]``: ``obs`` and
 512 frames of which about 80 differ. :func:`pack_frames` sends the distinct
 frames once, as the array ``__frames__`` (uint8 ``[F, h, w]``, last in the
 message), and each stack column ``obs`` as ``obs@frames``: int32 ``[n, stack]``
-indices into it;
+indices into it (a PPO segment's ``[n, steps, stack]``);
 replay checks the indices and rebuilds or shares the frames
 (services/replay/frames.py). Priorities are computed before packing, on the
 stacks.
@@ -73,19 +73,25 @@ class FrameIndex:
                 self._slots[crc] = found[0]
 
 
+def has_frames(a: np.ndarray) -> bool:
+    """uint8 items made of frames on their last two axes: stacks [n, stack, h, w], also segments of stacks
+    [n, steps, stack, h, w] (PPO)."""
+    return a.dtype == np.uint8 and a.ndim >= 4 and min(a.shape[-2:]) >= MIN_SIDE
+
+
 def pack_frames(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``columns`` with every image-stack column as int32 indices into one ``__frames__`` array of the
-    distinct frames (appended last); unchanged when there is none, or their frame shapes differ."""
-    names = [k for k, a in columns.items() if a.ndim == 4 and is_image_stack(a.dtype, a.shape[1:])]
-    if not names or len({columns[k].shape[2:] for k in names}) != 1 or FRAMES in columns:
+    """``columns`` with every column of frames (:func:`has_frames`) as int32 indices into one ``__frames__``
+    array of the distinct frames (appended last); unchanged when there is none, or their frame shapes differ."""
+    names = [k for k, a in columns.items() if has_frames(a)]
+    if not names or len({columns[k].shape[-2:] for k in names}) != 1 or FRAMES in columns:
         return dict(columns)
-    frame_shape = columns[names[0]].shape[2:]
+    frame_shape = columns[names[0]].shape[-2:]
     index = FrameIndex()
     rows: list[np.ndarray] = []
     out = dict(columns)
     for name in names:
         stacks = np.ascontiguousarray(columns[name])
-        flat = stacks.reshape(stacks.shape[0] * stacks.shape[1], -1)
+        flat = stacks.reshape(-1, frame_shape[0] * frame_shape[1])
         refs = np.empty(len(flat), np.int32)
         for i, row in enumerate(flat):
             crc = zlib.crc32(row)  # type: ignore[arg-type]  # an ndarray is a buffer
@@ -95,7 +101,7 @@ def pack_frames(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
                 rows.append(row)
                 index.add(crc, slot)
             refs[i] = slot
-        out[name] = refs.reshape(stacks.shape[:2])
+        out[name] = refs.reshape(stacks.shape[:-2])
     # the columns in their order (the first one's rows are the items), the stacks renamed, frames last
     packed = {(k + PACKED if k in names else k): v for k, v in out.items()}
     packed[FRAMES] = np.stack(rows).reshape(len(rows), *frame_shape)

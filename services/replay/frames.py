@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from common.wire.frames import FRAMES, FrameIndex, is_image_stack, packed_name, unpack_frames
+from common.wire.frames import FRAMES, MIN_SIDE, FrameIndex, is_image_stack, packed_name, unpack_frames
 
 
 def frame_columns(schema: Mapping[str, Any]) -> list[str]:
@@ -196,10 +196,10 @@ def check_packed(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[np.dtype[A
         if stack is None:
             out[name] = (a.dtype, a.shape[1:])
             continue
-        shape = (a.shape[1], *frames.shape[1:]) if a.ndim == 2 else ()
-        if a.dtype != np.int32 or not shape or not is_image_stack(np.dtype(np.uint8), shape):
-            raise PackedError(f"column {name!r} is {a.dtype.name}{list(a.shape)}; allowed: int32 [items, stack] "
-                              f"indices into {FRAMES} (uint8 [frames, h, w], h and w >= 8, stack <= 64)")
+        shape = (*a.shape[1:], *frames.shape[1:])
+        if a.dtype != np.int32 or a.ndim < 2 or min(frames.shape[1:]) < MIN_SIDE:
+            raise PackedError(f"column {name!r} is {a.dtype.name}{list(a.shape)}; allowed: int32 [items, stack, ...] "
+                              f"indices into {FRAMES} (uint8 [frames, h, w], h and w >= {MIN_SIDE})")
         if a.size and (int(a.min()) < 0 or int(a.max()) >= len(frames)):
             raise PackedError(f"column {name!r}: frame indices in [{int(a.min())}, {int(a.max())}]; {FRAMES} "
                               f"holds {len(frames)} frames")

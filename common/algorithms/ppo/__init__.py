@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.algorithms.contract import AlgorithmModule, EnvMismatch
 from common.algorithms.ppo.config import PPOConfig
+from common.algorithms.torsos import choose_torso
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -48,6 +49,9 @@ def check_env(cfg: PPOConfig, observation_space: gym.Space[Any], action_space: g
         raise EnvMismatch(
             f"algorithm {cfg.name} needs a Box observation space (flattened into an MLP); {env} has {observation_space}"
         )
+    if choose_torso(cfg.torso, observation_space, cfg.name, env) == "nature_cnn" and cfg.obs_norm:
+        raise EnvMismatch(f"algorithm {cfg.name}: obs_norm normalises flat observations; {env} gives images, which"
+                          " the CNN scales to [0, 1] on the learner's device; allowed for images: obs_norm false")
 
 
 def make_policy(cfg: PPOConfig, observation_space: gym.Space[Any], action_space: gym.Space[Any],

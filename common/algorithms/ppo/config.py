@@ -58,6 +58,9 @@ class PPOConfig(AlgorithmSettings):
         " updates the statistics from what it trains on and publishes them with the weights"
     )
     obs_clip: PosFloat = Field(10.0, description="normalised observations are clipped to +- this")
+    torso: Literal["auto", "mlp", "nature_cnn"] = Field(
+        "auto", description="auto: one Nature CNN shared by actor and critic heads for image observations (uint8"
+        " [stack, h, w]), else separate actor and critic MLPs")
     hidden: list[PosInt] = Field(default_factory=lambda: [64, 64], description="actor and critic MLP widths")
     activation: Literal["tanh", "relu"] = Field("tanh", description="MLP activation")
     log_std_init: float = Field(0.0, description="continuous actions: initial log std of the Gaussian")

@@ -32,7 +32,7 @@ from common.algorithms.device import cpu_copy, resolve_device
 from common.algorithms.optim import ClippedAdam
 from common.algorithms.ppo.config import PPOConfig
 from common.algorithms.ppo.losses import clipped_surrogate, gae, normalize_advantage, normalize_chunks, value_loss
-from common.algorithms.ppo.networks import RunningMeanStd, seeded_networks
+from common.algorithms.ppo.networks import PPOCnnNetworks, RunningMeanStd, seeded_networks
 
 if TYPE_CHECKING:
     from common.algorithms.data_parallel import GradientAverager
@@ -64,6 +64,7 @@ class PPOLearner:
                              returns_priorities=False, max_staleness=cfg.max_staleness, round="segments",
                              item_steps=cfg.segment_length)
         self.net = seeded_networks(cfg, observation_space, action_space, seed).to(self.device)
+        self.images = isinstance(self.net, PPOCnnNetworks)
         self._params = list(self.net.parameters())
         self.adam = ClippedAdam(self._params, lr=cfg.lr, eps=cfg.adam_eps)
         self.optimizer = self.adam.optimizer
@@ -89,18 +90,19 @@ class PPOLearner:
         missing = [key for key in SEGMENT_COLUMNS if key not in batch]
         if missing:
             raise KeyError(f"batch has no column(s) {missing}; PPO segments need {', '.join(SEGMENT_COLUMNS)}")
-        obs = np.asarray(batch["obs"], np.float32)
+        obs = self._obs(batch["obs"])
         S, T = obs.shape[:2]
+        shape = obs.shape[2:] if self.images else (-1,)  # images stay uint8 frames; the rest flat float32
         if self.obs_rms is not None:
             if self.dp is None:
                 self.obs_rms.update(obs.reshape(S * T, -1))
             else:  # the statistics of every rank's observations: all ranks normalise alike
                 self.obs_rms.update_sums(*self._group_sums(obs.reshape(S * T, -1)))
         with torch.no_grad():
-            values = self._values(obs.reshape(S * T, -1)).reshape(S, T)
-            boot = self._values(np.asarray(batch["bootstrap_obs"], np.float32).reshape(S, -1))
+            values = self._values(obs.reshape(S * T, *shape)).reshape(S, T)
+            boot = self._values(self._obs(batch["bootstrap_obs"]).reshape(S, *shape))
             truncated = np.asarray(batch["truncated"], bool)
-            final = self._values(np.asarray(batch["final_obs"], np.float32).reshape(S * T, -1)).reshape(S, T)
+            final = self._values(self._obs(batch["final_obs"]).reshape(S * T, *shape)).reshape(S, T)
         next_values = np.concatenate([values[:, 1:], boot[:, None]], axis=1)
         next_values = np.where(truncated, final, next_values)
         terminated = np.asarray(batch["terminated"], bool)
@@ -108,7 +110,7 @@ class PPOLearner:
                                   terminated | truncated, self.cfg.gamma, self.cfg.gae_lambda)
         action = np.asarray(batch["action"])
         rows = {
-            "obs": self._normalized(obs.reshape(S * T, -1)),
+            "obs": self._normalized(obs.reshape(S * T, *shape)),
             "action": action.reshape(S * T, *action.shape[2:]),
             "logp": np.asarray(batch["logp"], np.float32).reshape(-1),
             "advantage": advantages.reshape(-1).astype(np.float32),
@@ -169,7 +171,7 @@ class PPOLearner:
         cfg = self.cfg
         obs, action, old_logp, advantage, returns, old_value = (
             torch.as_tensor(batch[key], device=self.device) for key in MINIBATCH_COLUMNS)
-        logp, entropy, value = self.net.evaluate(obs.float(), action)
+        logp, entropy, value = self.net.evaluate(obs if obs.dtype == torch.uint8 else obs.float(), action)
         log_ratio = logp - old_logp
         ratio = log_ratio.exp()
         if cfg.normalize_advantage and not normalized:
@@ -221,6 +223,10 @@ class PPOLearner:
                 torch.from_numpy((x * x).sum(axis=0))]
         self.dp.sum(sums)
         return float(sums[0][0]), sums[1].numpy(), sums[2].numpy()
+
+    def _obs(self, column: Any) -> np.ndarray:
+        """A batch's observations as the networks take them: uint8 frames as sent, anything else float32."""
+        return np.asarray(column) if self.images else np.asarray(column, np.float32)
 
     def _normalized(self, obs: np.ndarray) -> np.ndarray:
         return obs if self.obs_rms is None else self.obs_rms.normalize(obs)

@@ -1,5 +1,6 @@
-"""PPO's networks: separate actor and critic MLPs (SB3's default policy), a state-independent
-log-std for continuous actions, and running observation normalisation.
+"""PPO's networks: separate actor and critic MLPs (SB3's default policy), or for images one Nature
+CNN under both heads, a state-independent log-std for continuous actions, and running observation
+normalisation.
 
 Orthogonal initialisation as in SB3 and CleanRL: gain sqrt(2) on hidden layers,
 0.01 on the policy head (near-uniform first policy), 1 on the value head, zero biases.
@@ -20,8 +21,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.algorithms.cnn import NatureCNN
 from common.algorithms.mlp import TwinMLP, mlp
 from common.algorithms.ppo.config import PPOConfig
+from common.algorithms.torsos import choose_torso
+from common.algorithms.weights import publish_arrays
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -58,18 +62,8 @@ class PPONetworks(nn.Module):
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """log pi(action | obs), the policy's entropy and V(obs), one per row, in one pass."""
-        out, value = self.twin(obs.flatten(1))
-        if self.discrete:
-            logp_all = torch.log_softmax(out, dim=1)
-            logp = logp_all.gather(1, action.long().reshape(-1, 1)).squeeze(1)
-            entropy = -(logp_all.exp() * logp_all).sum(dim=1)
-            return logp, entropy, value.squeeze(1)
-        action = action.reshape(out.shape)
-        log_std = self.log_std.expand_as(out)
-        z = (action - out) * torch.exp(-log_std)
-        logp = (-0.5 * z.pow(2) - log_std - 0.5 * LOG_2PI).sum(dim=1)
-        entropy = (0.5 + 0.5 * LOG_2PI + log_std).sum(dim=1)
-        return logp, entropy, value.squeeze(1)
+        out, value = self.twin(obs.flatten(1).float())
+        return (*distribution_terms(out, action, self.discrete, getattr(self, "log_std", None)), value.squeeze(1))
 
     def arrays(self) -> dict[str, np.ndarray]:
         """CPU float32 copies in the published layout."""
@@ -83,11 +77,68 @@ class PPONetworks(nn.Module):
                 for key, value in named.items()}
 
 
-def seeded_networks(cfg: PPOConfig, observation_space: gym.Space, action_space: gym.Space, seed: int) -> PPONetworks:
+class PPOCnnNetworks(nn.Module):
+    """Image observations: one Nature CNN (uint8 frames, scaled on the device) under an actor head (gain
+    0.01) and a critic head (gain 1), as CleanRL's and SB3's Atari PPO. The interface of
+    :class:`PPONetworks`; published as its state_dict (acting runs the module in torch)."""
+
+    def __init__(self, cfg: PPOConfig, observation_space: gym.Space, action_space: gym.Space) -> None:
+        super().__init__()
+        assert observation_space.shape is not None
+        c, h, w = observation_space.shape
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        outputs = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))  # type: ignore[attr-defined, arg-type]
+        self.torso = NatureCNN(c, h, w)
+        self.actor_head = nn.Linear(self.torso.features, outputs)
+        self.critic_head = nn.Linear(self.torso.features, 1)
+        for head, gain in ((self.actor_head, 0.01), (self.critic_head, 1.0)):
+            nn.init.orthogonal_(head.weight, gain)
+            nn.init.zeros_(head.bias)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.full((outputs,), float(cfg.log_std_init)))
+
+    def heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actor output, V) from one pass of the torso."""
+        features = self.torso(obs)
+        return self.actor_head(features), self.critic_head(features).squeeze(1)
+
+    def actor(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor_head(self.torso(obs))  # type: ignore[no-any-return]
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic_head(self.torso(obs)).squeeze(1)  # type: ignore[no-any-return]
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out, value = self.heads(obs)
+        return (*distribution_terms(out, action, self.discrete, getattr(self, "log_std", None)), value)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return publish_arrays(self)
+
+
+def distribution_terms(out: torch.Tensor, action: torch.Tensor, discrete: bool, log_std: torch.Tensor | None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(action) and the entropy, per row, of a Categorical over logits ``out`` or a diagonal Gaussian
+    of mean ``out`` and ``log_std``."""
+    if discrete:
+        logp_all = torch.log_softmax(out, dim=1)
+        logp = logp_all.gather(1, action.long().reshape(-1, 1)).squeeze(1)
+        return logp, -(logp_all.exp() * logp_all).sum(dim=1)
+    assert log_std is not None
+    action = action.reshape(out.shape)
+    log_std = log_std.expand_as(out)
+    z = (action - out) * torch.exp(-log_std)
+    logp = (-0.5 * z.pow(2) - log_std - 0.5 * LOG_2PI).sum(dim=1)
+    return logp, (0.5 + 0.5 * LOG_2PI + log_std).sum(dim=1)
+
+
+def seeded_networks(cfg: PPOConfig, observation_space: gym.Space, action_space: gym.Space,
+                    seed: int) -> PPONetworks | PPOCnnNetworks:
     """The networks initialised from ``seed`` without disturbing anyone else's torch RNG."""
+    cnn = choose_torso(cfg.torso, observation_space, cfg.name, "the env") == "nature_cnn"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return PPONetworks(cfg, observation_space, action_space)
+        return (PPOCnnNetworks if cnn else PPONetworks)(cfg, observation_space, action_space)
 
 
 class RunningMeanStd:

@@ -38,7 +38,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from common.algorithms.adders.vector_steps import VectorStepAdder
+from common.algorithms.adders.vector_steps import VectorStepAdder, stored_obs_dtype
 
 Columns = dict[str, np.ndarray]
 
@@ -60,18 +60,18 @@ class SegmentAdder(VectorStepAdder):
         if segment_length < 1:
             raise ValueError(f"segment_length={segment_length}; allowed: >= 1")
         assert observation_space.shape is not None
-        super().__init__(num_envs, tuple(observation_space.shape), autoreset_mode)
+        super().__init__(num_envs, tuple(observation_space.shape), autoreset_mode, stored_obs_dtype(observation_space))
         self.T = segment_length
         discrete = isinstance(action_space, gym.spaces.Discrete)
         act_shape = () if discrete else tuple(action_space.shape or ())
         n, T = num_envs, segment_length
         self._cols: Columns = {
-            "obs": np.zeros((n, T, *self.obs_shape), np.float32),
+            "obs": np.zeros((n, T, *self.obs_shape), self.obs_dtype),
             "action": np.zeros((n, T, *act_shape), np.int64 if discrete else np.float32),
             "reward": np.zeros((n, T), np.float32),
             "terminated": np.zeros((n, T), bool),
             "truncated": np.zeros((n, T), bool),
-            "final_obs": np.zeros((n, T, *self.obs_shape), np.float32),
+            "final_obs": np.zeros((n, T, *self.obs_shape), self.obs_dtype),
         }
         for key, (dtype, shape) in (extras or {}).items():
             self._cols[key] = np.zeros((n, T, *shape), dtype)
@@ -80,7 +80,7 @@ class SegmentAdder(VectorStepAdder):
     def schema(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Every column of the segments :meth:`add` returns: (dtype name, per-segment shape)."""
         out = {key: (col.dtype.name, tuple(col.shape[1:])) for key, col in self._cols.items()}
-        out["bootstrap_obs"] = ("float32", self.obs_shape)
+        out["bootstrap_obs"] = (self.obs_dtype.name, self.obs_shape)
         out["version"] = ("int64", ())
         return out
 
@@ -109,7 +109,7 @@ class SegmentAdder(VectorStepAdder):
         cols["terminated"][slots, t] = terminated[slots]
         cols["truncated"][slots, t] = truncated[slots] & ~terminated[slots]
         cols["final_obs"][slots, t] = np.where((truncated & ~terminated)[slots].reshape(-1, *[1] * len(
-            self.obs_shape)), final[slots], 0.0)
+            self.obs_shape)), final[slots], 0)
         for key, value in extras.items():
             if key in cols:
                 cols[key][slots, t] = np.asarray(value)[slots]
@@ -118,7 +118,7 @@ class SegmentAdder(VectorStepAdder):
 
         full = np.flatnonzero(self._length == self.T)
         items: Columns = {key: value[full] for key, value in cols.items()}
-        items["bootstrap_obs"] = final[full].astype(np.float32, copy=True)
+        items["bootstrap_obs"] = final[full].astype(self.obs_dtype, copy=True)
         items["version"] = self._version[full].min(axis=1) if len(full) else np.zeros(0, np.int64)
         self._length[full] = 0
 
