@@ -344,12 +344,17 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="shorter fleet runs and fewer messages")
     p.add_argument("--curve", type=float, default=0.0, help="also train Pong this many seconds (2 actors)")
     p.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--curve-only", action="store_true", help="only the training curve (with --curve)")
     args = p.parse_args()
     fleet_s = 40.0 if args.quick else 90.0
     repeats = 1 if args.quick else 3
     result: dict[str, Any] = {"config": CONFIG}
     with tempfile.TemporaryDirectory(prefix="rlfleet-pixels-") as tmp:
         runs = Path(tmp)
+        if args.curve_only:
+            result["curve"] = curve(args.curve, runs)
+            print(json.dumps(result))
+            return
         print("# Pong transitions from random play", flush=True)
         data = transitions(2560 if args.quick else 6400)
         naive = bytes_per_transition(data, capacity=len(data["obs"]) // 2)
