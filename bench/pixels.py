@@ -42,6 +42,7 @@ import numpy as np
 import torch
 import zmq
 
+from bench import scaling
 from common import config as config_mod
 from common.config import ActorConfig, ReplayConfig, TableConfig
 from common.envs import acting_policy, make_vector_env, probe_env
@@ -90,18 +91,7 @@ def chunks(data: dict[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]
 # -- frames -------------------------------------------------------------------
 def env_ceiling(seconds: float) -> float:
     """Env frames/s of one actor's vector env, random actions, no policy."""
-    cfg = pong_config()
-    envs = make_vector_env(cfg.env, 0)
-    rng = np.random.default_rng(0)
-    try:
-        envs.reset(seed=0)
-        steps, start = 0, time.monotonic()
-        while time.monotonic() - start < seconds:
-            envs.step(rng.integers(0, 6, cfg.env.num_envs))
-            steps += cfg.env.num_envs
-        return steps * cfg.env.atari.frame_skip / (time.monotonic() - start)
-    finally:
-        envs.close()
+    return scaling.env_ceiling(CONFIG, 0.0, [], seconds) * pong_config().env.atari.frame_skip
 
 
 def actor_loop(seconds: float) -> dict[str, float]:

@@ -63,15 +63,16 @@ BENCH_SETS = ["algorithm.batch_size=256", "replay.tables.0.samples_per_insert=16
 
 
 def env_ceiling(cfg_path: str, latency_ms: float, sets: list[str], seconds: float = 3.0) -> float:
-    """Env steps/s of a bare loop over one actor's vector env with random actions."""
+    """Env steps/s of a bare loop over one actor's vector env with random actions (a Discrete action space)."""
     cfg = config_mod.load(cfg_path, [*sets, f"env.step_latency_ms={latency_ms}"], environ={})
     envs = make_vector_env(cfg.env, 0)
     rng = np.random.default_rng(0)
+    actions = int(envs.single_action_space.n)  # type: ignore[attr-defined]
     try:
         envs.reset(seed=0)
         steps, start = 0, time.monotonic()
         while time.monotonic() - start < seconds:
-            envs.step(rng.integers(0, 2, cfg.env.num_envs))
+            envs.step(rng.integers(0, actions, cfg.env.num_envs))
             steps += cfg.env.num_envs
         return steps / (time.monotonic() - start)
     finally:
