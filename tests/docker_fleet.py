@@ -52,6 +52,18 @@ PPO_ENV = {
 SAC_CONFIG = "./configs/pendulum-sac.yaml"
 SAC_ENV = PPO_ENV
 A3C_CONFIG = "./configs/cartpole-a3c.yaml"
+# Pong on pixels (async DQN, the Nature CNN, shared frames): a small table that starts learning soon,
+# time-limited evaluation games.
+PONG_CONFIG = "./configs/pong-dqn.yaml"
+PONG_ENV = {
+    "RLFLEET_REPLAY__TABLES__0__CAPACITY": "3000",
+    "RLFLEET_REPLAY__TABLES__0__MIN_SIZE": "500",
+    "RLFLEET_ENV__NUM_ENVS": "2",
+    "RLFLEET_ENV__MAX_EPISODE_STEPS": "500",
+    "RLFLEET_EVALUATOR__EPISODES": "1",
+    "RLFLEET_EVALUATOR__EVERY_STEPS": "2000",
+    "RLFLEET_LEARNER__PUBLISH_EVERY": "10",
+}
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))  # what RLFLEET_CONFIG may name
 

@@ -22,6 +22,8 @@ import pytest
 from tests.docker_fleet import (
     A3C_CONFIG,
     CONFIGS,
+    PONG_CONFIG,
+    PONG_ENV,
     PPO_CONFIG,
     PPO_ENV,
     ROOT,
@@ -309,6 +311,15 @@ def test_compose_and_swarm_run_sac(docker_client: Any, tmp_path: Path) -> None:
         check_evaluates(proj)
     with swarm_stack(docker_client, tmp_path, SAC_ENV, 2, SAC_CONFIG) as stack:
         check_fleet_trains(stack, 2)
+
+
+@pytest.mark.container
+def test_compose_runs_pong_on_pixels(docker_client: Any, tmp_path: Path) -> None:
+    """RLFLEET_CONFIG=./configs/pong-dqn.yaml: the actor image plays Atari (ale-py's ROMs, the
+    preprocessing), replay shares frames, the learner's CNN updates and the evaluator scores games."""
+    with compose_project(docker_client, tmp_path, PONG_ENV, PONG_CONFIG, actors=1) as proj:
+        check_fleet_trains(proj, 1)
+        check_evaluates(proj)
 
 
 def check_workers_push(fleet: ComposeProject | SwarmStack, actors: int) -> None:
