@@ -228,3 +228,21 @@ def test_bad_packed_inserts_are_refused_with_the_reason_and_lose_nothing(tmp_pat
 
 def chunks_of(items: list[dict[str, np.ndarray]], size: int) -> list[list[dict[str, np.ndarray]]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def test_frames_in_bulk_never_share_a_slot_on_a_checksum_alone() -> None:
+    import zlib
+
+    pool = FramePool((SIDE, SIDE), np.dtype(np.uint8), initial=2)
+    rng = np.random.default_rng(7)
+    a, b = rng.integers(0, 256, (2, SIDE, SIDE), np.uint8)
+    slot_a = int(pool.intern_distinct(a[None])[0])
+    pool._index.add_new([zlib.crc32(b)], [slot_a])  # a collision: b's checksum already names a's slot
+    slot_b = int(pool.intern_distinct(b[None])[0])
+    assert slot_b != slot_a
+    np.testing.assert_array_equal(pool.frames[slot_b], b)
+    twice = pool.intern_distinct(np.stack([a, a, b]))  # "distinct" frames that are not: still exact
+    assert twice.tolist() == [slot_a, slot_a, slot_b]
+    assert pool.refs[slot_a] == 3 and pool.refs[slot_b] == 2
+    fresh = pool.intern_distinct(rng.integers(0, 256, (40, SIDE, SIDE), np.uint8))  # grows past its slots
+    assert len(set(fresh.tolist())) == 40 and pool.live == 42

@@ -47,7 +47,7 @@ class FramePool:
         self.frame_bytes = int(np.prod(frame_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         self.frames = np.zeros((max(1, initial), *frame_shape), dtype)
         self.refs = np.zeros(len(self.frames), np.int64)
-        self._crcs: list[int | None] = [None] * len(self.frames)  # of each slot in use
+        self._crcs = np.full(len(self.frames), -1, np.int64)  # the CRC-32 of each slot in use, -1 if free
         self._index = FrameIndex()
         self._live = 0
         self._free: list[int] = []
@@ -63,16 +63,19 @@ class FramePool:
         """Bytes of the frames held."""
         return self.live * self.frame_bytes
 
-    def _slot(self) -> int:
-        if self._free:
-            return self._free.pop()
-        if self._top == len(self.frames):  # full: double (amortised; freed slots are reused first)
+    def _take(self, k: int) -> np.ndarray:
+        """``k`` free slots: freed ones first, then never-used ones (the pool doubles when it runs out)."""
+        reuse = self._free[len(self._free) - min(k, len(self._free)):]
+        del self._free[len(self._free) - len(reuse):]
+        fresh = k - len(reuse)
+        while self._top + fresh > len(self.frames):  # amortised: freed slots are reused first
             grow = len(self.frames)
             self.frames = np.concatenate([self.frames, np.zeros_like(self.frames[:grow])])
             self.refs = np.concatenate([self.refs, np.zeros(grow, np.int64)])
-            self._crcs += [None] * grow
-        self._top += 1
-        return self._top - 1
+            self._crcs = np.concatenate([self._crcs, np.full(grow, -1, np.int64)])
+        slots = np.array([*reuse, *range(self._top, self._top + fresh)], np.int64)
+        self._top += fresh
+        return slots
 
     def intern(self, stacks: np.ndarray) -> np.ndarray:
         """References (int32 [n, stack]) to the frames of ``stacks`` ([n, stack, *frame_shape]), each frame
@@ -85,7 +88,7 @@ class FramePool:
             crc = zlib.crc32(row)  # type: ignore[arg-type]  # an ndarray is a buffer
             slot = index.find(crc, row, self._flat)
             if slot is None:
-                slot = self._slot()
+                slot = int(self._take(1)[0])
                 self.frames[slot] = row.reshape(self.frame_shape)
                 index.add(crc, slot)
                 self._crcs[slot] = crc
@@ -93,6 +96,34 @@ class FramePool:
             out[i] = slot
         np.add.at(self.refs, out, 1)
         return out.reshape(n, stack)
+
+    def intern_distinct(self, frames: np.ndarray) -> np.ndarray:
+        """:meth:`intern` of frames that are (claimed) distinct, [F, *frame_shape] -> slots [F] counted once:
+        what a packed insert brings. The new frames are looked up, stored and indexed in bulk; a
+        checksum seen twice in the batch, or a known one whose bytes differ, takes the frame-by-frame
+        path (never mixes frames)."""
+        flat = np.ascontiguousarray(frames).reshape(len(frames), -1)
+        crcs = [zlib.crc32(row) for row in flat]  # type: ignore[arg-type]  # an ndarray is a buffer
+        found = self._index.lookup(crcs)
+        hits = [i for i, f in enumerate(found) if f is not None]
+        if len(set(crcs)) != len(crcs) or any(
+                type(found[i]) is not int or self.frames[found[i]].tobytes() != flat[i].tobytes()  # type: ignore[index]
+                for i in hits):
+            return self.intern(frames[:, None])[:, 0].astype(np.int64)
+        out = np.empty(len(flat), np.int64)
+        if hits:
+            out[hits] = [found[i] for i in hits]  # type: ignore[assignment]  # ints: checked above
+        misses = [i for i, f in enumerate(found) if f is None]
+        if misses:
+            slots = self._take(len(misses))
+            self.frames[slots] = frames[misses]
+            miss_crcs = [crcs[i] for i in misses]
+            self._index.add_new(miss_crcs, slots.tolist())
+            self._crcs[slots] = miss_crcs
+            self._live += len(misses)
+            out[misses] = slots
+        self.refs[out] += 1  # distinct slots: no repeated index
+        return out
 
     def _flat(self, slot: int) -> np.ndarray:
         return self.frames[slot].reshape(-1)
@@ -103,13 +134,13 @@ class FramePool:
         if not refs.size:
             return
         np.subtract.at(self.refs, refs, 1)
-        for slot in np.unique(refs[self.refs[refs] == 0]).tolist():
-            crc = self._crcs[slot]
-            if crc is not None:
-                self._index.remove(crc, slot)
-                self._crcs[slot] = None
-                self._free.append(slot)
-                self._live -= 1
+        gone = np.unique(refs[self.refs[refs] == 0])
+        gone = gone[self._crcs[gone] >= 0]
+        if len(gone):
+            self._index.remove_many(self._crcs[gone].tolist(), gone.tolist())
+            self._crcs[gone] = -1
+            self._free.extend(gone.tolist())
+            self._live -= len(gone)
 
     def gather(self, refs: np.ndarray) -> np.ndarray:
         """The stacks of ``refs`` (int32 [n, stack]): [n, stack, *frame_shape]."""
@@ -125,7 +156,7 @@ class FramePool:
         """Intern a snapshot's ``frames`` and count ``refs`` (indices into them); the pool's own references."""
         if not len(frames):
             return [r.astype(np.int32) for r in refs]
-        mine = self.intern(frames[:, None])[:, 0]
+        mine = self.intern_distinct(frames)
         out = [mine[r].astype(np.int32) for r in refs]
         for r in out:
             np.add.at(self.refs, r.ravel(), 1)
