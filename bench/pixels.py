@@ -14,6 +14,8 @@
   sends them: each distinct frame once; acked, ``actor.max_unacked`` window) into a replay process
   with shared frames, against raw PUSH/PULL of the very same encoded bytes between two processes.
   Median of 3 alternating repeats. (The actor's packing cost is in ``actor_loop``.)
+- ``compression``: the ratio and speeds of lz4 and zstd (level 1) on the frames inserts carry, to
+  judge whether compressing them on the wire or at rest would pay.
 - ``learner_ratio``: DQN updates/s of the Nature CNN (batch 32) sampling a replay process over a
   socket (priorities written back), against the same learner in a loop over batches already in
   memory, with the config's torch threads (and ``learner_ratio_1_thread``: one thread, leaving a
@@ -171,6 +173,31 @@ def bytes_per_transition(data: dict[str, np.ndarray], capacity: int) -> dict[str
         for part in chunks(data, 64):
             table.insert(part)
         out[mode] = table.bytes_per_item()
+    return out
+
+
+# -- compression --------------------------------------------------------------
+def compression(batches: list[dict[str, np.ndarray]]) -> dict[str, dict[str, float]]:
+    """What lz4 and zstd (level 1) would make of the frames inserts carry (packed: each frame once)."""
+    import lz4.frame
+    import zstandard
+
+    from common.wire.frames import FRAMES, pack_frames
+
+    frames = [pack_frames(b)[FRAMES].tobytes() for b in batches]
+    raw = sum(len(f) for f in frames)
+    zc, zd = zstandard.ZstdCompressor(level=1), zstandard.ZstdDecompressor()
+    out = {}
+    for name, comp, dec in (("lz4", lz4.frame.compress, lz4.frame.decompress), ("zstd_1", zc.compress, zd.decompress)):
+        t0 = time.perf_counter()
+        packed = [comp(f) for f in frames]
+        t1 = time.perf_counter()
+        for c in packed:
+            dec(c)
+        t2 = time.perf_counter()
+        out[name] = {"ratio": round(raw / sum(len(c) for c in packed), 1),
+                     "compress_mb_per_s": round(raw / (t1 - t0) / 1e6),
+                     "decompress_mb_per_s": round(raw / (t2 - t1) / 1e6)}
     return out
 
 
@@ -354,6 +381,8 @@ def main() -> None:
         print(f"# bytes per transition: {naive}", flush=True)
 
         batches = chunks(data, 64)
+        result["compression"] = compression(batches)
+        print(f"# compression of packed frames: {result['compression']}", flush=True)
         msgs = 300 if args.quick else 800
         ours, raw = [], []
         for _ in range(repeats):
