@@ -345,11 +345,32 @@ def curve(seconds: float, runs: Path) -> dict[str, Any]:
               for r in rows if r["eval_return"] not in ("", None)]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "pixels_curve.json").write_text(json.dumps(points, indent=1))
+    plot_curve(points, seconds, Path("docs/pixels_curve.png"))
     last = rows[-1]
     return {"seconds": seconds, "env_frames": int(float(last["env_steps"])) * skip,
             "updates": int(float(last["updates"])),
             "evals": [(p["env_frames"], p["eval_return"]) for p in points],
             "best_eval": max((p["eval_return"] for p in points), default=None)}
+
+
+def plot_curve(points: list[dict[str, Any]], seconds: float, path: Path) -> None:
+    """Greedy evaluation return against env frames and against wall time, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_frames, by_time) = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
+    returns = [p["eval_return"] for p in points]
+    by_frames.plot([p["env_frames"] / 1e6 for p in points], returns)
+    by_frames.set_xlabel("env frames (millions)")
+    by_frames.set_ylabel("greedy eval return (2 games)")
+    by_time.plot([p["wall_s"] / 60 for p in points], returns)
+    by_time.set_xlabel("wall time (minutes)")
+    fig.suptitle(f"Pong, configs/pong-dqn.yaml, 2 actors, {seconds / 60:.0f} minutes on 2 CPU cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def median(values: list[float]) -> float:
