@@ -37,6 +37,7 @@ def register() -> None:
     except ImportError as exc:
         raise AtariEnvError(f"Atari ids need the ale-py package ({exc}); install the project with its dependencies"
                             ) from None
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner per env in every service's log
     gym.register_envs(ale_py)
 
 
