@@ -12,7 +12,7 @@ import torch
 from common import atari
 from common.algorithms.dqn.learner import DQNLearner
 from common.algorithms.dqn.policy import DQNPolicy
-from common.config import AtariConfig, EnvConfig, load
+from common.config import EnvConfig, load
 from common.envs import EnvError, env_factory, experience_schema, make_vector_env
 from tests.fleet_helpers import CONFIGS, only_run_dir, read_csv, rlfleet
 
@@ -90,9 +90,8 @@ def test_bad_pixel_configs_are_refused_with_what_is_allowed(tmp_path: Path, sets
     assert says in proc.stdout, proc.stdout[-2000:]
 
 
-def test_rom_ids_and_atari_config_defaults() -> None:
+def test_the_roms_ship_and_a_frameskip_in_kwargs_is_refused() -> None:
     assert {"pong", "breakout"} <= set(atari.rom_ids())
-    assert AtariConfig().frame_stack == 4 and AtariConfig().screen_size == 84
     with pytest.raises(EnvError, match="frame_skip"):
         env_factory(EnvConfig(id="ALE/Pong-v5", kwargs={"frameskip": 4}))()
 

@@ -8,13 +8,12 @@ what was given and what is allowed.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from common.algorithms.contract import EnvMismatch
 
-Torso = Literal["auto", "mlp", "nature_cnn"]
 MIN_IMAGE_SIDE = 36  # the Nature CNN's three convolutions need at least this many pixels a side
 
 

@@ -41,9 +41,6 @@ class FrameIndex:
     def __init__(self) -> None:
         self._slots: dict[int, int | list[int]] = {}
 
-    def __len__(self) -> int:
-        return sum(1 if isinstance(v, int) else len(v) for v in self._slots.values())
-
     def find(self, crc: int, row: np.ndarray, frame: Callable[[int], np.ndarray]) -> int | None:
         """The slot holding the bytes of ``row`` (``frame(slot)`` gives a slot's frame, flat), or None."""
         found = self._slots.get(crc)
@@ -62,6 +59,20 @@ class FrameIndex:
             self._slots[crc] = [found, slot]
         else:
             found.append(slot)
+
+    def assign(self, flat: np.ndarray, frame: Callable[[int], np.ndarray],
+               store: Callable[[np.ndarray, int], int]) -> np.ndarray:
+        """The slot (int32) of each row of ``flat`` ([frames, h*w]): a known frame's, else the one
+        ``store(row, crc)`` puts the row in (then indexed under it); ``frame(slot)`` gives a slot's frame, flat."""
+        out = np.empty(len(flat), np.int32)
+        for i, row in enumerate(flat):
+            crc = zlib.crc32(row)  # type: ignore[arg-type]  # an ndarray is a buffer
+            slot = self.find(crc, row, frame)
+            if slot is None:
+                slot = store(row, crc)
+                self.add(crc, slot)
+            out[i] = slot
+        return out
 
     def lookup(self, crcs: list[int]) -> list[int | list[int] | None]:
         """What each checksum maps to (a slot, several, or None), bytes not compared: for bulk callers that
@@ -104,20 +115,16 @@ def pack_frames(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     frame_shape = columns[names[0]].shape[-2:]
     index = FrameIndex()
     rows: list[np.ndarray] = []
+
+    def store(row: np.ndarray, _crc: int) -> int:
+        rows.append(row)
+        return len(rows) - 1
+
     out = dict(columns)
     for name in names:
         stacks = np.ascontiguousarray(columns[name])
         flat = stacks.reshape(-1, frame_shape[0] * frame_shape[1])
-        refs = np.empty(len(flat), np.int32)
-        for i, row in enumerate(flat):
-            crc = zlib.crc32(row)  # type: ignore[arg-type]  # an ndarray is a buffer
-            slot = index.find(crc, row, rows.__getitem__)
-            if slot is None:
-                slot = len(rows)
-                rows.append(row)
-                index.add(crc, slot)
-            refs[i] = slot
-        out[name] = refs.reshape(stacks.shape[:-2])
+        out[name] = index.assign(flat, rows.__getitem__, store).reshape(stacks.shape[:-2])
     # the columns in their order (the first one's rows are the items), the stacks renamed, frames last
     packed = {(k + PACKED if k in names else k): v for k, v in out.items()}
     packed[FRAMES] = np.stack(rows).reshape(len(rows), *frame_shape)

@@ -309,7 +309,7 @@ class Table:
         if self.frames is not None:  # the frames the live items use, once; their references renumbered
             frames, refs = self.frames.pool.export([arrays[name] for name in self.frames.names])
             arrays.update(zip(self.frames.names, refs, strict=True))
-            arrays["__frames__"] = frames
+            arrays[FRAMES] = frames
         meta = {
             "kind": self.kind,
             "capacity": self.capacity,
@@ -336,7 +336,7 @@ class Table:
             keys = np.arange(self.next_key - keep, self.next_key, dtype=np.uint64)
             slots = self._slots(keys)
             stored = dict(arrays)
-            if self.frames is not None or "__frames__" in arrays:
+            if self.frames is not None or FRAMES in arrays:
                 stored.update(self._restore_frames(arrays, size - keep))
             for name, col in self.columns.items():
                 col[slots] = stored[name][size - keep:]

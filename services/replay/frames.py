@@ -15,7 +15,7 @@ for another's. Each frame counts its references; a frame no item references
 any more is freed when the last one is overwritten.
 
 Inserts may arrive packed (common/wire/frames.py: each distinct frame once,
-the stacks as indices): :meth:`FrameColumns.check_packed` checks the
+the stacks as indices): :func:`check_packed` checks the
 indices, and the frames go into the pool without being unpacked.
 """
 
@@ -81,21 +81,17 @@ class FramePool:
         """References (int32 [n, stack]) to the frames of ``stacks`` ([n, stack, *frame_shape]), each frame
         stored if new; every reference returned is counted (release it with :meth:`release`)."""
         n, stack = stacks.shape[:2]
-        flat = np.ascontiguousarray(stacks).reshape(n * stack, -1)
-        out = np.empty(n * stack, np.int32)
-        index = self._index
-        for i, row in enumerate(flat):
-            crc = zlib.crc32(row)  # type: ignore[arg-type]  # an ndarray is a buffer
-            slot = index.find(crc, row, self._flat)
-            if slot is None:
-                slot = int(self._take(1)[0])
-                self.frames[slot] = row.reshape(self.frame_shape)
-                index.add(crc, slot)
-                self._crcs[slot] = crc
-                self._live += 1
-            out[i] = slot
+        out = self._index.assign(np.ascontiguousarray(stacks).reshape(n * stack, -1), self._flat, self._store)
         np.add.at(self.refs, out, 1)
         return out.reshape(n, stack)
+
+    def _store(self, row: np.ndarray, crc: int) -> int:
+        """A new frame into a free slot (indexed by the caller); its slot."""
+        slot = int(self._take(1)[0])
+        self.frames[slot] = row.reshape(self.frame_shape)
+        self._crcs[slot] = crc
+        self._live += 1
+        return slot
 
     def intern_distinct(self, frames: np.ndarray) -> np.ndarray:
         """:meth:`intern` of frames that are (claimed) distinct, [F, *frame_shape] -> slots [F] counted once:

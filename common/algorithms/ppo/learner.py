@@ -171,7 +171,7 @@ class PPOLearner:
         cfg = self.cfg
         obs, action, old_logp, advantage, returns, old_value = (
             torch.as_tensor(batch[key], device=self.device) for key in MINIBATCH_COLUMNS)
-        logp, entropy, value = self.net.evaluate(obs if obs.dtype == torch.uint8 else obs.float(), action)
+        logp, entropy, value = self.net.evaluate(obs, action)  # each network takes its own dtype
         log_ratio = logp - old_logp
         ratio = log_ratio.exp()
         if cfg.normalize_advantage and not normalized:

@@ -105,8 +105,8 @@ class PPOPolicy:
 
     def act(self, obs: np.ndarray, *, deterministic: bool = False) -> tuple[np.ndarray, Columns]:
         out, value = self._forward(obs)
-        x = out
-        rows = np.arange(len(x))
+        n = len(out)
+        rows = np.arange(n)
         if self.discrete:
             logp_all = out - out.max(axis=1, keepdims=True)
             logp_all -= np.log(np.exp(logp_all).sum(axis=1, keepdims=True))
@@ -114,7 +114,7 @@ class PPOPolicy:
                 actions = out.argmax(axis=1)
             else:  # inverse CDF on the policy's own rng: one uniform per row
                 cdf = np.cumsum(np.exp(logp_all), axis=1)
-                u = self.rng.random(len(x))[:, None] * cdf[:, -1:]
+                u = self.rng.random(n)[:, None] * cdf[:, -1:]
                 actions = np.minimum((u > cdf).sum(axis=1), out.shape[1] - 1)
             actions = actions.astype(np.int64)
             return actions, {"logp": logp_all[rows, actions].astype(np.float32), "value": value}
@@ -124,9 +124,9 @@ class PPOPolicy:
         raw = out + std * noise
         logp = (-0.5 * noise**2 - self._log_std - 0.5 * LOG_2PI).sum(axis=1)
         raw32 = raw.astype(np.float32)
-        env_action = np.clip(raw32, self.low, self.high).reshape(len(x), *self.action_shape)
+        env_action = np.clip(raw32, self.low, self.high).reshape(n, *self.action_shape)
         return env_action, {"logp": logp.astype(np.float32), "value": value,
-                            "raw_action": raw32.reshape(len(x), *self.action_shape)}
+                            "raw_action": raw32.reshape(n, *self.action_shape)}
 
     def priorities(self, items: Mapping[str, np.ndarray]) -> None:
         """Segments go to a queue table: no priorities."""
