@@ -85,9 +85,14 @@ class SampleClient:
         hwm: int = DEFAULT_HWM,
         ctx: zmq.Context[Any] | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        rate_limited: bool = True,
     ) -> None:
+        """``rate_limited=False``: a second consumer of the table (a world-model learner): its
+        requests are served once the table holds ``min_size`` items and not counted by the table's
+        rate limiter, so they take nothing of the main learner's samples-per-insert budget."""
         if not addresses:
             raise ValueError("SampleClient needs at least one replay address")
+        self.rate_limited = bool(rate_limited)
         self.sender = sender
         self.table = table
         self.batch_size = batch_size
@@ -154,6 +159,8 @@ class SampleClient:
         beta = None if self.beta is None else float(self.beta)
         if beta is not None:
             body["beta"] = beta
+        if not self.rate_limited:  # only then: the requests of a rate-limited client stay as they were
+            body["rate_limited"] = False
         msg = Message("sample", body)
         if not self._send(shard, msg):
             return False

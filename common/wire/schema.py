@@ -104,6 +104,8 @@ _SPECS = [
         "batch_size": _f("int", "number of items"),
         "beta": _f("float", "importance-weight exponent (prioritized tables)", False),
         "timeout_ms": _f("int", "give up after this long; error reason 'timeout'", False, TIMEOUT_RANGE),
+        "rate_limited": _f("bool", "false: served once the table holds min_size items, and not counted by the"
+                           " rate limiter (a second consumer); default true", False),
     }),
     MessageSpec("batch", "The reply to sample: data columns plus key, probability, weight.", {
         "ref_seq": _f("int", "seq of the sample request"),

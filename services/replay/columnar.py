@@ -282,14 +282,20 @@ class Table:
     def can_sample(self) -> bool:
         return self.size >= 1 and self.limiter.can_sample(self.size)
 
-    def sample(self, batch_size: int, beta: float | None = None) -> Sampled:
+    def can_sample_unlimited(self) -> bool:
+        """May a sample the limiter does not count (``rate_limited: false``) go? Once min_size is held."""
+        return self.size >= max(1, self.limiter.min_size)
+
+    def sample(self, batch_size: int, beta: float | None = None, *, counted: bool = True) -> Sampled:
+        """``counted=False``: the limiter does not count these items (``sampled_items`` still does)."""
         keys, prob, weight = self._select(batch_size, beta)
         slots = self._slots(keys)
         data = {name: col[slots] for name, col in self.columns.items()}
         if self.frames is not None:
             self.frames.expand(data)
         self.sampled_items += len(keys)
-        self.limiter.sampled(len(keys))
+        if counted:
+            self.limiter.sampled(len(keys))
         return Sampled(keys, prob, weight, data)
 
     def _select(self, batch_size: int, beta: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

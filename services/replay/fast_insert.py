@@ -165,6 +165,6 @@ class FastInsertServer(HeldRequestServer):
                       for name, dtype, shape, offset in fast.items if name != "priority"}
             self._commit(table, Peer(identity, seq, sender), arrays, priority, ws, n, True)
         self.fast_inserts += 1
-        if self.held_samples[table.name]:
+        if self.held_samples[table.name] or self.held_unlimited[table.name]:
             self._pump(table)
         return True

@@ -19,6 +19,11 @@ Rate limiting holds requests instead of refusing them:
   (1,000) held per table a sample is refused at once with reason ``busy``.
   A held sample of a queue table pops its items when it is answered, even
   if the learner that asked has gone meanwhile: those items are lost.
+- A sample sent with ``rate_limited: false`` (a second consumer of the
+  table, such as a world-model learner) waits only for ``min_size``, in a
+  queue of its own so that it never waits behind a sample the limiter holds,
+  and its items are not counted by the limiter: the limiter's state is as if
+  it had not been asked.
 
 With ``wal`` durability every stored insert is appended to the log, and the
 acks of a burst of messages are sent only after the log is fsync'ed
@@ -73,6 +78,7 @@ class HeldSample:
     beta: float | None
     deadline: float
     since: float
+    rate_limited: bool = True  # False: waits for min_size only, not counted by the limiter
 
 
 class HeldRequestServer(Server):
@@ -89,6 +95,7 @@ class HeldRequestServer(Server):
     held_bytes: int
     held_keys: set[tuple[str, int]]
     held_samples: dict[str, deque[HeldSample]]
+    held_unlimited: dict[str, deque[HeldSample]]  # samples sent with rate_limited false
     deferred: list[tuple[Peer, list[Any], str]]
     acks: dict[Any, tuple[Peer, list[tuple[int, int, bool]]]]
     _inserted: dict[str, int]
@@ -127,6 +134,9 @@ class HeldRequestServer(Server):
             while samples and table.can_sample():
                 self._serve(table, samples.popleft())
                 progress = True
+        unlimited = self.held_unlimited[table.name]  # change nothing the limiter counts: served last
+        while unlimited and table.can_sample_unlimited():
+            self._serve(table, unlimited.popleft())
 
     def _store(self, table: Table, h: HeldInsert) -> None:
         self.held_keys.discard((h.peer.sender, h.peer.seq))
@@ -175,7 +185,7 @@ class HeldRequestServer(Server):
                 self.reply_error(h.peer, "wal_failed", f"sample not served: {exc}; the items stay queued, ask again "
                                                        "later", count=False)
                 return
-        s = table.sample(h.batch_size, h.beta)
+        s = table.sample(h.batch_size, h.beta, counted=h.rate_limited)
         self.m_samples.labels(table.name).inc(len(s.keys))
         self.m_wait.labels("sample").inc(time.monotonic() - h.since)
         arrays = {"key": s.keys, "probability": s.probability, "weight": s.weight, **s.data}

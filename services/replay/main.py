@@ -106,7 +106,8 @@ class ReplayService:
             "shard": self.shard,
             "tables": {n: t.size for n, t in self.server.tables.items()},
             "held": {"insert": sum(len(q) for q in self.server.held_inserts.values()),
-                     "sample": sum(len(q) for q in self.server.held_samples.values())},
+                     "sample": sum(len(q) for q in (*self.server.held_samples.values(),
+                                                     *self.server.held_unlimited.values()))},
             "durability": self.cfg.replay.durability,
         }
 

@@ -51,7 +51,7 @@ from services.replay.held_requests import (
 from services.replay.priorities import check_priorities
 from services.replay.recovery import restore_tables, start_snapshot
 from services.replay.storage import SNAPSHOT, Snapshotter, WriteAheadLog
-from services.replay.tables import make_table
+from services.replay.tables import QueueTable, make_table
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ class ReplayServer(FastInsertServer):
         self.held_inserts: dict[str, deque[HeldInsert]] = {n: deque() for n in self.tables}
         self.held_keys: set[tuple[str, int]] = set()
         self.held_samples: dict[str, deque[HeldSample]] = {n: deque() for n in self.tables}
+        self.held_unlimited: dict[str, deque[HeldSample]] = {n: deque() for n in self.tables}
         # sent after the burst (with wal, after its fsync): queue batches, and acks by sender
         # identity (merge_acks) or by (identity, seq)
         self.deferred: list[tuple[Peer, list[Any], str]] = []
@@ -186,7 +187,7 @@ class ReplayServer(FastInsertServer):
             self._commit(table, peer, arrays, priority, ws, n, merge)
             if layout is not None and merge:
                 self._stored_packed = (table, layout, n, peer, ws)
-            if self.held_samples[table.name]:
+            if self.held_samples[table.name] or self.held_unlimited[table.name]:
                 self._pump(table)
             return
         nbytes = sum(a.nbytes for a in arrays.values()) + (priority.nbytes if priority is not None else 0)
@@ -221,14 +222,18 @@ class ReplayServer(FastInsertServer):
         beta = msg.get("beta")
         if beta is not None and not 0 <= beta <= 100:
             raise RequestError("bad_request", f"beta={beta}; allowed: 0..100")
-        held = self.held_samples[table.name]
-        if len(held) >= self.max_held_samples:
-            raise RequestError("busy", f"{len(held)} samples already held on table {table.name!r}; "
-                                       f"at most {self.max_held_samples}")
+        limited = msg.get("rate_limited") is not False
+        if not limited and isinstance(table, QueueTable):
+            raise RequestError("bad_request", f"rate_limited=false on queue table {table.name!r}: its items are "
+                                              "removed when sampled; allowed: only on uniform and prioritized tables")
+        held, unlimited = self.held_samples[table.name], self.held_unlimited[table.name]
+        if len(held) + len(unlimited) >= self.max_held_samples:
+            raise RequestError("busy", f"{len(held) + len(unlimited)} samples already held on table "
+                                       f"{table.name!r}; at most {self.max_held_samples}")
         timeout_ms = msg.get("timeout_ms")
         timeout_ms = MAX_SAMPLE_TIMEOUT_MS if timeout_ms is None else min(timeout_ms, MAX_SAMPLE_TIMEOUT_MS)
         now = time.monotonic()
-        held.append(HeldSample(peer, bs, beta, now + timeout_ms / 1000, now))
+        (held if limited else unlimited).append(HeldSample(peer, bs, beta, now + timeout_ms / 1000, now, limited))
         self._pump(table)
 
     def on_priorities(self, peer: Peer, msg: Message) -> None:
@@ -252,7 +257,7 @@ class ReplayServer(FastInsertServer):
         tables = {}
         for name, t in self.tables.items():
             tables[name] = {**t.stats(), "held_inserts": len(self.held_inserts[name]),
-                            "held_samples": len(self.held_samples[name])}
+                            "held_samples": len(self.held_samples[name]) + len(self.held_unlimited[name])}
         return {
             "tables": tables,
             "duplicates": self.duplicates,
@@ -267,7 +272,7 @@ class ReplayServer(FastInsertServer):
     def tick(self) -> None:
         self.flush_acks()
         now = time.monotonic()
-        for held in self.held_samples.values():
+        for held in (*self.held_samples.values(), *self.held_unlimited.values()):
             if held and any(h.deadline <= now for h in held):
                 keep: deque[HeldSample] = deque()
                 for h in held:
@@ -282,7 +287,7 @@ class ReplayServer(FastInsertServer):
         for name, t in self.tables.items():
             self._m_size[name].set(t.size)
         self._m_held_inserts.set(sum(map(len, self.held_inserts.values())))
-        self._m_held_samples.set(sum(map(len, self.held_samples.values())))
+        self._m_held_samples.set(sum(map(len, (*self.held_samples.values(), *self.held_unlimited.values()))))
         if (self.durability != "memory" and now - self.last_snapshot >= self.cfg.checkpoint_every_s
                 and self.snapshotter is not None and not self.snapshotter.busy):
             self.snapshot()
