@@ -108,12 +108,13 @@ def plan(cfg: Experiment, actors: int, run_dir: Path, inproc: bool) -> tuple[Exp
     # gradients to the paramserver's shard optimizers
     learns = not cfg.algorithm.trains_with_workers()
     count = {"replay": cfg.replay.shards * learns, "paramserver": cfg.paramserver.shards,
-             "learner": cfg.learners * learns, "actor": actors, "evaluator": int(cfg.evaluator.enabled)}
+             "learner": cfg.learners * learns, "actor": actors, "evaluator": int(cfg.evaluator.enabled),
+             "modeler": int(cfg.planning.enabled), "planner": cfg.planning.planners * cfg.planning.enabled}
     members: list[Member] = []
     for r in ROLES:  # in start order
         for i in range(count[r.name]):
             m = Member(r.name, i)
-            if r.registers:  # its stable id in the paramserver's registry: actor-0, ..., evaluator
+            if r.registers or r.name == "planner":  # stable ids: actor-0, ..., evaluator (the registry's), planner-0
                 m.actor_id = m.label
             members.append(m)
     for m in members:

@@ -21,6 +21,8 @@ from cli.forkserver import ForkServers
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
               help="experiment file (YAML)")
 @click.option("--actors", type=click.IntRange(min=1), default=None, help="actors to start (default: actor.count)")
+@click.option("--planners", type=click.IntRange(min=0), default=None,
+              help="planners to start with planning.enabled (default: planning.planners)")
 @click.option("--sync", type=click.Choice(["barrier", "async"]), default=None, help="training protocol")
 @click.option("--learners", type=click.IntRange(min=1), default=None,
               help="data-parallel learner processes (default: learners in the config)")
@@ -36,7 +38,7 @@ from cli.forkserver import ForkServers
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
 @click.option("--runs", "run_root", default="runs", show_default=True, help="where run directories go")
 def up(
-    config_path: str, actors: int | None, sync: str | None, learners: int | None, until_return: float | None,
+    config_path: str, actors: int | None, planners: int | None, sync: str | None, learners: int | None, until_return: float | None,
     max_seconds: float | None, max_env_steps: int | None, inproc: bool, no_fork_server: bool,
     sets: tuple[str, ...], run_root: str, restart: str,
 ) -> None:
@@ -52,7 +54,8 @@ def up(
         # --actors goes through the config too: checks that depend on the actor count (a PPO barrier
         # round must split into minibatches) then refuse it here, before any run dir or service
         extra = ([f"sync={sync}"] if sync else []) + ([f"actor.count={actors}"] if actors else []) + (
-            [f"learners={learners}"] if learners else [])
+            [f"learners={learners}"] if learners else []) + (
+            [f"planning.planners={planners}"] if planners is not None else [])
         try:
             cfg = config_mod.load(config_path, [*sets, *extra])
         except config_mod.ConfigError as exc:

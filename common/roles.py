@@ -40,6 +40,11 @@ ROLES: tuple[Role, ...] = (
          preload=("services.actor.actor",)),
     Role("evaluator", "services.actor.main", needs_torch=True, server=False, registers=True, single=True,
          preload=("services.actor.evaluator",)),
+    # parallel Dyna-Q (planning.enabled): the world-model learner, and planners that roll it forward
+    Role("modeler", "services.modeler.main", needs_torch=True, server=False, registers=False, single=True,
+         preload=("services.modeler.modeler",)),
+    Role("planner", "services.planner.main", needs_torch=True, server=False, registers=False, single=False,
+         preload=("services.planner.planner",)),
 )
 
 BY_NAME: dict[str, Role] = {r.name: r for r in ROLES}

@@ -56,6 +56,30 @@ Builder = Callable[[Experiment, ServiceArgs], Service]
 """A service module's ``build``."""
 
 
+class IdleService:
+    """A service this experiment does not need (a learner when gradient workers train, a planner when
+    planning is off): says why once, then idles until stopped. Compose and the Swarm stack start every
+    service whatever the experiment, and restart one that exits; ``rlfleet up`` starts none."""
+
+    def __init__(self, role: str, why: str) -> None:
+        self.metrics = ServiceMetrics(role, 0)
+        self._stop = threading.Event()
+        self.why = why
+        log.info("%s: %s; idle until stopped", role, why)
+
+    def run(self) -> None:
+        self._stop.wait()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": True, "idle": self.why}
+
+    def close(self) -> None:
+        pass
+
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

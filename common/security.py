@@ -227,4 +227,5 @@ def local_keys(cfg: Experiment, run_dir: Path) -> tuple[Experiment, list[KeyFile
 
 def fleet_roles(cfg: Experiment) -> tuple[str, ...]:
     """The client roles of a local fleet."""
-    return tuple(name for name in CLIENTS if name != "evaluator" or cfg.evaluator.enabled)
+    wanted = {"evaluator": cfg.evaluator.enabled, "modeler": cfg.planning.enabled, "planner": cfg.planning.enabled}
+    return tuple(name for name in CLIENTS if wanted.get(name, True))

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from common.config.algorithm import AlgorithmConfig, default_algorithm
+from common.config.planning import PlanningConfig, planning_problems
 from common.config.sections import (
     ActorConfig,
     EnvConfig,
@@ -36,6 +37,7 @@ class Experiment(Strict):
     network: NetworkConfig = Field(default_factory=lambda: NetworkConfig())
     metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())
     security: SecurityConfig = Field(default_factory=lambda: SecurityConfig())
+    planning: PlanningConfig = Field(default_factory=lambda: PlanningConfig())
     run_dir: str = Field("runs/current", description="where this run writes logs, CSVs and checkpoints")
     learners: Annotated[int, Field(ge=1, le=256)] = Field(
         1, description="data-parallel learner processes (ranks of one torch.distributed group); each samples "
@@ -91,6 +93,7 @@ class Experiment(Strict):
                                     f" equal share; allowed: a multiple of {self.learners}")
         problems += self.algorithm.check_fleet(self.sync, self.actor.count, self.env.num_envs,
                                                self.actor.steps_per_round)
+        problems += planning_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -121,9 +121,9 @@ class TableConfig(Strict):
         None, description="rate limiter slack in items; default 100 x max(1, samples_per_insert)"
     )
     columns: Literal["algorithm", "first_insert"] = Field(
-        "algorithm", description="the learner's table: fixed at start to the columns the algorithm's actors "
-        "insert (algorithm), or by its first insert (first_insert: a table your own clients fill); other "
-        "tables: always first_insert")
+        "algorithm", description="the learner's table (and planning.table): fixed at start to the columns the "
+        "algorithm's actors insert (algorithm), or by its first insert (first_insert: a table your own clients "
+        "fill); other tables: always first_insert")
     frames: Literal["auto", "off"] = Field(
         "auto", description="auto: uniform and prioritized tables store each frame of image-stack columns (uint8"
         " [stack, h, w]: obs and next_obs of Atari) once, and rebuild the stacks when sampled; off: every item"

@@ -48,6 +48,7 @@ from common.runtime import FatalError, StartupError
 from common.security import client_curve, refused_hint
 from common.wire.errors import CommTimeout, RemoteError
 from services.learner import ranks
+from services.learner.imagination import ImaginedMix
 from services.learner.training import Trainer
 
 log = logging.getLogger("rlfleet.learner")
@@ -92,7 +93,9 @@ class LearnerService:
             self.core.dp = GradientAverager()
             broadcast_learner(self.core, self.core.dp)
             self.m_world.set(self.group.world)
-        self.trainer = Trainer(cfg, self.core, self.metrics, lambda: self.version, lambda: self._stopping)
+        mix = ImaginedMix(cfg, self.core.data.batch_items, obs_space, act_space, self.metrics) \
+            if cfg.planning.enabled else None
+        self.trainer = Trainer(cfg, self.core, self.metrics, lambda: self.version, lambda: self._stopping, mix)
         self.m_reconnects = self.trainer.m_reconnects
         self.published: dict[str, Any] = {}  # arrays of self.version, checkpointed for `rlfleet eval`
         # one paramserver client: publishes, barriers and version probes share its connections

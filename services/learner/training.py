@@ -31,6 +31,7 @@ from common.config import Experiment
 from common.metrics import ServiceMetrics
 from common.tboard import ScalarWriter
 from common.wire.errors import CommTimeout
+from services.learner.imagination import ImaginedMix
 from services.learner.round_order import concat_in_canonical_order
 
 log = logging.getLogger("rlfleet.learner")
@@ -40,12 +41,14 @@ STALENESS_SAMPLES = 8  # items of a batch observed in rlfleet_learner_item_stale
 
 class Trainer:
     def __init__(self, cfg: Experiment, core: Learner, metrics: ServiceMetrics, version: Callable[[], int],
-                 stopping: Callable[[], bool]) -> None:
+                 stopping: Callable[[], bool], mix: ImaginedMix | None = None) -> None:
+        """``mix``: parallel Dyna-Q's imagined batches (services/learner/imagination.py), or None."""
         self.cfg = cfg
         self.core = core
         self.version = version  # the weights version the learner holds now
         self.stopping = stopping
         self.sampler = SampleClient.from_config(cfg, "learner", batch_size=core.data.batch_items)
+        self.mix = mix
         self.table = next(t for t in cfg.replay.tables if t.name == cfg.learner.table)
         self.tb = ScalarWriter(cfg.run_dir, "learner")  # RUN_DIR/tensorboard/learner; a no-op without tensorboard
         self._tb_last = 0.0
@@ -87,8 +90,9 @@ class Trainer:
         return batch
 
     def learn(self, data: dict[str, np.ndarray], weights: np.ndarray | None = None,
-              batch: SampleBatch | None = None) -> bool:
-        """Drop stale items, learn on the rest, send priorities back to ``batch``'s shard; False if all were stale."""
+              batch: SampleBatch | None = None, sampler: SampleClient | None = None) -> bool:
+        """Drop stale items, learn on the rest, send priorities back to ``batch``'s shard (through ``sampler``,
+        the client it came from; default: the real table's); False if all were stale."""
         try:
             behind = self.version() - np.asarray(data["version"], np.int64).reshape(-1) if "version" in data else None
             if behind is not None and len(behind):
@@ -109,7 +113,7 @@ class Trainer:
             self._skip_malformed(data, exc)
             return True
         if priorities is not None and batch is not None and not dropped:  # (keys and priorities must match)
-            self.sampler.update_priorities(batch, priorities)
+            (sampler or self.sampler).update_priorities(batch, priorities)
         self.m_updates.inc(self.core.num_updates - before)
         self.m_loss.set(figures.get("loss", float("nan")))
         for name, value in figures.items():
@@ -136,7 +140,14 @@ class Trainer:
 
     def update_once(self, timeout_s: float) -> bool:
         """One learn call on one sampled batch; False if no batch came within timeout_s (or all was stale)."""
+        if self.mix is not None and self.mix.due():
+            imagined = self.mix.take(self.core.beta())
+            if imagined is not None:
+                self.mix.count("imagined", len(imagined.keys))
+                return self.learn(imagined.data, imagined.weights, imagined, self.mix.sampler)
         batch = self.take_batch(timeout_s)
+        if batch is not None and self.mix is not None:
+            self.mix.count("real", len(batch.keys))
         return batch is not None and self.learn(batch.data, batch.weights, batch)
 
     def replay_ready(self) -> bool:
@@ -204,4 +215,6 @@ class Trainer:
 
     def close(self) -> None:
         self.sampler.close()
+        if self.mix is not None:
+            self.mix.close()
         self.tb.close()

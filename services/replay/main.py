@@ -54,24 +54,27 @@ class ReplayService:
                  {t.name: f"{t.kind}/{t.capacity}" for t in cfg.replay.tables}, cfg.replay.durability)
 
     def _declare_schema(self) -> None:
-        """Fix the learner's table to the columns the algorithm's actors insert, so an insert of
-        anything else is refused (with the column, what was sent and what is expected) before it
-        is acked or reaches the learner. Without the env here, the first insert fixes them."""
-        table = self.server.tables.get(self.cfg.learner.table)
-        spec = next((t for t in self.cfg.replay.tables if t.name == self.cfg.learner.table), None)
-        if table is None or spec is None or spec.columns != "algorithm":
+        """Fix the learner's table (and the planners' imagined one) to the columns the algorithm's actors
+        insert, so an insert of anything else is refused (with the column, what was sent and what is
+        expected) before it is acked or reaches the learner. Without the env here, the first insert fixes them."""
+        names = [self.cfg.learner.table] + ([self.cfg.planning.table] if self.cfg.planning.enabled else [])
+        specs = {t.name: t for t in self.cfg.replay.tables}
+        tables = [self.server.tables[n] for n in names
+                  if n in self.server.tables and n in specs and specs[n].columns == "algorithm"]
+        if not tables:
             return
         try:
             columns = experience_schema(self.cfg)
         except EnvError as exc:
-            log.warning("replay shard %d: table %r takes its columns from its first insert: the env could not "
-                        "be made here to learn them (%s)", self.shard, table.name, exc)
+            log.warning("replay shard %d: tables %s take their columns from their first insert: the env could not "
+                        "be made here to learn them (%s)", self.shard, [t.name for t in tables], exc)
             return
-        try:
-            table.declare(columns)
-        except TableError as exc:
-            raise FatalError(f"{exc.detail}: this run directory holds another experiment's data; start with a "
-                             f"new run_dir or the matching config") from None
+        for table in tables:
+            try:
+                table.declare(columns)
+            except TableError as exc:
+                raise FatalError(f"{exc.detail}: this run directory holds another experiment's data; start with a "
+                                 f"new run_dir or the matching config") from None
 
     @property
     def endpoint(self) -> str:
