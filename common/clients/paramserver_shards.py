@@ -16,6 +16,7 @@ import zmq
 from common.wire.codec import DEFAULT_LIMITS, Limits, Message
 from common.wire.connection import Connection, collect
 from common.wire.errors import CommTimeout, RemoteError
+from common.wire.schema import DEFAULT_MODEL, model_name_problem
 from common.wire.transport import CurveConfig
 
 #: extra time a client waits beyond a long poll's own timeout before giving up on the server
@@ -86,3 +87,16 @@ def raise_errors(replies: Mapping[int, Message], what: str) -> None:
     for i, r in sorted(replies.items()):
         if r.type == "error":
             raise RemoteError(r["reason"], f"paramserver shard {i}, {what}: {r['detail']}")
+
+
+def checked_model(model: str | None) -> str | None:
+    """A client's ``model``: None for the default model (its messages carry no ``model``), else the name.
+
+    Raises ValueError naming the bad name and what is allowed (common.wire.schema.MODEL_NAME).
+    """
+    if model is None or model == DEFAULT_MODEL:
+        return None
+    problem = model_name_problem(model)
+    if problem is not None:
+        raise ValueError(problem)
+    return model

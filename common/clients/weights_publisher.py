@@ -23,7 +23,7 @@ import numpy as np
 import zmq
 
 from common import weights_shm as shmlib
-from common.clients.paramserver_shards import WAIT_MARGIN_S, ParamserverShards, raise_errors
+from common.clients.paramserver_shards import WAIT_MARGIN_S, ParamserverShards, checked_model, raise_errors
 from common.tensor_shards import Layout, tensor_specs
 from common.wire.codec import Message
 from common.wire.errors import CommTimeout
@@ -45,6 +45,11 @@ class WeightsPublisher:
     over (see common/weights_shm) instead of payload frames; a shard
     that cannot map it (another host or container, shared memory off)
     answers ``shm_unavailable`` and gets frames from then on.
+
+    ``model``: publish a named model (a second model, e.g. a world model)
+    instead of the default one: every publish carries it, always with payload
+    frames (shards serve named models without shared memory). None, or
+    ``DEFAULT_MODEL``: the default model, the messages as before.
     """
 
     def __init__(
@@ -55,10 +60,12 @@ class WeightsPublisher:
         curve: CurveConfig | None = None,
         ctx: zmq.Context[Any] | None = None,
         shm: bool = True,
+        model: str | None = None,
     ) -> None:
+        self.model = checked_model(model)
         self.shards = ParamserverShards(addresses, sender, curve, ctx)
         self.layout: Layout | None = None
-        self.use_shm = [shm and shmlib.available()] * len(self.shards)
+        self.use_shm = [shm and self.model is None and shmlib.available()] * len(self.shards)
         self.writer = shmlib.ShmWriter() if any(self.use_shm) else None
         self._pool: ThreadPoolExecutor | None = None  # writes the slices of several shards at once
 
@@ -80,6 +87,8 @@ class WeightsPublisher:
         layout = self.layout_for(arrays)
         body = {"version": version, "num_shards": layout.num_shards, "layout": layout.fingerprint,
                 "tensors": layout.to_wire()}
+        if self.model is not None:
+            body["model"] = self.model
         requests: dict[int, Message] = {}
         seqs: dict[int, int] = {}
         files: dict[int, str] = {}

@@ -23,7 +23,7 @@ import numpy as np
 import zmq
 
 from common import weights_shm as shmlib
-from common.clients.paramserver_shards import WAIT_MARGIN_S, ParamserverShards, raise_errors
+from common.clients.paramserver_shards import WAIT_MARGIN_S, ParamserverShards, checked_model, raise_errors
 from common.tensor_shards import fingerprint, tensor_specs
 from common.wire.codec import Message
 from common.wire.errors import RemoteError
@@ -38,7 +38,13 @@ SHM_FALLBACK_REASONS = frozenset({"internal"})
 
 
 class WeightsReader:
-    """The actors' side: one consistent version across all shards, never a mix."""
+    """The actors' side: one consistent version across all shards, never a mix.
+
+    ``model``: read a named model (e.g. the world model a model learner
+    publishes) instead of the default one: every get and wait carries it, and
+    its pieces come as payload frames (no shared memory). None, or
+    ``DEFAULT_MODEL``: the default model, the messages as before.
+    """
 
     def __init__(
         self,
@@ -49,14 +55,18 @@ class WeightsReader:
         ctx: zmq.Context[Any] | None = None,
         timeout_s: float = 10.0,
         shm: bool = True,
+        model: str | None = None,
     ) -> None:
+        self.model = checked_model(model)
         self.shards = ParamserverShards(addresses, sender, curve, ctx)
         self.timeout_s = timeout_s
         self.version = -1  # newest version returned so far
         # Ask each shard for shared memory until it proves not to be on this host.
-        self.use_shm = [shm and shmlib.available()] * len(self.shards)
+        self.use_shm = [shm and self.model is None and shmlib.available()] * len(self.shards)
 
     def _request(self, mtype: str, body: dict[str, Any], shards: Sequence[int]) -> dict[int, Message]:
+        if self.model is not None:
+            body = {**body, "model": self.model}
         return {i: Message(mtype, {**body, "shm": True} if self.use_shm[i] else dict(body)) for i in shards}
 
     def _ask(self, mtype: str, body: dict[str, Any], shards: Sequence[int], deadline: float) -> dict[int, Message]:

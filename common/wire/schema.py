@@ -8,6 +8,7 @@ decoder (forward compatibility); missing required ones are refused.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,17 @@ def _f(kind: str, doc: str, required: bool = True, bounds: tuple[int, int] | Non
 SEQ_RANGE = (0, (1 << 64) - 1)
 TIMEOUT_RANGE = (0, (1 << 63) - 1)  # never negative; servers cap long ones (replay: 10 minutes)
 VERSION_RANGE = (-1, (1 << 63) - 1)  # -1: none
+
+DEFAULT_MODEL = "policy"  # the paramserver's model of a publish, get or wait without ``model``
+MODEL_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")  # what ``model`` may be
+
+
+def model_name_problem(name: Any) -> str | None:
+    """What is wrong with ``name`` as a paramserver ``model`` (None: nothing)."""
+    if isinstance(name, str) and MODEL_NAME.fullmatch(name):
+        return None
+    return (f"model {name!r} is not a model name; allowed: a lowercase letter then up to 31 lowercase letters,"
+            f" digits or '_' ({MODEL_NAME.pattern}); none means the default model {DEFAULT_MODEL!r}")
 
 
 _KEY = ArraySpec(("uint64",), 1, True, "item keys")
@@ -136,6 +148,8 @@ _SPECS = [
                       " first publish, lets it check its slice", False),
         "shm": _f("map", "instead of payload frames, a file the publisher wrote on the shard's host:"
                   " {path, arrays: [[name, dtype, shape, offset]]}", False),
+        "model": _f("str", "a named model of the shard, e.g. a world model (payload frames only, not checkpointed);"
+                    " none: the default model", False),
     }, open_arrays=True),
     MessageSpec("publish_ack", "A version is stored on this shard.", {
         "ref_seq": _f("int", "seq of the publish"),
@@ -162,12 +176,16 @@ _SPECS = [
         "have_version": _f("int", "version the reader holds (-1: none)", True, VERSION_RANGE),
         "version": _f("int", "exact version wanted (one of the two kept)", False),
         "shm": _f("bool", "the reader can map this host's /dev/shm: answer with weights.shm", False),
+        "model": _f("str", "a named model of the shard, e.g. a world model (payload frames only, not checkpointed);"
+                    " none: the default model", False),
     }),
     MessageSpec("wait", "Long poll: answer when a version >= min_version is held, or at timeout.", {
         "min_version": _f("int", "lowest acceptable version", True, VERSION_RANGE),
         "timeout_ms": _f("int", "answer not_modified after this long", True, TIMEOUT_RANGE),
         "have_version": _f("int", "version the reader holds (-1: none)", False, VERSION_RANGE),
         "shm": _f("bool", "the reader can map this host's /dev/shm: answer with weights.shm", False),
+        "model": _f("str", "a named model of the shard, e.g. a world model (payload frames only, not checkpointed);"
+                    " none: the default model", False),
     }),
     MessageSpec("weights", "One shard's tensors of one version.", {
         "ref_seq": _f("int", "seq of the get or wait"),

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from common.wire.codec import Message
 from common.wire.errors import RequestError
+from common.wire.schema import DEFAULT_MODEL
 from common.wire.server import Peer, Server
 from services.paramserver.registry import BadMember, Registry
 
 if TYPE_CHECKING:
-    from services.paramserver.shard import ParkedWait
+    from services.paramserver.models import ParkedWait
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +110,10 @@ class CoordinatingServer(Server):
         self._barriers_dirty = True
 
     def _waiting_for(self) -> dict[str, int]:
-        """Per sender, the highest effective minimum version among its parked waits."""
+        """Per sender, the highest effective minimum version among its parked waits (default model only)."""
         waiting: dict[str, int] = {}
         for w in self.waits.values():
-            if w.min_version > waiting.get(w.peer.sender, -1):
+            if w.model == DEFAULT_MODEL and w.min_version > waiting.get(w.peer.sender, -1):
                 waiting[w.peer.sender] = w.min_version
         return waiting
 
