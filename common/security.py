@@ -196,11 +196,12 @@ def refused_hint(cfg: Experiment, role: str) -> str:
             f"security.server_key the servers' public key?")
 
 
-def check(cfg: Experiment, roles: tuple[str, ...] = DEFAULT_CLIENTS, server: bool = True) -> None:
-    """Load every key a fleet of these roles needs (ConfigError on the first problem)."""
+def check(cfg: Experiment, roles: tuple[str, ...] | None = None, server: bool = True) -> None:
+    """Load every key a fleet of these roles (default: this experiment's, :func:`fleet_roles`) needs
+    (ConfigError on the first problem)."""
     if server:
         server_curve(cfg)
-    for role in roles:
+    for role in fleet_roles(cfg) if roles is None else roles:
         client_curve(cfg, role)
 
 

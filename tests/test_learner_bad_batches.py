@@ -74,7 +74,7 @@ def test_learner_skips_batches_it_cannot_learn_from_and_stays_up(tmp_path: Path)
         assert len(warnings) == 1, warnings  # logged once, however many batches
         assert "discount" in warnings[0] and "done" in warnings[0], warnings[0]
         assert "Traceback" not in learner.log()
-        assert "takes its columns from its first insert" in procs[0].log()
+        assert "take their columns from their first insert" in procs[0].log()
     finally:
         client.close()
         for p in reversed(procs):

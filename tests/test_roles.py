@@ -33,9 +33,9 @@ def test_fork_servers_preload_the_roles_they_fork() -> None:
 
 
 def test_derived_lists() -> None:
-    assert NAMES == ("replay", "paramserver", "learner", "actor", "evaluator")
+    assert NAMES == ("replay", "paramserver", "learner", "actor", "evaluator", "modeler", "planner")
     assert STOP_ORDER == tuple(reversed(NAMES))
-    assert CLIENTS == security.DEFAULT_CLIENTS == ("learner", "actor", "evaluator")
+    assert CLIENTS == security.DEFAULT_CLIENTS == ("learner", "actor", "evaluator", "modeler", "planner")
     assert REGISTERED == REGISTRY_ROLES == ("actor", "evaluator")
     with pytest.raises(KeyError, match="roles: replay"):
         role("gradient-worker")
@@ -48,6 +48,18 @@ def test_a_local_fleet_has_every_role_in_start_order(tmp_path: Path) -> None:
               for i in range(n)]
     assert [m.label for m in members] == [*stores, "learner", "actor-0", "actor-1", "actor-2", "evaluator"]
     assert [m.actor_id for m in members if m.actor_id] == ["actor-0", "actor-1", "actor-2", "evaluator"]
+
     assert security.fleet_roles(cfg) == ("learner", "actor", "evaluator")
     no_eval = config_mod.load(str(CONFIGS / "cartpole-dqn.yaml"), ["evaluator.enabled=false"])
     assert security.fleet_roles(no_eval) == ("learner", "actor")
+
+
+def test_a_planning_fleet_adds_the_modeler_and_the_planners(tmp_path: Path) -> None:
+    cfg = config_mod.load(str(CONFIGS / "cartpole-dynaq.yaml"), ["planning.planners=3", "evaluator.enabled=false"])
+    _, members = plan(cfg, 1, tmp_path, inproc=True)
+    assert [m.label for m in members][-4:] == ["modeler", "planner-0", "planner-1", "planner-2"]
+    assert [m.actor_id for m in members if m.name == "planner"] == ["planner-0", "planner-1", "planner-2"]
+    assert security.fleet_roles(cfg) == ("learner", "actor", "modeler", "planner")
+    off = config_mod.load(str(CONFIGS / "cartpole-dynaq.yaml"), ["planning.enabled=false"])
+    assert {"modeler", "planner"}.isdisjoint(m.name for m in plan(off, 1, tmp_path, inproc=True)[1])
+
