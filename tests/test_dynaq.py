@@ -172,3 +172,44 @@ def test_planners_and_modeler_are_idle_services_when_planning_is_off(tmp_path: P
         service.stop()
         service.run()  # returns at once once stopped
         service.close()
+
+
+def test_the_gate_follows_the_published_model_and_ignores_one_of_another_env(caplog) -> None:
+    """Over real sockets: a world model of another observation shape is ignored with one logged error; a
+    model of this env opens the gate only while its validation error is below planning.gate."""
+    from common.clients.weights_publisher import WeightsPublisher
+    from common.config.planning import WORLD_MODEL
+    from common.planning.model_watch import ModelWatch
+    from tests.paramserver_procs import ShardProcesses
+
+    with ShardProcesses(1) as shards:
+        cfg = load(DYNAQ, environ={}, sets=[f"network.paramserver=[{shards.addresses[0]}]"])
+        cart, pendulum = gym.make("CartPole-v1"), gym.make("Pendulum-v1")
+        watch = ModelWatch(cfg, "planner-test", cart.observation_space, cart.action_space, every_s=0.0)
+        publisher = WeightsPublisher(shards.addresses, "modeler", model=WORLD_MODEL)
+        try:
+            assert not watch.refresh() and not watch.open  # nothing published: closed
+            other = WorldModelLearner(WorldModelConfig(), pendulum.observation_space, pendulum.action_space)
+            publisher.publish(0, other.weights())
+            with caplog.at_level("ERROR"):
+                assert not watch.refresh()
+            assert not watch.open and "do not fit this env's model" in caplog.text
+            publisher.close()
+            # the paramserver keeps a name's layout: another env's model would need a fresh paramserver
+            shards.close()
+        finally:
+            watch.close()
+    with ShardProcesses(1) as shards:
+        cfg = load(DYNAQ, environ={}, sets=[f"network.paramserver=[{shards.addresses[0]}]"])
+        watch = ModelWatch(cfg, "planner-test", cart.observation_space, cart.action_space, every_s=0.0)
+        publisher = WeightsPublisher(shards.addresses, "modeler", model=WORLD_MODEL)
+        try:
+            learner, _ = fitted_model(300)
+            for version, error in enumerate((0.5, 0.01, 0.2)):
+                learner.val_error = error
+                publisher.publish(version, learner.weights())
+                assert watch.refresh() and watch.version == version
+                assert watch.open == (error < cfg.planning.gate), (version, error)
+        finally:
+            publisher.close()
+            watch.close()

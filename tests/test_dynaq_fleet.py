@@ -71,6 +71,15 @@ def test_imagined_data_flows_at_the_ratio_and_planners_survive_a_kill(tmp_path: 
         restart(fleet, planner)
         wait_for(lambda: metric(fleet, "planner-0", "rlfleet_planner_imagined_inserts_total") > 0, 90,
                  "the restarted planner's first imagined inserts")
+
+        # kill the modeler: it resumes from its checkpoint and publishes after what the paramserver holds
+        modeler = member(fleet, "modeler")
+        held = metric(fleet, "modeler", "rlfleet_modeler_version")
+        kill9(modeler)
+        restart(fleet, modeler)
+        wait_for(lambda: metric(fleet, "modeler", "rlfleet_modeler_version") > held, 90,
+                 f"a world model version after {held:.0f} from the restarted modeler")
+        assert metric(fleet, "modeler", "rlfleet_modeler_updates_total") > 0
         fleet.check_alive()
     finally:
         fleet.stop()

@@ -78,6 +78,7 @@ class ModelerService:
         self.m_val.set(self.core.val_error)
         self.m_version.set(-1)
         self.last_ckpt = time.monotonic()
+        self._published_at = self.core.num_updates
         log.info("modeler: world model %s on %s, trained on table %r (%.0f%% held out), gate %g",
                  list(mc.hidden), self.core.device, cfg.learner.table, 100 * mc.holdout, cfg.planning.gate)
 
@@ -146,7 +147,8 @@ class ModelerService:
             self.m_loss.set(figures["loss"])
         self.m_val.set(self.core.val_error)
         self.m_gate.set(float(self.core.val_error < self.cfg.planning.gate))
-        if self.core.num_updates % self.cfg.planning.model.publish_every == 0:
+        if self.core.num_updates - self._published_at >= self.cfg.planning.model.publish_every:
+            self._published_at = self.core.num_updates
             self.publish()
 
     def stop(self) -> None:
