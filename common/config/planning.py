@@ -49,6 +49,9 @@ class PlanningConfig(Strict):
     gate: PosFloat = Field(
         0.05, description="the model's validation error (mean of the normalised squared errors of next "
         "observation and reward, plus the termination error rate) below which imagined data is made and used")
+    random_actions: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.0, description="fraction of imagined steps that take a uniformly random action instead of the policy's"
+        " (on top of the policy's own exploration): exploring in imagination costs no real step")
     planners: Annotated[int, Field(ge=0, le=256)] = Field(
         2, description="planners `rlfleet up` starts (compose: --scale planner=N)")
     poll_every: PosInt = Field(20, description="rollout batches between a planner's weight polls")

@@ -57,6 +57,7 @@ class PlannerService:
         except ModelMismatch as exc:
             raise StartupError(f"planning.enabled with env.id={cfg.env.id!r}: {exc}") from None
         self.algo = algorithms.get(cfg.algorithm.name)
+        self.act_space = act_space
         curve = client_curve(cfg, "planner")
         # seeded by its id too: planners scaled by compose all have index 0 but ids of their own
         seed = [cfg.seed, index, zlib.crc32(planner_id.encode())]
@@ -71,6 +72,7 @@ class PlannerService:
         self.starts = SampleClient([cfg.network.replay[shard]], self.sender, cfg.learner.table, p.rollouts,
                                    in_flight=1, seed=seed[-1] ^ cfg.seed, curve=curve, rate_limited=False)
         self.rng = np.random.default_rng([*seed, 2])
+        self.act_space.seed(int(self.rng.integers(1 << 31)))
         self.pool = np.zeros((0, *obs_space.shape), np.float32)
         self.env = ImaginedEnv(self.model.net, p.rollouts, p.rollout_length, self._start_states, obs_space,
                                self.algo.autoreset_mode)
@@ -148,6 +150,7 @@ class PlannerService:
                 if self._stopping:
                     break
                 actions, extras = self.policy.act(obs)
+                actions = self._explore(actions)
                 before = self.env.steps
                 obs, rewards, terminated, truncated, infos = self.env.step(actions)
                 self.m_steps.inc(self.env.steps - before)
@@ -157,6 +160,17 @@ class PlannerService:
                     self._insert(table, items, rows)
             self._poll_weights(timeout_s=min(2.0, self.cfg.network.timeout_s))
             self._refresh_pool(timeout_s=0.5)
+
+    def _explore(self, actions: np.ndarray) -> np.ndarray:
+        """``planning.random_actions`` of the slots take a uniformly random action instead."""
+        share = self.cfg.planning.random_actions
+        if share <= 0:
+            return actions
+        pick = self.rng.random(len(actions)) < share
+        if pick.any():
+            actions = np.array(actions, copy=True)
+            actions[pick] = np.stack([self.act_space.sample() for _ in range(int(pick.sum()))]).astype(actions.dtype)
+        return actions
 
     def _insert(self, table: str, items: dict[str, np.ndarray], rows: int) -> None:
         priorities = self.policy.priorities(items)
