@@ -29,9 +29,14 @@ from bench.sb3_peers import TARGETS, ZOO_DQN
 from bench.time_to_solve import run_rlfleet
 
 
+def within(run: dict[str, Any], budget: int) -> bool:
+    """Solved within the budget (the launcher stops a little past --max-env-steps: a later solve does not count)."""
+    return bool(run["solved"]) and run["env_steps"] <= budget
+
+
 def summary(runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:
-    steps = [r["env_steps"] if r["solved"] else budget for r in runs]
-    return {"solved": sum(r["solved"] for r in runs), "runs": len(runs),
+    steps = [r["env_steps"] if within(r, budget) else budget for r in runs]
+    return {"solved": sum(within(r, budget) for r in runs), "runs": len(runs),
             "median_real_steps": statistics.median(steps),
             "median_wall_s": statistics.median(r["wall_s"] for r in runs),
             "median_updates": statistics.median(r["updates"] for r in runs)}
@@ -63,8 +68,8 @@ def main() -> None:
         "wall_ratio": round(ours["median_wall_s"] / base["median_wall_s"], 3),
         "ratio_counts": ours["solved"] >= base["solved"],
         "solved": f"{ours['solved']}/{ours['runs']} vs {base['solved']}/{base['runs']}",
-        "real_steps": {"planning": [r["env_steps"] if r["solved"] else None for r in planning],
-                       "plain": [r["env_steps"] if r["solved"] else None for r in plain]},
+        "real_steps": {"planning": [r["env_steps"] if within(r, budget) else None for r in planning],
+                       "plain": [r["env_steps"] if within(r, budget) else None for r in plain]},
     }
     print(json.dumps(result))
 
