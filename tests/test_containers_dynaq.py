@@ -36,9 +36,9 @@ def test_compose_scales_planners_and_the_learner_samples_what_they_imagine(docke
                                                                            tmp_path: Path) -> None:
     with compose_project(docker_client, tmp_path, DYNAQ_ENV, DYNAQ_CONFIG, actors=1, scale={"planner": 2}) as proj:
         planners = wait_for(lambda: proj.containers("planner"), lambda c: len(c) == 2, STARTUP_S, "2 planners")
-        assert len({healthz(c)["planner_id"] for c in planners}) == 2  # one id each, though both are index 0
         wait_for(lambda: [metrics(c).get("rlfleet_planner_imagined_inserts_total", 0.0) for c in planners],
                  lambda inserts: all(n > 0 for n in inserts), STARTUP_S, "imagined inserts from both planners")
+        assert len({healthz(c)["planner_id"] for c in planners}) == 2  # one id each, though both are index 0
         modeler = proj.one("modeler")
         assert healthz(modeler)["gate_open"] and metrics(modeler)["rlfleet_modeler_publishes_total"] > 0
         wait_for(lambda: imagined_sampled(proj.one("learner")), lambda n: n > 0, STARTUP_S,
