@@ -195,6 +195,15 @@ def figures(service: str, now: Reading, before: Reading | None, dt: float) -> st
     elif service == "evaluator":
         parts = [f"return {_f(g('rlfleet_eval_return'), '.1f')}", f"+- {_f(g('rlfleet_eval_return_std'), '.1f')}",
                  f"of v{_f(g('rlfleet_eval_version'))}", f"evaluations {_f(g('rlfleet_evaluations_total'))}"]
+    elif service == "modeler":
+        parts = [f"updates {_f(g('rlfleet_modeler_updates_total'))}",
+                 f"val error {_f(g('rlfleet_modeler_val_error'), '.4f')}",
+                 f"gate {'open' if g('rlfleet_modeler_gate_open') else 'closed'}",
+                 f"version v{_f(g('rlfleet_modeler_version'))}"]
+    elif service == "planner":
+        parts = [f"imagined {_f(rate('rlfleet_planner_imagined_inserts_total'))}/s",
+                 f"gate {'open' if g('rlfleet_planner_gate_open') else 'closed'}",
+                 f"model v{_f(g('rlfleet_planner_model_version'))}", f"weights v{_f(g('rlfleet_weights_version'))}"]
     else:
         parts = []
     errors = g("rlfleet_protocol_errors_total")

@@ -38,7 +38,8 @@ from cli.forkserver import ForkServers
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
 @click.option("--runs", "run_root", default="runs", show_default=True, help="where run directories go")
 def up(
-    config_path: str, actors: int | None, planners: int | None, sync: str | None, learners: int | None, until_return: float | None,
+    config_path: str, actors: int | None, planners: int | None, sync: str | None, learners: int | None,
+    until_return: float | None,
     max_seconds: float | None, max_env_steps: int | None, inproc: bool, no_fork_server: bool,
     sets: tuple[str, ...], run_root: str, restart: str,
 ) -> None:

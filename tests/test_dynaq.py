@@ -35,7 +35,7 @@ def cartpole_transitions(steps: int, seed: int = 0) -> dict[str, np.ndarray]:
     for _ in range(steps):
         a = int(rng.integers(2))
         nxt, r, term, trunc, _ = env.step(a)
-        for k, v in zip(rows, (obs, a, r, nxt, 0.0 if term else 0.99)):
+        for k, v in zip(rows, (obs, a, r, nxt, 0.0 if term else 0.99), strict=True):
             rows[k].append(v)
         obs = nxt if not (term or trunc) else env.reset()[0]
     return {k: np.asarray(v, np.int64 if k == "action" else np.float32) for k, v in rows.items()}

@@ -86,7 +86,8 @@ class ImaginedEnv:
         if self.autoreset_mode == AutoresetMode.NEXT_STEP:
             self._resets[done] = True
         elif done.any():
-            infos["final_obs"] = np.array([o.copy() if d else None for o, d in zip(self._obs, done)], dtype=object)
+            infos["final_obs"] = np.array([o.copy() if d else None for o, d in zip(self._obs, done, strict=True)],
+                                          dtype=object)
             infos["_final_obs"] = done.copy()
             self._start(np.flatnonzero(done))
         return self._obs.copy(), rewards, terminated, truncated, infos

@@ -22,6 +22,8 @@ from common.wire.errors import CommTimeout, RemoteError
 
 log = logging.getLogger("rlfleet.planning")
 
+AWAY_BACKOFF_S = 4.0  # after a poll that got no answer: the learner must not stall on every poll
+
 
 class ModelWatch:
     def __init__(self, cfg: Experiment, sender: str, obs_space: gym.Space[Any], act_space: gym.Space[Any],
@@ -51,8 +53,9 @@ class ModelWatch:
         was_open = self.open
         try:
             got = self.reader.get(self.version, timeout_s=timeout_s)
-        except (CommTimeout, RemoteError) as exc:
+        except (CommTimeout, RemoteError) as exc:  # the paramserver is away: ask again only after a while
             log.debug("world model poll failed: %s", exc)
+            self._asked = now + AWAY_BACKOFF_S
             return False
         if got is None:
             return False

@@ -62,6 +62,13 @@ def holdout_mask(keys: np.ndarray, fraction: float) -> np.ndarray:
 
 
 class WorldModelNet(nn.Module):
+    obs_mean: torch.Tensor  # normalisation statistics: buffers, published with the weights
+    obs_std: torch.Tensor
+    delta_mean: torch.Tensor
+    delta_std: torch.Tensor
+    reward_mean: torch.Tensor
+    reward_std: torch.Tensor
+
     def __init__(self, obs_dim: int, act_dim: int, discrete: bool, hidden: list[int]) -> None:
         super().__init__()
         self.obs_dim, self.act_dim, self.discrete = obs_dim, act_dim, discrete

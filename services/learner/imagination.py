@@ -47,7 +47,7 @@ class ImaginedMix:
 
     def due(self) -> bool:
         """Is the next batch an imagined one? (Advances the credit; the gate is checked first.)"""
-        self.model.refresh(timeout_s=0.5)
+        self.model.refresh(timeout_s=0.25)
         self.m_gate.set(float(self.model.open))
         self.m_val.set(self.model.val_error)
         if not self.model.open:

@@ -22,6 +22,7 @@ import time
 import zlib
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -56,6 +57,7 @@ class PlannerService:
             model_spaces(obs_space, act_space)
         except ModelMismatch as exc:
             raise StartupError(f"planning.enabled with env.id={cfg.env.id!r}: {exc}") from None
+        assert isinstance(obs_space, gym.spaces.Box)  # model_spaces checked it
         self.algo = algorithms.get(cfg.algorithm.name)
         self.act_space = act_space
         curve = client_curve(cfg, "planner")
