@@ -8,14 +8,19 @@ each service in turn (an actor, the replay, the paramserver, the learner) is
 killed with SIGKILL, left dead for ``--down`` seconds and restarted with the
 launcher's own command. For each:
 
-- ``recovery_s``: seconds from the kill until the fleet's env steps/s (over a
-  sliding 3 s window, summed over the actors) is back to 80% of what it was
-  over the 10 s before the kill (the reference: the same fleet unharmed);
-- ``restart_s``: of which seconds until the restarted process answered /healthz;
-- ``recovery_after_up_s``: seconds from that answer until the fleet's env steps/s is back: the
-  start of the first 1 s stretch at >= 80% of the reference (scraped every 0.25 s; 0 when it never
-  fell below, e.g. an actor of two); ``lowest_while_down``: the lowest 1 s env steps/s between
-  the kill and that answer, as a fraction of the reference (how hard the kill hit);
+- ``resumed_after_up_s``: seconds from the restarted service's first /healthz answer to the first
+  scrape (every 0.25 s) at which env steps had been made since the outage: the fleet's, and for a
+  killed actor its own (its new process counts from 0). It does not depend on the machine's load
+  staying what it was before the kill (the machine may be shared): a stall shows here, a fleet
+  slowed by other processes does not;
+- ``recovery_after_up_s``: seconds from that answer until the fleet's env steps/s (summed over the
+  actors) is back: the start of the first 1 s stretch at >= 80% of the reference, the fleet's rate
+  over the 10 s before the kill, and not before it resumed (so about 0 when it never fell below,
+  e.g. an actor of two, once the restarted actor steps);
+- ``recovery_s``: seconds from the kill to that same moment; ``restart_s``: of which seconds until
+  the restarted process answered /healthz, after the ``--down`` seconds; ``lowest_while_down``:
+  the lowest 1 s env steps/s between the kill and that answer, as a fraction of the reference
+  (how hard the kill hit);
 - ``acked_lost``: transitions an actor was told were stored (its acked log)
   that replay's write-ahead log does not hold. Must be 0.
 
@@ -59,8 +64,11 @@ class Rate:
         self.last: dict[str, float] = {}  # per actor: its counter (a restarted actor starts again at 0)
         self.total = 0.0
         self.points: deque[tuple[float, float]] = deque(maxlen=400)
+        # per point, each actor's own counter as scraped then (absent: it did not answer)
+        self.own: deque[tuple[float, dict[str, float]]] = deque(maxlen=400)
 
     def sample(self) -> None:
+        own: dict[str, float] = {}
         for m in self.fleet.members:
             if m.name != "actor":
                 continue
@@ -70,7 +78,10 @@ class Rate:
             before = self.last.get(m.label, 0.0)
             self.total += now - before if now >= before else now
             self.last[m.label] = now
-        self.points.append((time.monotonic(), self.total))
+            own[m.label] = now
+        t = time.monotonic()
+        self.points.append((t, self.total))
+        self.own.append((t, own))
 
     def over(self, seconds: float) -> float:
         now = self.points[-1][0]
@@ -104,6 +115,19 @@ class Rate:
                 return t0
         return None
 
+    def resumed_at(self, up: float, actor: str | None = None) -> float | None:
+        """The first scrape at or after ``up`` showing env steps made since the outage.
+
+        The fleet's: more than at the last scrape before ``up``; an actor's own (``actor``, a
+        restarted one: its counter starts at 0): any.
+        """
+        if actor is not None:
+            return next((t for t, own in self.own if t >= up and own.get(actor, 0.0) > 0), None)
+        before = [n for t, n in self.points if t < up]
+        if not before:
+            return None
+        return next((t for t, n in self.points if t >= up and n > before[-1]), None)
+
 
 def kill_and_measure(fleet: Fleet, rate: Rate, label: str, down_s: float, limit_s: float) -> dict[str, Any]:
     rate.run_for(10)
@@ -115,21 +139,35 @@ def kill_and_measure(fleet: Fleet, rate: Rate, label: str, down_s: float, limit_
     fleet.restart(m)
     wait_for(lambda: scrape(m.url, health_only=True).healthy, 120, f"{label} to answer again", every_s=0.1)
     up = time.monotonic()
-    restart_s = up - killed - down_s
     rate.run_for(3, every_s=0.25)
+    # when to stop watching: the 3 s window lags the fleet by up to 3 s, so the figures below are
+    # read from the scrapes afterwards (the start of the first 1 s stretch back at 80%)
     while rate.over(3) < 0.8 * prior and time.monotonic() - killed < limit_s:
         rate.run_for(0.5, every_s=0.25)
-    back = rate.over(3) >= 0.8 * prior
-    recovery = time.monotonic() - killed if back else None
     rate.run_for(1.5, every_s=0.25)  # a full stretch after the last point that may start one
-    at = rate.back_at(up, 0.8 * prior)
-    out = {"prior_steps_per_s": round(prior), "recovery_s": None if recovery is None else round(recovery, 1),
-           "restart_s": round(restart_s, 1), "down_s": down_s,
-           "recovery_after_up_s": None if at is None else round(max(0.0, at - up), 2),
-           "lowest_while_down": round(rate.lowest(killed, up) / prior, 2)}
-    print(f"{label}: prior {prior:.0f} env steps/s, back to 80% after "
-          f"{'never' if recovery is None else f'{recovery:.1f} s'} (restart {restart_s:.1f} s)", flush=True)
+    out = {"prior_steps_per_s": round(prior), **figures(rate, prior, killed, down_s, up, label),
+           "down_s": down_s}
+    back, resumed = out["recovery_after_up_s"], out["resumed_after_up_s"]
+    print(f"{label}: prior {prior:.0f} env steps/s, back to 80% {'never' if back is None else f'{back:.2f} s'} "
+          f"after its health answer (restart {out['restart_s']:.1f} s after {down_s:g} s down), stepping again "
+          f"after {'never' if resumed is None else f'{resumed:.2f} s'}", flush=True)
     return out
+
+
+def figures(rate: Rate, prior: float, killed: float, down_s: float, up: float, label: str) -> dict[str, Any]:
+    """The figures of one kill from the scrapes (see the module's docstring): ``label`` was killed at
+    ``killed``, restarted ``down_s`` later and answered /healthz again at ``up``; ``prior`` is the
+    reference env steps/s."""
+    at = rate.back_at(up, 0.8 * prior)
+    resumed = rate.resumed_at(up, label if label.startswith("actor") else None)
+    # not back before it steps again: a stretch that starts stalled still averages 80% when the
+    # fleet runs faster after it than before the kill (the machine is shared)
+    at = None if at is None or resumed is None else max(at, resumed)
+    return {"recovery_s": None if at is None else round(at - killed, 1),
+            "restart_s": round(up - killed - down_s, 1),
+            "recovery_after_up_s": None if at is None else round(max(0.0, at - up), 2),
+            "resumed_after_up_s": None if resumed is None else round(max(0.0, resumed - up), 2),
+            "lowest_while_down": round(rate.lowest(killed, up) / prior, 2)}
 
 
 def main() -> None:
@@ -149,6 +187,7 @@ def main() -> None:
                 result["acked_lost"] = sum(lost(acked(fleet.run_dir), stored(cfg)).values())
                 out["killed"][label.split("-")[0]] = result
             out["recovery_after_up_s"] = {name: r["recovery_after_up_s"] for name, r in out["killed"].items()}
+            out["resumed_after_up_s"] = {name: r["resumed_after_up_s"] for name, r in out["killed"].items()}
             all_acked = acked(fleet.run_dir)
             out["acked_transitions"] = sum(all_acked.values())
             out["acked_lost"] = sum(lost(all_acked, stored(cfg)).values())
