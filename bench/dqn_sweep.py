@@ -4,10 +4,11 @@
         [--set algorithm.n_step=5 --set replay.tables.0.samples_per_insert=64 ...]
 
 Runs ``run_rlfleet`` (the same command, evaluations and budget as bench.time_to_solve --algo dqn)
-for seeds 0..N-1 and prints each run, then solved count, median env steps to solve (an unsolved
-run counts as the budget), learner updates done by then, median wall seconds (an unsolved run counts as the wall time it took
-to spend the budget, as bench.time_to_solve does) and the learner's median updates/s. No SB3 peer:
-compare its medians against a peer measured in bench.time_to_solve. Last line: one JSON object.
+for seeds 0..N-1 and prints each run, then the solved count, the median env steps to solve (an
+unsolved run counts as the budget), the median learner updates done by then, the median wall
+seconds (an unsolved run counts as the wall time it took to spend the budget, as
+bench.time_to_solve does) and the learner's median updates/s. No SB3 peer: compare its medians
+against a peer measured in bench.time_to_solve. Last line: one JSON object.
 """
 
 from __future__ import annotations
