@@ -176,9 +176,10 @@ def test_status_of_the_compose_project_reads_prometheus_on_its_own_port(project:
     code, rows = wait_for(status, lambda r: r[0] == 0, 60, "rlfleet status exits 0 (every member healthy)")
     prometheus = [r for r in rows if r["service"] == "prometheus"]
     assert len(prometheus) == 1 and prometheus[0]["healthy"], rows
-    assert prometheus[0]["url"].endswith(":9090") and prometheus[0]["figures"] == "targets up 7/7", prometheus
+    assert prometheus[0]["url"].endswith(":9090") and prometheus[0]["figures"] == "targets up 8/8", prometheus
+    # the modeler idles without planning (planners: 0 replicas unless scaled)
     assert sorted(r["service"] for r in rows if r["service"] != "grafana") == sorted(
-        ["replay", "paramserver", "learner", "evaluator", "prometheus", *["actor"] * 3])
+        ["replay", "paramserver", "learner", "evaluator", "modeler", "prometheus", *["actor"] * 3])
 
 
 @pytest.mark.container
