@@ -114,9 +114,12 @@ class Server:
         self.handlers[mtype] = handler
 
     # -- replies ------------------------------------------------------------
-    def reply(self, peer: Peer, msg: Message) -> bool:
-        """Send ``msg`` to ``peer`` (ref_seq filled in). False if undeliverable."""
-        return self.send_frames(peer, self.reply_frames(peer, msg), msg.type)
+    def reply(self, peer: Peer, msg: Message, *, copy: bool = True) -> bool:
+        """Send ``msg`` to ``peer`` (ref_seq filled in). False if undeliverable.
+
+        ``copy=False``: the arrays go without a copy; only for arrays whose memory never
+        changes (see :func:`~common.wire.transport.send_parts`)."""
+        return self.send_frames(peer, self.reply_frames(peer, msg), msg.type, copy=copy)
 
     def reply_frames(self, peer: Peer, msg: Message) -> list[Any]:
         """The encoded frames of a reply to ``peer`` (ref_seq, sender and seq filled in)."""
@@ -125,13 +128,13 @@ class Server:
         msg.seq = next(self.seq)
         return encode(msg)
 
-    def send_frames(self, peer: Peer, frames: list[Any], mtype: str) -> bool:
+    def send_frames(self, peer: Peer, frames: list[Any], mtype: str, *, copy: bool = True) -> bool:
         """Send encoded reply frames to ``peer``; False (and counted) if undeliverable."""
         try:
             # ROUTER refuses a message at its identity frame (peer gone, or its queue full
             # with ROUTER_MANDATORY), so nothing is half sent when this raises
             self.sock.send(peer.identity, SNDMORE_NOBLOCK)
-            send_parts(self.sock, frames, NOBLOCK)
+            send_parts(self.sock, frames, NOBLOCK, copy)
         except (zmq.Again, zmq.ZMQError) as exc:  # peer gone (EHOSTUNREACH) or queue full
             self.replies_dropped.inc()
             log.debug("%s: reply %s to %r dropped: %s", self.name, mtype, peer.sender, exc)

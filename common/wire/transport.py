@@ -286,18 +286,24 @@ _SNDMORE = int(zmq.SNDMORE)
 _send = zmq.backend.Socket.send
 
 
-def send_parts(sock: zmq.Socket[Any], frames: Sequence[Any], flags: int = 0) -> None:
+def send_parts(sock: zmq.Socket[Any], frames: Sequence[Any], flags: int = 0, copy: bool = True) -> None:
     """``send_multipart(frames, flags)`` at half the cost (plain int flags, pyzmq's compiled send).
 
-    Every frame is copied into its ZeroMQ message, also large ones: without a copy ZeroMQ
-    reads a buffer after this returns, possibly much later (a slow peer's queue), and a
-    paramserver reply's arrays may be views of a shared-memory file that is reused for a
-    later version once dropped. Small frames (the usual replies, inserts) cost less copied.
+    By default every frame is copied into its ZeroMQ message, also large ones: without a
+    copy ZeroMQ reads a buffer after this returns, possibly much later (a slow peer's
+    queue), and a paramserver reply's arrays may be views of a shared-memory file that is
+    reused for a later version once dropped. Small frames (the usual replies, inserts)
+    cost less copied.
+
+    ``copy=False`` is only for frames whose memory never changes while it is referenced:
+    pyzmq then keeps a reference to each buffer until ZeroMQ has sent it (frames under
+    pyzmq's copy threshold, 64 kB, are copied all the same). Views of frames this process
+    received are such buffers (a received ZeroMQ message is never written to or reused).
     """
     last = len(frames) - 1
     more = flags | _SNDMORE
     for i, frame in enumerate(frames):
-        _send(sock, frame, more if i < last else flags, True)
+        _send(sock, frame, more if i < last else flags, copy)
 
 
 def recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import zmq
 
 from common import weights_shm as shmlib
 from common.tensor_shards import Layout
@@ -40,6 +41,11 @@ class Held:
     version: int
     arrays: dict[str, np.ndarray]
     layout: str
+    #: the arrays are read-only views of the frames a publish arrived in: memory that is never
+    #: written to or reused, so replies may send it without a copy (not so a shared-memory
+    #: file's views, whose file is reused once the version is dropped, nor arrays the shard
+    #: computed or restored itself)
+    frames: bool = False
 
 
 @dataclass
@@ -178,7 +184,7 @@ class ModelStore(Server):
                      layout.fingerprint, len(layout.shards[self.shard]), layout.shard_nbytes(self.shard))
         model.layout = layout
         self.models.setdefault(model.name, model)
-        held = Held(version, dict(msg.arrays), layout.fingerprint)
+        held = Held(version, dict(msg.arrays), layout.fingerprint, frames=shm_file is None and _received(msg.arrays))
         adopted = shm_file is not None and self.shm is not None and self.shm.adopt(version, *shm_file)
         self.m_publishes.inc()
         self._keep(model, held)
@@ -224,3 +230,16 @@ def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     return bool(np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)))
+
+
+def _received(arrays: dict[str, np.ndarray]) -> bool:
+    """Every array is a view of a received ZeroMQ frame (a publish decoded from the wire)."""
+    for a in arrays.values():
+        base = a
+        while isinstance(base, np.ndarray) and base.base is not None:
+            base = base.base
+        if isinstance(base, memoryview):
+            base = base.obj
+        if not isinstance(base, zmq.Frame):
+            return False
+    return True

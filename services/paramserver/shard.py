@@ -5,9 +5,11 @@ The shard keeps the last two versions of its slice, of the default model and
 of each named one (services/paramserver/models.py, which also stores
 publishes). Stored tensors are the read-only views of the frames the publish
 arrived in (or of the publisher's shared-memory file, which the shard then
-serves as that version's file): no copy on the way in; replies copy them into
-each message (common.wire.transport.send_parts: a file's buffer is reused once
-its version is dropped).
+serves as that version's file): no copy on the way in. Replies send views of
+received frames without a copy (that memory never changes; pyzmq holds it
+until sent) and copy anything else into each message
+(common.wire.transport.send_parts: a file's buffer is reused once its version
+is dropped; arrays the shard computed from gradient pushes are its own).
 
 Expected outcomes (a barrier's timeout, ``version_gone`` while publishes race
 a reader, ``busy``) are not counted as protocol errors.
@@ -168,8 +170,8 @@ class ShardServer(ShmVersions, ModelStore, CoordinatingServer):
         if desc is not None:
             body["shm"] = desc
             self.reply(peer, Message("weights", body))
-        else:
-            self.reply(peer, Message("weights", body, held.arrays))
+        else:  # views of received frames go without a copy (Held.frames); anything else is copied
+            self.reply(peer, Message("weights", body, held.arrays), copy=not held.frames)
 
     def _send_not_modified(self, peer: Peer, model: str = DEFAULT_MODEL) -> None:
         self.m_not_modified.inc()
