@@ -116,3 +116,24 @@ def test_the_fleet_acts_and_learns_again_soon_after_a_restarted_service_answers(
         fleet.stop()
     print(f"{sync}: seconds from each restarted service's health answer until the fleet went on: "
           + ", ".join(f"{k} {v:.2f}" for k, v in took.items()))
+
+
+def test_an_async_learner_trains_on_while_the_paramserver_is_down(tmp_path: Path) -> None:
+    """A dead paramserver costs an async learner at most a short publish timeout (about a second for
+    CartPole's weights), not ``network.timeout_s``: the actors act on the weights they hold and the
+    learner learns from what they insert; the restarted paramserver gets the version back."""
+    fleet, cfg = start_fleet(CONFIGS / CONFIG["async"], tmp_path, 2, SETS)
+    try:
+        wait_for(lambda: updates(fleet) >= 300, 180, "300 learner updates")
+        m = member(fleet, "paramserver-0")
+        kill9(m)
+        killed, done = time.monotonic(), updates(fleet)
+        wait_for(lambda: updates(fleet) >= done + 3 * UPDATES, cfg.network.timeout_s - 2,
+                 "learner updates while the paramserver is down")
+        assert time.monotonic() - killed < cfg.network.timeout_s - 2
+        assert member(fleet, "learner").proc.poll() is None
+        fleet.restart(m)  # the learner republishes within a second of its probe's answer
+        wait_for(lambda: metric(fleet, "paramserver-0", "rlfleet_paramserver_version") >= 0, 60,
+                 "the restarted paramserver holds a version again")
+    finally:
+        fleet.stop()

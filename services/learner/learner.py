@@ -54,6 +54,8 @@ from services.learner.training import Trainer
 log = logging.getLogger("rlfleet.learner")
 
 CHECKPOINT = "checkpoint.pt"
+ASYNC_PUBLISH_S = 1.0  # an async publish waits this long for its acks, plus the time to send at:
+SLOW_LINK_BYTES_PER_S = 10e6
 REPUBLISH_CHECK_S = 1.0  # how often the learner checks that every paramserver shard holds its version
 STALENESS_SAMPLES = 64  # items of a batch observed in rlfleet_learner_item_staleness (evenly spaced)
 
@@ -139,7 +141,7 @@ class LearnerService:
         weights = self.core.weights()
         while True:
             try:
-                self.publisher.publish(version, weights, timeout_s=self.cfg.network.timeout_s)
+                self.publisher.publish(version, weights, timeout_s=self._publish_timeout(weights, retry))
                 break
             except CommTimeout:
                 self._ps_failing = True
@@ -160,6 +162,16 @@ class LearnerService:
         self.m_publishes.inc()
         self.published = weights
         return True
+
+    def _publish_timeout(self, weights: dict[str, Any], retry: bool) -> float:
+        """How long a publish may wait for its acks. Retried publishes (start, barrier) wait
+        ``network.timeout_s``; an async one that training goes on without waits about what sending
+        the weights takes at 10 MB/s, plus a second: a dead paramserver must not stop the learner
+        for ``network.timeout_s`` (the actors' inserts would pile up against the rate limiter)."""
+        if retry:
+            return self.cfg.network.timeout_s
+        nbytes = sum(int(getattr(w, "nbytes", 0)) for w in weights.values())
+        return min(self.cfg.network.timeout_s, ASYNC_PUBLISH_S + nbytes / SLOW_LINK_BYTES_PER_S)
 
     def _paramserver_answered(self) -> None:
         if self._ps_failing:
