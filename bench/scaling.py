@@ -47,7 +47,7 @@ from common.envs import make_vector_env
 
 CONFIG = "configs/cartpole-dqn.yaml"
 # The learner must keep up with 8 latency-bound actors on 2 cores (~3,700 env steps/s at
-# 2 ms): at the experiment's 32 samples per insert and batch 256 that is ~460 updates/s, and
+# 2 ms): at 32 samples per insert (the experiment's until it took 128) and batch 256 that is ~460 updates/s, and
 # it makes ~240-330 next to them, so the fleet waits on it (speedup_8 2.4-4.8). At 16 samples
 # per insert 8 actors need ~230: the run is bound by the simulator, as the question asks; one
 # actor then needs more env steps to the target (~51k against ~26k at 32). Actors poll for
