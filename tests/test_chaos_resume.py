@@ -127,10 +127,9 @@ def test_an_async_learner_trains_on_while_the_paramserver_is_down(tmp_path: Path
         wait_for(lambda: updates(fleet) >= 300, 180, "300 learner updates")
         m = member(fleet, "paramserver-0")
         kill9(m)
-        killed, done = time.monotonic(), updates(fleet)
+        done = updates(fleet)
         wait_for(lambda: updates(fleet) >= done + 3 * UPDATES, cfg.network.timeout_s - 2,
                  "learner updates while the paramserver is down")
-        assert time.monotonic() - killed < cfg.network.timeout_s - 2
         assert member(fleet, "learner").proc.poll() is None
         fleet.restart(m)  # the learner republishes within a second of its probe's answer
         wait_for(lambda: metric(fleet, "paramserver-0", "rlfleet_paramserver_version") >= 0, 60,

@@ -194,12 +194,10 @@ def test_the_gate_follows_the_published_model_and_ignores_one_of_another_env(cap
             with caplog.at_level("ERROR"):
                 assert not watch.refresh()
             assert not watch.open and "do not fit this env's model" in caplog.text
-            publisher.close()
-            # the paramserver keeps a name's layout: another env's model would need a fresh paramserver
-            shards.close()
         finally:
+            publisher.close()
             watch.close()
-    with ShardProcesses(1) as shards:
+    with ShardProcesses(1) as shards:  # a fresh paramserver: it keeps a model name's first layout
         cfg = load(DYNAQ, environ={}, sets=[f"network.paramserver=[{shards.addresses[0]}]"])
         watch = ModelWatch(cfg, "planner-test", cart.observation_space, cart.action_space, every_s=0.0)
         publisher = WeightsPublisher(shards.addresses, "modeler", model=WORLD_MODEL)

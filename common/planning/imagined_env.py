@@ -40,9 +40,8 @@ class ImaginedEnv:
         self.autoreset_mode = mode
         self.metadata = {"autoreset_mode": mode}
         self.single_observation_space = observation_space
-        low = np.where(np.isfinite(observation_space.low), observation_space.low, -np.inf)
-        high = np.where(np.isfinite(observation_space.high), observation_space.high, np.inf)
-        self._low, self._high = low.astype(np.float32), high.astype(np.float32)
+        self._low = observation_space.low.astype(np.float32)  # infinite bounds clip nothing
+        self._high = observation_space.high.astype(np.float32)
         self._obs = np.zeros((num_envs, *observation_space.shape), np.float32)
         self._t = np.zeros(num_envs, np.int64)
         self._resets = np.zeros(num_envs, bool)  # NextStep: this slot's next step is a reset

@@ -47,9 +47,9 @@ class ImaginedMix:
 
     def due(self) -> bool:
         """Is the next batch an imagined one? (Advances the credit; the gate is checked first.)"""
-        self.model.refresh(timeout_s=0.25)
-        self.m_gate.set(float(self.model.open))
-        self.m_val.set(self.model.val_error)
+        if self.model.refresh(timeout_s=0.25):  # at most once a second: the gauges change only then
+            self.m_gate.set(float(self.model.open))
+            self.m_val.set(self.model.val_error)
         if not self.model.open:
             self.credit = 0.0
             return False

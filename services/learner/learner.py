@@ -170,7 +170,7 @@ class LearnerService:
         for ``network.timeout_s`` (the actors' inserts would pile up against the rate limiter)."""
         if retry:
             return self.cfg.network.timeout_s
-        nbytes = sum(int(getattr(w, "nbytes", 0)) for w in weights.values())
+        nbytes = sum(w.nbytes for w in weights.values())
         return min(self.cfg.network.timeout_s, ASYNC_PUBLISH_S + nbytes / SLOW_LINK_BYTES_PER_S)
 
     def _paramserver_answered(self) -> None:
