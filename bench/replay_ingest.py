@@ -120,7 +120,9 @@ def _writer(mode: str, addr: str, index: int, n_warm: int, n_msgs: int, batch: i
         return
     from common.clients.replay_insert import InsertClient
 
-    client = InsertClient(addr, f"w{index}-{time.time_ns()}", max_unacked=ActorConfig().max_unacked)
+    defaults = ActorConfig()
+    client = InsertClient(addr, f"w{index}-{time.time_ns()}", max_unacked=defaults.max_unacked,
+                          coalesce=defaults.coalesce_inserts)
     priorities = np.random.default_rng(index).uniform(0.1, 2.0, batch) if mode == "prioritized" else None
     warm.wait()
     for _ in range(n_warm):

@@ -26,6 +26,19 @@ under a used id never has its inserts taken as the first one's resends: replay
 refuses them (``seq_out_of_window``) unless it restarted since. Each insert also carries
 ``window_start`` (its lowest un-acked seq) so replay can forget older seqs,
 and ``merge_acks``: replay answers all of a burst's inserts with one ack.
+
+Coalescing (``coalesce``, ``actor.coalesce_inserts``): the window counts
+inserts, and at most ``max_unacked // coalesce`` messages are in flight. An
+insert made while that many are in flight is not sent at once: it starts (or
+joins) one pending message of up to ``coalesce`` inserts of the same table and
+columns, which goes as one insert (one seq, its items concatenated) as soon as
+an ack frees a message slot. An idle replay sees every insert at once, as
+without coalescing; a busy one gets fewer, larger messages (how Kafka's
+producer batches while earlier requests are in flight). How far an actor runs
+ahead of a rate limiter that holds its acks is unchanged: ``max_unacked``
+inserts, the pending ones included. Off when ``max_unacked < 2 x coalesce``
+(a window that small has no room to merge in) and for image columns sent
+frame by frame.
 """
 
 from __future__ import annotations
@@ -46,7 +59,7 @@ from common.security import client_curve
 from common.wire.codec import DEFAULT_LIMITS, Limits, Message
 from common.wire.connection import Connection, Poller
 from common.wire.errors import CommTimeout, RemoteError
-from common.wire.frames import pack_frames
+from common.wire.frames import FRAMES, pack_frames
 from common.wire.inserts import InsertEncoder
 from common.wire.transport import DEFAULT_HWM, CurveConfig
 
@@ -61,12 +74,51 @@ class _Unacked:
     frames: list[Any]
     nbytes: int
     items: int
+    inserts: int  # the caller's inserts this message carries (coalesced)
     interval: float  # wait before the next resend; doubles on each resend
     sent_at: float = 0.0
 
     @property
     def due(self) -> float:
         return self.sent_at + self.interval
+
+
+class _Pending:
+    """Inserts made while others were in flight, merged into one message: their columns are copied
+    (the caller may reuse its buffers) into buffers with room for ``coalesce`` inserts of the first's size."""
+
+    def __init__(self, table: str, seq: int, arrays: Mapping[str, np.ndarray], items: int, nbytes: int,
+                 coalesce: int, max_bytes: int) -> None:
+        self.table = table
+        self.seq = seq
+        self.inserts = 1
+        self.items = items
+        self.nbytes = nbytes
+        self.max_bytes = max_bytes
+        self.rows = coalesce * items  # room in every buffer
+        self.names = list(arrays)  # in order: the columns are copied by position
+        self.layout = [(a.dtype, a.shape[1:]) for a in arrays.values()]
+        self.buffers = [np.empty((self.rows, *a.shape[1:]), a.dtype) for a in arrays.values()]
+        for buf, a in zip(self.buffers, arrays.values(), strict=True):
+            buf[:items] = a
+
+    def add(self, table: str, arrays: Mapping[str, np.ndarray], items: int, nbytes: int) -> bool:
+        """Copy one more insert in; False (nothing done) if it has another table or layout or no room."""
+        start = self.items
+        if (table != self.table or start + items > self.rows or self.nbytes + nbytes > self.max_bytes
+                or list(arrays) != self.names
+                or [(a.dtype, a.shape[1:]) for a in arrays.values()] != self.layout):
+            return False
+        end = start + items
+        for buf, a in zip(self.buffers, arrays.values(), strict=True):
+            buf[start:end] = a
+        self.inserts += 1
+        self.items = end
+        self.nbytes += nbytes
+        return True
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {k: buf[:self.items] for k, buf in zip(self.names, self.buffers, strict=True)}
 
 
 class InsertClient:
@@ -86,8 +138,12 @@ class InsertClient:
         limits: Limits = DEFAULT_LIMITS,
         on_ack: Callable[[int, int], None] | None = None,
         pack_frames: bool = True,
+        coalesce: int = 1,
     ) -> None:
-        """``pack_frames``: image-stack columns go with each distinct frame once (common/wire/frames.py)."""
+        """``pack_frames``: image-stack columns go with each distinct frame once (common/wire/frames.py).
+        ``coalesce``: inserts merged into one message while replay is busy (the module's docstring)."""
+        if coalesce < 1:
+            raise ValueError(f"coalesce={coalesce}: allowed: >= 1")
         self.address = address
         self.pack_frames = pack_frames
         self.sender = sender
@@ -95,6 +151,11 @@ class InsertClient:
         # record of what replay has confirmed (the chaos test checks replay against it)
         self.on_ack = on_ack
         self.max_unacked = max_unacked
+        self.coalesce = coalesce if max_unacked >= 2 * coalesce else 1
+        self._pending: _Pending | None = None
+        self._merged_max_bytes = min(max_unacked_bytes, limits.max_message_bytes - limits.max_header_bytes)
+        self._inserts = 0  # the caller's inserts in the window (messages may carry several)
+        self.coalesced = 0  # inserts that went merged into another insert's message
         self.max_unacked_bytes = max_unacked_bytes
         self.resend_after_s = resend_after_s
         self.max_resend_after_s = max(resend_after_s, max_resend_after_s)
@@ -127,7 +188,8 @@ class InsertClient:
         a = cfg.actor
         return cls(cfg.network.replay[shard], sender, max_unacked=a.max_unacked,
                    max_unacked_bytes=a.max_unacked_bytes, resend_after_s=a.resend_after_s,
-                   curve=curve if curve is not None else client_curve(cfg, "actor"), on_ack=on_ack)
+                   curve=curve if curve is not None else client_curve(cfg, "actor"), on_ack=on_ack,
+                   coalesce=a.coalesce_inserts)
 
     @property
     def connects(self) -> int:
@@ -141,24 +203,27 @@ class InsertClient:
 
     @property
     def unacked(self) -> int:
-        return len(self._window)
+        """Inserts not acked yet (pending ones included)."""
+        return self._inserts + (self._pending.inserts if self._pending else 0)
 
     @property
     def unacked_bytes(self) -> int:
-        return self._bytes
+        return self._bytes + (self._pending.nbytes if self._pending else 0)
 
     @property
     def acked_below(self) -> int:
         """Every seq from ``first_seq`` up to (not including) this one is acked."""
-        return next(iter(self._window)) if self._window else self._next_seq
+        if self._window:
+            return next(iter(self._window))
+        return self._pending.seq if self._pending else self._next_seq
 
     @property
     def next_seq(self) -> int:
         return self._next_seq
 
     def _full(self, nbytes: int) -> bool:
-        return len(self._window) >= self.max_unacked or (
-            bool(self._window) and self._bytes + nbytes > self.max_unacked_bytes)
+        held = self.unacked_bytes
+        return self.unacked >= self.max_unacked or (held > 0 and held + nbytes > self.max_unacked_bytes)
 
     def insert(self, table: str, columns: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
                timeout_s: float = 30.0) -> int:
@@ -169,30 +234,38 @@ class InsertClient:
         CommTimeout when the window stays full for ``timeout_s`` and
         RemoteError when replay refused an earlier insert (bad schema, ...).
         """
-        self._raise()
+        if self._errors:
+            self._raise()
         arrays = {k: np.asarray(v) for k, v in columns.items()}  # copied into the one payload frame
         items = len(next(iter(arrays.values()))) if arrays else 0
-        if self.pack_frames:  # image stacks: each distinct frame sent once (common/wire/frames.py)
-            arrays = pack_frames(arrays)
+        if self.pack_frames and any(a.ndim >= 4 for a in arrays.values()):
+            arrays = pack_frames(arrays)  # image stacks: each distinct frame sent once (common/wire/frames.py)
         if priorities is not None:
             arrays["priority"] = np.asarray(priorities, np.float64)
         nbytes = sum(a.nbytes for a in arrays.values())
-        deadline = time.monotonic() + timeout_s
-        while self._full(nbytes):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise CommTimeout(f"insert to {self.address}: window of {self.unacked} un-acked inserts still "
-                                  f"full after {timeout_s:.3g} s (replay away or holding acks)")
-            self._poll(min(left, self._next_resend_in()))
-            self._raise()
-        seq = self._next_seq
-        self._next_seq += 1
-        window_start = next(iter(self._window)) if self._window else seq
-        entry = _Unacked(self._encoder.frames(table, arrays, self.sender, seq, window_start), nbytes, items,
-                         self.resend_after_s)
-        self._window[seq] = entry
-        self._bytes += nbytes
-        self._send(entry)
+        if self._full(nbytes):
+            deadline = time.monotonic() + timeout_s
+            while self._full(nbytes):
+                self._wait(deadline, timeout_s, "window of {n} un-acked inserts still full")
+        pending = self._pending
+        if pending is not None and pending.add(table, arrays, items, nbytes):
+            self.coalesced += 1
+            seq = pending.seq
+            if pending.inserts >= self.coalesce:
+                self._send_pending()
+        else:
+            if pending is not None:  # another table or layout: the pending message goes first
+                self._send_pending()  # (the window counted it already)
+            seq = self._next_seq
+            self._next_seq += 1
+            if self.coalesce > 1 and self._window and FRAMES not in arrays:
+                self._poll(0)  # acks that came meanwhile may leave nothing in flight
+            if self.coalesce > 1 and self._window and FRAMES not in arrays:
+                # inserts in flight: this one waits for them (or for coalesce - 1 more inserts to join it)
+                self._pending = _Pending(table, seq, arrays, items, nbytes, self.coalesce,
+                                         self._merged_max_bytes)
+            else:
+                self._send_new(table, seq, arrays, nbytes, items, 1)
         # acks that came meanwhile are read when the window is full (insert waits for one anyway) and
         # otherwise at most every PEEK_EVERY_S: a look per insert cost a poll and often found nothing
         now = time.monotonic()
@@ -200,6 +273,31 @@ class InsertClient:
             self._peek_at = now + PEEK_EVERY_S
             self._poll(0)
         return seq
+
+    def _wait(self, deadline: float, timeout_s: float, what: str) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CommTimeout(f"insert to {self.address}: {what.format(n=self.unacked)} after {timeout_s:.3g} s "
+                              "(replay away or holding acks)")
+        self._poll(min(left, self._next_resend_in()))
+        self._raise()
+
+    def _send_new(self, table: str, seq: int, arrays: Mapping[str, np.ndarray], nbytes: int, items: int,
+                  inserts: int) -> None:
+        window_start = next(iter(self._window)) if self._window else seq
+        entry = _Unacked(self._encoder.frames(table, arrays, self.sender, seq, window_start), nbytes, items, inserts,
+                         self.resend_after_s)
+        self._window[seq] = entry
+        self._bytes += nbytes
+        self._inserts += inserts
+        self._send(entry)
+
+    def _send_pending(self) -> None:
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._send_new(pending.table, pending.seq, pending.columns(), pending.nbytes, pending.items,
+                           pending.inserts)
 
     def _send(self, entry: _Unacked) -> None:
         entry.sent_at = time.monotonic()
@@ -249,6 +347,8 @@ class InsertClient:
                     self.resends += 1
                 check_at = min(check_at, entry.due)
             self._check_at = check_at
+        if self._pending is not None and not self._window:  # nothing in flight: it waits for nothing more
+            self._send_pending()
         return handled
 
     def _resend_all(self) -> None:
@@ -294,6 +394,7 @@ class InsertClient:
                 self._errors.append(RemoteError(msg["reason"], msg["detail"]))
         if entry is not None:
             self._bytes -= entry.nbytes
+            self._inserts -= entry.inserts
         return 1
 
     def _acked(self, seq: Any, duplicate: Any) -> None:
@@ -314,6 +415,7 @@ class InsertClient:
             self.acked += 1
             self.items_acked += entry.items
             self._bytes -= entry.nbytes
+            self._inserts -= entry.inserts
             if self.on_ack is not None:
                 self.on_ack(seq, entry.items)
 
@@ -324,7 +426,7 @@ class InsertClient:
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every insert is acked; CommTimeout otherwise."""
         deadline = time.monotonic() + timeout_s
-        while self._window:
+        while self._window or self._pending:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CommTimeout(f"flush to {self.address}: {self.unacked} inserts still un-acked "

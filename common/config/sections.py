@@ -76,8 +76,13 @@ class ActorConfig(Strict):
         " trajectory segments of many steps go at once instead of waiting for insert_batch of them)"
     )
     max_unacked: Annotated[int, Field(ge=1, le=4096)] = Field(
-        32, description="insert messages in flight before the actor waits (replay remembers 4,096 per actor);"
+        32, description="un-acked inserts before the actor waits (replay remembers 4,096 per actor);"
         " also how far (in inserts) an actor runs ahead of a rate limiter that holds its acks"
+    )
+    coalesce_inserts: Annotated[int, Field(ge=1, le=64)] = Field(
+        8, description="while max_unacked / coalesce_inserts insert messages are in flight, further inserts"
+        " (up to this many) go merged into one message at the next ack: fewer, larger messages to a busy replay;"
+        " 1 turns it off (so does max_unacked < 2 x coalesce_inserts)"
     )
     max_unacked_bytes: PosInt = Field(
         64 << 20, description="bound on the bytes of un-acked inserts kept for resending while replay is away;"
