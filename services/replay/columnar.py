@@ -25,7 +25,7 @@ from common.config import TableConfig
 from common.wire.codec import DTYPE_NAMES
 from common.wire.frames import FRAMES, unpack_frames
 from services.replay.frames import FrameColumns, PackedError, expand_snapshot, frame_columns, logical_batch
-from services.replay.prefault import Prefaulter
+from services.replay.prefault import Prefaulter, lazy_zeros
 from services.replay.ratelimiter import RateLimiter
 
 MAX_SAMPLE_BATCH = 1 << 16
@@ -177,7 +177,7 @@ class Table:
         self.schema = dict(schema)
         self._signature = None
         self.generation += 1
-        self.columns = {name: np.zeros((self.capacity, *s.shape), s.dtype) for name, s in schema.items()}
+        self.columns = {name: lazy_zeros((self.capacity, *s.shape), s.dtype) for name, s in schema.items()}
         self.frames = None
         stacks = frame_columns(schema) if self.dedup_frames else []
         shapes = {schema[name].shape[1:] for name in stacks}

@@ -17,6 +17,14 @@ head (no memory is taken long before it is used) and stops for good once it
 has reached the end of the columns: after the first lap every page is
 resident. Where the call is missing (another OS, an older kernel) it does
 nothing and the writes fault as before.
+
+Fewer faults in the first place: :func:`lazy_zeros` allocates large columns
+as private anonymous memory marked for transparent huge pages
+(``MADV_HUGEPAGE``): still zeroed and mapped at first write, but 2 MiB at a
+fault where the kernel's ``transparent_hugepage/enabled`` is ``madvise`` (the
+usual default) or ``always``. ``np.zeros`` (calloc) gets no such advice: the
+first write to a 49 MB CartPole table took ~97 ms in 4 KiB faults against
+~4 ms in huge pages here.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14)
+HUGE_MIN_BYTES = 4 << 20  # smaller arrays: np.zeros
 AHEAD_BYTES = 32 << 20  # all columns of a table together
 _PAGE = mmap.PAGESIZE
 
@@ -60,6 +69,22 @@ def _populate(start: int, end: int) -> bool:
         _usable = False
         return False
     return True
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """Like ``np.zeros``; an array of at least ``HUGE_MIN_BYTES`` is private anonymous memory advised
+    to use transparent huge pages (zeroed, mapped at first write, 2 MiB at a fault where the kernel allows)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if nbytes < HUGE_MIN_BYTES or advice is None:
+        return np.zeros(shape, dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        buf.madvise(advice)
+    except OSError:  # a kernel without THP: 4 KiB pages, as np.zeros
+        pass
+    return np.frombuffer(buf, dtype).reshape(shape)
 
 
 class Prefaulter:

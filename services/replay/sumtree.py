@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from services.replay.prefault import lazy_zeros
+
 
 class SumTree:
     """Priorities of ``capacity`` slots."""
@@ -28,7 +30,7 @@ class SumTree:
         self.depth = max(0, (capacity - 1).bit_length())  # leaves = 2**depth
         self.top = max(0, self.depth - cut)
         # levels[i] holds the 2**(top + i) nodes of tree level top + i; levels[-1] are the leaves.
-        self.levels = [np.zeros(1 << d, np.float64) for d in range(self.top, self.depth + 1)]
+        self.levels = [lazy_zeros((1 << d,), np.float64) for d in range(self.top, self.depth + 1)]
 
     @property
     def total(self) -> float:

@@ -27,6 +27,7 @@ import numpy as np
 
 from common.config import TableConfig
 from services.replay.columnar import Table
+from services.replay.prefault import lazy_zeros
 from services.replay.priorities import importance_weights
 from services.replay.sumtree import SumTree
 
@@ -47,7 +48,7 @@ class PrioritizedTable(Table):
         super().__init__(cfg, rng)
         self.alpha = cfg.alpha
         self.tree = SumTree(cfg.capacity)
-        self.priority = np.zeros(cfg.capacity, np.float64)  # raw, before alpha
+        self.priority = lazy_zeros((cfg.capacity,), np.float64)  # raw, before alpha
         self.max_priority = 1.0
         # largest leaf such that the sum of every leaf stays finite, whatever alpha is
         self.max_leaf = sys.float_info.max / (2 * len(self.tree.levels[-1]))
