@@ -5,7 +5,9 @@
 Writers (1, 2, 4 processes) send CartPole transitions (obs 4 x f32, action
 i64, reward f32, next_obs 4 x f32, done bool, discount f32) in batches of 64
 and 256 to one replay server process through ``InsertClient`` with the config's
-default window (``actor.max_unacked``): encode, send, and wait for every ack. The time runs from
+defaults, as an actor does (``actor.max_unacked`` window, ``actor.coalesce_inserts``:
+inserts made while others are in flight go merged into one message): encode,
+send, and wait for every ack. The time runs from
 the moment all writers are released until the last writer has all its acks.
 
 The ceiling, side by side in the same run: the same writer processes push the

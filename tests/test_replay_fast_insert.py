@@ -103,24 +103,28 @@ def test_fast_inserts_are_logged_with_wal(tmp_path: Path) -> None:
         assert restored.dedup.seen("a", ic.first_seq + 9)
 
 
-def test_writers_of_other_sizes_each_keep_their_fast_path_and_changing_sizes_learn_nothing() -> None:
+def test_writers_of_other_sizes_each_keep_their_fast_paths_and_ever_new_sizes_learn_nothing() -> None:
     with serving(replay_config(capacity=10_000)) as server:
         with InsertClient(server.endpoint, "a") as a, InsertClient(server.endpoint, "b") as b, \
-                InsertClient(server.endpoint, "c") as c:
+                InsertClient(server.endpoint, "c") as c, InsertClient(server.endpoint, "d") as d:
             for i in range(10):
                 a.insert("main", transitions(0, 8 * i, 8))
                 b.insert("main", transitions(1, 16 * i, 16))
-                c.insert("main", transitions(2, 100 * i, 5 + i % 2))  # N changes every insert
-                a.flush(10), b.flush(10), c.flush(10)
-            assert server.fast_inserts == 16  # a and b: all but their first two; c: none
-            assert len(server.fast) == 2
+                c.insert("main", transitions(2, 100 * i, 5 + i % 2))  # two sizes, in turn
+                d.insert("main", transitions(3, 100 * i, 1 + i))  # a new size every insert
+                a.flush(10), b.flush(10), c.flush(10), d.flush(10)
+            # a and b: all but their first two; c: all but the first two of each size; d: none
+            assert server.fast_inserts == 8 + 8 + 6
+            assert len(server.fast) == 3 and len(server.fast[next(iter(server.fast))]) == 1
         t = server.tables["main"]
-        assert t.size == 80 + 160 + 55
+        assert t.size == 80 + 160 + 55 + 55
         cols = {k: v[:t.size] for k, v in t.columns.items()}
         for writer, n in ((0, 80), (1, 160)):
             np.testing.assert_array_equal(np.sort(cols["idx"][cols["writer"] == writer]), np.arange(n))
         expected = np.concatenate([np.arange(100 * i, 100 * i + 5 + i % 2) for i in range(10)])
         np.testing.assert_array_equal(np.sort(cols["idx"][cols["writer"] == 2]), expected)
+        expected = np.concatenate([np.arange(100 * i, 100 * i + 1 + i) for i in range(10)])
+        np.testing.assert_array_equal(np.sort(cols["idx"][cols["writer"] == 3]), expected)
 
 
 def test_a_zero_width_column_is_stored_and_the_server_goes_on() -> None:

@@ -1,9 +1,11 @@
 """Inserts stored from their frames, without a full decode.
 
-A connection whose last inserts were all alike but for seq and window_start (as
-InsertClient sends them) has its header up to window_start remembered; its next
-inserts are checked against those bytes and copied into the table from the
-payload frame. Anything else (a duplicate, a held insert, a bad priority,
+A connection that sent inserts alike but for seq and window_start (as
+InsertClient sends them) has their header up to window_start remembered, for
+each of its last few layouts (a layout is learnt the second time it is seen;
+an InsertClient that merges inserts sends a few batch sizes); its next
+inserts of a known layout are checked against those bytes and copied into the
+table from the payload frame. Anything else (a duplicate, a held insert, a bad priority,
 another header...) takes the full decode and :meth:`ReplayServer.on_insert`.
 """
 
@@ -27,6 +29,7 @@ from services.replay.priorities import check_priorities
 log = logging.getLogger(__name__)
 
 MAX_FAST_PEERS = 4096  # connections whose insert header prefix is remembered (all forgotten beyond)
+MAX_LAYOUTS = 16  # per connection (all of its own forgotten beyond)
 
 
 @dataclass
@@ -52,13 +55,13 @@ class FastInsertServer(HeldRequestServer):
     Its state is set up by :class:`services.replay.server.ReplayServer`; ``on_insert`` sets
     ``_stored_packed`` after storing a packed insert that asked for merged acks."""
 
-    # by ROUTER identity: the usual inserts of that connection, taken without a full decode
-    fast: dict[bytes, FastInsert]
+    # by ROUTER identity, then payload bytes: the usual inserts of that connection, taken without a full decode
+    fast: dict[bytes, dict[int, FastInsert]]
     fast_inserts: int  # inserts stored by _insert_fast
     _learn_failed: bool
-    # by identity: the layout of the connection's last insert that took the full path; a layout
-    # is learnt the second time in a row (a sender whose N changes every insert learns nothing)
-    _full_layouts: dict[bytes, PackedLayout]
+    # by identity: the layouts of the connection's last inserts that took the full path; a layout
+    # is learnt the second time it is seen (a sender whose N is new at every insert learns nothing)
+    _full_layouts: dict[bytes, list[PackedLayout]]
     _stored_packed: tuple[Table, PackedLayout, int, Peer, int | None] | None
 
     def handle_frames(self, frames: list[Any]) -> None:
@@ -67,7 +70,8 @@ class FastInsertServer(HeldRequestServer):
         message, and any insert that path does not take, is decoded and handled in full."""
         if len(frames) == 3:
             identity = frames[0].bytes
-            fast = self.fast.get(identity)
+            layouts = self.fast.get(identity)
+            fast = layouts.get(len(frames[2])) if layouts is not None else None
             if fast is not None:
                 try:
                     if self._insert_fast(fast, identity, frames):
@@ -101,10 +105,14 @@ class FastInsertServer(HeldRequestServer):
         assert stored is not None
         table, layout, n, peer, ws = stored
         identity = frames[0].bytes
-        if self._full_layouts.get(identity) != layout:  # by value: the decoder may rebuild equal layouts
-            if len(self._full_layouts) >= MAX_FAST_PEERS:
-                self._full_layouts.clear()
-            self._full_layouts[identity] = layout
+        seen = self._full_layouts.get(identity)
+        if seen is None or layout not in seen:  # by value: the decoder may rebuild equal layouts
+            if seen is None:
+                if len(self._full_layouts) >= MAX_FAST_PEERS:
+                    self._full_layouts.clear()
+                seen = self._full_layouts[identity] = []
+            seen.append(layout)
+            del seen[:-MAX_LAYOUTS]
             return
         items, nbytes = layout
         descriptors: list[Any] = []
@@ -121,10 +129,15 @@ class FastInsertServer(HeldRequestServer):
         if plan is None:
             return
         priority = next(((dtype, offset) for name, dtype, _, offset in items if name == "priority"), None)
-        if len(self.fast) >= MAX_FAST_PEERS:
-            self.fast.clear()
-        self.fast[identity] = FastInsert(prefix, table, table.generation, n, nbytes, peer.sender, owner, plan, items,
-                                          priority)
+        layouts = self.fast.get(identity)
+        if layouts is None:
+            if len(self.fast) >= MAX_FAST_PEERS:
+                self.fast.clear()
+            layouts = self.fast[identity] = {}
+        if len(layouts) >= MAX_LAYOUTS:
+            layouts.clear()
+        layouts[nbytes] = FastInsert(prefix, table, table.generation, n, nbytes, peer.sender, owner, plan, items,
+                                     priority)
 
     def _insert_fast(self, fast: FastInsert, identity: bytes, frames: list[Any]) -> bool:
         """Store an insert whose header is ``fast.prefix`` and two ints and whose payload has the
