@@ -125,4 +125,5 @@ def test_columns_in_another_order_are_not_merged_by_position() -> None:
             ic.flush(10)
         got = stored(server, 800)
         np.testing.assert_array_equal(got["obs"], transitions(0, 0, 800)["obs"])
-        np.testing.assert_array_equal(server.tables["main"].columns["next_obs"][:800], transitions(0, 0, 800)["next_obs"])
+        next_obs = server.tables["main"].columns["next_obs"][:800]
+        np.testing.assert_array_equal(next_obs, transitions(0, 0, 800)["next_obs"])
