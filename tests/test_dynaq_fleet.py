@@ -49,7 +49,9 @@ def sampled(fleet: Fleet) -> tuple[float, float]:
 
 
 def test_imagined_data_flows_at_the_ratio_and_planners_survive_a_kill(tmp_path: Path) -> None:
-    fleet, cfg = start_fleet(DYNAQ, tmp_path, actors=1, sets=QUICK)
+    # half the batches imagined: the mechanism, not the shipped tuning (at 0.75 two planners on a loaded
+    # 2-core machine may fall behind, and the learner then takes real batches, by design)
+    fleet, cfg = start_fleet(DYNAQ, tmp_path, actors=1, sets=[*QUICK, "planning.imagined_ratio=0.5"])
     try:
         wait_for(lambda: sampled(fleet)[1] > 0, 150, "the learner's first imagined batch")
         info = tables(fleet)
