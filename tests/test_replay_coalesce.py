@@ -104,14 +104,33 @@ def test_coalescing_is_off_for_a_window_too_small_to_merge_in() -> None:
         InsertClient("tcp://127.0.0.1:1", "a", coalesce=0)
 
 
-def test_the_config_sets_it_for_actors() -> None:
+def test_the_config_sets_it_for_actors_and_never_merges_into_a_queue_or_past_a_quarter_table() -> None:
     assert ActorConfig().coalesce_inserts == 8
-    cfg = validate({"actor": {"coalesce_inserts": 3}})
+    cfg = validate({"actor": {"coalesce_inserts": 3}, "replay": {"tables": [
+        {"name": "main", "kind": "uniform", "capacity": 1000, "min_size": 1},
+        {"name": "segments", "kind": "queue", "capacity": 64, "min_size": 1}]}})
     ic = InsertClient.from_config(cfg, 0, "a")
     try:
-        assert ic.coalesce == 3
+        assert ic.coalesce == 3 and ic.merge_max_items == {"main": 250, "segments": 0}
     finally:
         ic.close()
+    tables = [TableConfig(name="main", kind="uniform", capacity=200, min_size=1),
+              TableConfig(name="segments", kind="queue", capacity=10_000, min_size=1)]
+    with serving(ReplayConfig(tables=tables)) as server:
+        sizes: list[int] = []
+        with InsertClient(server.endpoint, "a", max_unacked=32, coalesce=8, merge_max_items={"main": 50, "segments": 0},
+                          on_ack=lambda seq, items: sizes.append(items)) as ic:
+            for i in range(200):  # 16 items: 8 inserts would be 128, the table holds 200 (a quarter: 50)
+                ic.insert("main", transitions(0, 16 * i, 16))
+            ic.flush(10)
+            merged_main = ic.coalesced
+            assert merged_main > 0 and ic.acked == 200 - merged_main
+            assert max(sizes) == 48 and sum(sizes) == 3200  # at most 3 inserts of 16 a message
+            for i in range(100):
+                ic.insert("segments", transitions(1, 8 * i, 8))
+            ic.flush(10)
+            assert ic.coalesced == merged_main  # queue inserts go one by one
+        assert server.tables["segments"].size == 800
 
 
 def test_columns_in_another_order_are_not_merged_by_position() -> None:

@@ -37,8 +37,10 @@ without coalescing; a busy one gets fewer, larger messages (how Kafka's
 producer batches while earlier requests are in flight). How far an actor runs
 ahead of a rate limiter that holds its acks is unchanged: ``max_unacked``
 inserts, the pending ones included. Off when ``max_unacked < 2 x coalesce``
-(a window that small has no room to merge in) and for image columns sent
-frame by frame.
+(a window that small has no room to merge in), for image columns sent
+frame by frame and, from a config, for queue tables (their batches of
+segments are what the learner takes whole); a merged insert holds at most a
+quarter of its table's capacity (one larger than the table is refused).
 """
 
 from __future__ import annotations
@@ -85,17 +87,18 @@ class _Unacked:
 
 class _Pending:
     """Inserts made while others were in flight, merged into one message: their columns are copied
-    (the caller may reuse its buffers) into buffers with room for ``coalesce`` inserts of the first's size."""
+    (the caller may reuse its buffers) into buffers of ``rows`` items (coalesce inserts of the first's size,
+    or the table's limit)."""
 
     def __init__(self, table: str, seq: int, arrays: Mapping[str, np.ndarray], items: int, nbytes: int,
-                 coalesce: int, max_bytes: int) -> None:
+                 rows: int, max_bytes: int) -> None:
         self.table = table
         self.seq = seq
         self.inserts = 1
         self.items = items
         self.nbytes = nbytes
         self.max_bytes = max_bytes
-        self.rows = coalesce * items  # room in every buffer
+        self.rows = rows  # room in every buffer
         self.names = list(arrays)  # in order: the columns are copied by position
         self.layout = [(a.dtype, a.shape[1:]) for a in arrays.values()]
         self.buffers = [np.empty((self.rows, *a.shape[1:]), a.dtype) for a in arrays.values()]
@@ -139,9 +142,12 @@ class InsertClient:
         on_ack: Callable[[int, int], None] | None = None,
         pack_frames: bool = True,
         coalesce: int = 1,
+        merge_max_items: Mapping[str, int] | None = None,
     ) -> None:
         """``pack_frames``: image-stack columns go with each distinct frame once (common/wire/frames.py).
-        ``coalesce``: inserts merged into one message while replay is busy (the module's docstring)."""
+        ``coalesce``: inserts merged into one message while replay is busy (the module's docstring).
+        ``merge_max_items``: per table, the most items one merged message may hold (0: never merged; a
+        table it does not name is never merged); None: no limit."""
         if coalesce < 1:
             raise ValueError(f"coalesce={coalesce}: allowed: >= 1")
         self.address = address
@@ -154,6 +160,7 @@ class InsertClient:
         self.coalesce = coalesce if max_unacked >= 2 * coalesce else 1
         self._pending: _Pending | None = None
         self._merged_max_bytes = min(max_unacked_bytes, limits.max_message_bytes - limits.max_header_bytes)
+        self.merge_max_items = None if merge_max_items is None else dict(merge_max_items)
         self._inserts = 0  # the caller's inserts in the window (messages may carry several)
         self.coalesced = 0  # inserts that went merged into another insert's message
         self.max_unacked_bytes = max_unacked_bytes
@@ -186,10 +193,13 @@ class InsertClient:
     def from_config(cls, cfg: Experiment, shard: int, sender: str, curve: CurveConfig | None = None,
                     on_ack: Callable[[int, int], None] | None = None) -> InsertClient:
         a = cfg.actor
+        # a merged insert stays well inside its table (one larger than the table is refused) and never
+        # goes to a queue table, whose whole batches of segments are what the learner takes
+        merge = {t.name: 0 if t.kind == "queue" else t.capacity // 4 for t in cfg.replay.tables}
         return cls(cfg.network.replay[shard], sender, max_unacked=a.max_unacked,
                    max_unacked_bytes=a.max_unacked_bytes, resend_after_s=a.resend_after_s,
                    curve=curve if curve is not None else client_curve(cfg, "actor"), on_ack=on_ack,
-                   coalesce=a.coalesce_inserts)
+                   coalesce=a.coalesce_inserts, merge_max_items=merge)
 
     @property
     def connects(self) -> int:
@@ -251,19 +261,19 @@ class InsertClient:
         if pending is not None and pending.add(table, arrays, items, nbytes):
             self.coalesced += 1
             seq = pending.seq
-            if pending.inserts >= self.coalesce:
+            if pending.inserts >= self.coalesce or pending.items >= pending.rows:
                 self._send_pending()
         else:
             if pending is not None:  # another table or layout: the pending message goes first
                 self._send_pending()  # (the window counted it already)
             seq = self._next_seq
             self._next_seq += 1
-            if self.coalesce > 1 and self._window and FRAMES not in arrays:
+            rows = self._merge_rows(table, items) if self._window and FRAMES not in arrays else 0
+            if rows:
                 self._poll(0)  # acks that came meanwhile may leave nothing in flight
-            if self.coalesce > 1 and self._window and FRAMES not in arrays:
-                # inserts in flight: this one waits for them (or for coalesce - 1 more inserts to join it)
-                self._pending = _Pending(table, seq, arrays, items, nbytes, self.coalesce,
-                                         self._merged_max_bytes)
+            if rows and self._window:
+                # inserts in flight: this one waits for them (or for more inserts to join it)
+                self._pending = _Pending(table, seq, arrays, items, nbytes, rows, self._merged_max_bytes)
             else:
                 self._send_new(table, seq, arrays, nbytes, items, 1)
         # acks that came meanwhile are read when the window is full (insert waits for one anyway) and
@@ -273,6 +283,13 @@ class InsertClient:
             self._peek_at = now + PEEK_EVERY_S
             self._poll(0)
         return seq
+
+    def _merge_rows(self, table: str, items: int) -> int:
+        """Items a pending message that starts with this insert may hold; 0: it is not merged."""
+        rows = self.coalesce * items
+        if self.merge_max_items is not None:
+            rows = min(rows, self.merge_max_items.get(table, 0))
+        return rows if self.coalesce > 1 and rows >= 2 * items > 0 else 0
 
     def _wait(self, deadline: float, timeout_s: float, what: str) -> None:
         left = deadline - time.monotonic()
