@@ -27,20 +27,8 @@ refuses them (``seq_out_of_window``) unless it restarted since. Each insert also
 ``window_start`` (its lowest un-acked seq) so replay can forget older seqs,
 and ``merge_acks``: replay answers all of a burst's inserts with one ack.
 
-Coalescing (``coalesce``, ``actor.coalesce_inserts``): the window counts
-inserts, and at most ``max_unacked // coalesce`` messages are in flight. An
-insert made while that many are in flight is not sent at once: it starts (or
-joins) one pending message of up to ``coalesce`` inserts of the same table and
-columns, which goes as one insert (one seq, its items concatenated) as soon as
-an ack frees a message slot. An idle replay sees every insert at once, as
-without coalescing; a busy one gets fewer, larger messages (how Kafka's
-producer batches while earlier requests are in flight). How far an actor runs
-ahead of a rate limiter that holds its acks is unchanged: ``max_unacked``
-inserts, the pending ones included. Off when ``max_unacked < 2 x coalesce``
-(a window that small has no room to merge in), for image columns sent
-frame by frame and, from a config, for queue tables (their batches of
-segments are what the learner takes whole); a merged insert holds at most a
-quarter of its table's capacity (one larger than the table is refused).
+Coalescing (``coalesce``, ``actor.coalesce_inserts``): inserts made while
+others are in flight go merged into one message (common/clients/insert_window.py).
 """
 
 from __future__ import annotations
@@ -50,12 +38,12 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import zmq
 
+from common.clients.insert_window import PendingInsert, Unacked, merge_rows
 from common.config import Experiment
 from common.security import client_curve
 from common.wire.codec import DEFAULT_LIMITS, Limits, Message
@@ -69,59 +57,6 @@ log = logging.getLogger(__name__)
 
 MAX_RESEND_AFTER_S = 30.0
 PEEK_EVERY_S = 0.002  # insert() looks for acks (and resends due) at most this often while the window has room
-
-
-@dataclass
-class _Unacked:
-    frames: list[Any]
-    nbytes: int
-    items: int
-    inserts: int  # the caller's inserts this message carries (coalesced)
-    interval: float  # wait before the next resend; doubles on each resend
-    sent_at: float = 0.0
-
-    @property
-    def due(self) -> float:
-        return self.sent_at + self.interval
-
-
-class _Pending:
-    """Inserts made while others were in flight, merged into one message: their columns are copied
-    (the caller may reuse its buffers) into buffers of ``rows`` items (coalesce inserts of the first's size,
-    or the table's limit)."""
-
-    def __init__(self, table: str, seq: int, arrays: Mapping[str, np.ndarray], items: int, nbytes: int,
-                 rows: int, max_bytes: int) -> None:
-        self.table = table
-        self.seq = seq
-        self.inserts = 1
-        self.items = items
-        self.nbytes = nbytes
-        self.max_bytes = max_bytes
-        self.rows = rows  # room in every buffer
-        self.names = list(arrays)  # in order: the columns are copied by position
-        self.layout = [(a.dtype, a.shape[1:]) for a in arrays.values()]
-        self.buffers = [np.empty((self.rows, *a.shape[1:]), a.dtype) for a in arrays.values()]
-        for buf, a in zip(self.buffers, arrays.values(), strict=True):
-            buf[:items] = a
-
-    def add(self, table: str, arrays: Mapping[str, np.ndarray], items: int, nbytes: int) -> bool:
-        """Copy one more insert in; False (nothing done) if it has another table or layout or no room."""
-        start = self.items
-        if (table != self.table or start + items > self.rows or self.nbytes + nbytes > self.max_bytes
-                or list(arrays) != self.names
-                or [(a.dtype, a.shape[1:]) for a in arrays.values()] != self.layout):
-            return False
-        end = start + items
-        for buf, a in zip(self.buffers, arrays.values(), strict=True):
-            buf[start:end] = a
-        self.inserts += 1
-        self.items = end
-        self.nbytes += nbytes
-        return True
-
-    def columns(self) -> dict[str, np.ndarray]:
-        return {k: buf[:self.items] for k, buf in zip(self.names, self.buffers, strict=True)}
 
 
 class InsertClient:
@@ -158,7 +93,7 @@ class InsertClient:
         self.on_ack = on_ack
         self.max_unacked = max_unacked
         self.coalesce = coalesce if max_unacked >= 2 * coalesce else 1
-        self._pending: _Pending | None = None
+        self._pending: PendingInsert | None = None
         self._merged_max_bytes = min(max_unacked_bytes, limits.max_message_bytes - limits.max_header_bytes)
         self.merge_max_items = None if merge_max_items is None else dict(merge_max_items)
         self._inserts = 0  # the caller's inserts in the window (messages may carry several)
@@ -174,7 +109,7 @@ class InsertClient:
         self._poller = Poller([self.connection])
         self._next_seq = seq_start if seq_start is not None else time.time_ns() // 1000
         self.first_seq = self._next_seq
-        self._window: OrderedDict[int, _Unacked] = OrderedDict()
+        self._window: OrderedDict[int, Unacked] = OrderedDict()
         self._encoder = InsertEncoder()
         # no insert of the window is due for a resend before this (monotonic time; may be early)
         self._check_at = math.inf
@@ -268,12 +203,15 @@ class InsertClient:
                 self._send_pending()  # (the window counted it already)
             seq = self._next_seq
             self._next_seq += 1
-            rows = self._merge_rows(table, items) if self._window and FRAMES not in arrays else 0
+            rows = 0
+            if self._window and FRAMES not in arrays and self.coalesce > 1:
+                limit = None if self.merge_max_items is None else self.merge_max_items.get(table, 0)
+                rows = merge_rows(self.coalesce, items, limit)
             if rows:
                 self._poll(0)  # acks that came meanwhile may leave nothing in flight
             if rows and self._window:
                 # inserts in flight: this one waits for them (or for more inserts to join it)
-                self._pending = _Pending(table, seq, arrays, items, nbytes, rows, self._merged_max_bytes)
+                self._pending = PendingInsert(table, seq, arrays, items, nbytes, rows, self._merged_max_bytes)
             else:
                 self._send_new(table, seq, arrays, nbytes, items, 1)
         # acks that came meanwhile are read when the window is full (insert waits for one anyway) and
@@ -283,13 +221,6 @@ class InsertClient:
             self._peek_at = now + PEEK_EVERY_S
             self._poll(0)
         return seq
-
-    def _merge_rows(self, table: str, items: int) -> int:
-        """Items a pending message that starts with this insert may hold; 0: it is not merged."""
-        rows = self.coalesce * items
-        if self.merge_max_items is not None:
-            rows = min(rows, self.merge_max_items.get(table, 0))
-        return rows if self.coalesce > 1 and rows >= 2 * items > 0 else 0
 
     def _wait(self, deadline: float, timeout_s: float, what: str) -> None:
         left = deadline - time.monotonic()
@@ -302,7 +233,7 @@ class InsertClient:
     def _send_new(self, table: str, seq: int, arrays: Mapping[str, np.ndarray], nbytes: int, items: int,
                   inserts: int) -> None:
         window_start = next(iter(self._window)) if self._window else seq
-        entry = _Unacked(self._encoder.frames(table, arrays, self.sender, seq, window_start), nbytes, items, inserts,
+        entry = Unacked(self._encoder.frames(table, arrays, self.sender, seq, window_start), nbytes, items, inserts,
                          self.resend_after_s)
         self._window[seq] = entry
         self._bytes += nbytes
@@ -316,7 +247,7 @@ class InsertClient:
             self._send_new(pending.table, pending.seq, pending.columns(), pending.nbytes, pending.items,
                            pending.inserts)
 
-    def _send(self, entry: _Unacked) -> None:
+    def _send(self, entry: Unacked) -> None:
         entry.sent_at = time.monotonic()
         if not self.connection.send_frames(entry.frames):
             entry.sent_at = 0.0  # queue full: due for a resend at the next poll
