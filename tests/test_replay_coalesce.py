@@ -98,8 +98,10 @@ def test_the_window_still_bounds_an_actor_the_rate_limiter_holds() -> None:
 
 
 def test_coalescing_is_off_for_a_window_too_small_to_merge_in() -> None:
-    assert InsertClient("tcp://127.0.0.1:1", "a", max_unacked=2, coalesce=4).coalesce == 1
-    assert InsertClient("tcp://127.0.0.1:1", "a", max_unacked=8, coalesce=4).coalesce == 4
+    with InsertClient("tcp://127.0.0.1:1", "a", max_unacked=2, coalesce=4) as small:
+        assert small.coalesce == 1
+    with InsertClient("tcp://127.0.0.1:1", "a", max_unacked=8, coalesce=4) as room:
+        assert room.coalesce == 4
     with pytest.raises(ValueError, match="coalesce=0"):
         InsertClient("tcp://127.0.0.1:1", "a", coalesce=0)
 

@@ -80,9 +80,9 @@ class ActorConfig(Strict):
         " also how far (in inserts) an actor runs ahead of a rate limiter that holds its acks"
     )
     coalesce_inserts: Annotated[int, Field(ge=1, le=64)] = Field(
-        8, description="while max_unacked / coalesce_inserts insert messages are in flight, further inserts"
-        " (up to this many) go merged into one message at the next ack: fewer, larger messages to a busy replay;"
-        " 1 turns it off (so does max_unacked < 2 x coalesce_inserts)"
+        8, description="inserts made while earlier ones are un-acked go merged, up to this many, into one message"
+        " sent once nothing is in flight (or this many wait): fewer, larger messages to a busy replay; never into"
+        " a queue table or past a quarter of a table; 1 turns it off (so does max_unacked < 2 x coalesce_inserts)"
     )
     max_unacked_bytes: PosInt = Field(
         64 << 20, description="bound on the bytes of un-acked inserts kept for resending while replay is away;"

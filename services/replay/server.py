@@ -96,12 +96,12 @@ class ReplayServer(FastInsertServer):
         # sent after the burst (with wal, after its fsync): queue batches, and acks by sender
         # identity (merge_acks) or by (identity, seq)
         self.deferred: list[tuple[Peer, list[Any], str]] = []
-        # by ROUTER identity: the usual inserts of that connection, taken without a full decode
+        # by ROUTER identity, then payload bytes: that connection's usual inserts, taken without a full decode
         self.fast: dict[bytes, dict[int, FastInsert]] = {}
         self.fast_inserts = 0  # inserts stored by _insert_fast
         self._learn_failed = False
-        # by identity: the layout of the connection's last insert that took the full path; a layout
-        # is learnt the second time in a row (a sender whose N changes every insert learns nothing)
+        # by identity: the layouts of the connection's last inserts that took the full path; a layout
+        # is learnt the second time it is seen (fast_insert.py)
         self._full_layouts: dict[bytes, list[PackedLayout]] = {}
         self._stored_packed: tuple[Table, PackedLayout, int, Peer, int | None] | None = None
         self.acks: dict[Any, tuple[Peer, list[tuple[int, int, bool]]]] = {}
