@@ -14,30 +14,39 @@
    - ``allreduce``: averaging one update's gradients over 2 learner ranks (bench.learners' way);
    - ``publish``: one weights version published and fetched by one actor.
 2. In the fleet, the same work costs more: each member's CPU seconds (read from /proc over the
-   steady half of a run, bench/fleet_cpu.py) per unit of its work. Two calibration runs give them:
-   1 actor at 2 ms per env step (k = 16, bench.scaling's settings) and 2 actors without latency with
-   1 learner (k = 32). Per unit: an actor's CPU and wall seconds per env step of its own; replay's CPU
-   per env step and per sampled update (two runs, two unknowns); the paramserver's per env step and
-   per update; the learner's CPU per update and the share of its wall time it is busy (the rest it
-   waits for batches). ``overhead`` = the learner's CPU per update in the fleet minus ``update_256``
-   + ``learner_io`` alone: its loop (sample client, priorities, publishing, metrics).
+   steady half of a run, bench/fleet_cpu.py) per unit of its work. Three calibration runs give them:
+   1 actor at 2 ms per env step (k = 16, bench.scaling's settings), 2 actors without latency with
+   1 learner (k = 32), and 1 actor with 2 learners (k = 32). Per unit: an actor's CPU and wall
+   seconds per env step of its own; replay's CPU per env step and per sample request (the 1-actor
+   and the 2-learner runs, two unknowns); the paramserver's per env step and per update (the same
+   two); the learner's CPU per update and the share of its wall time it is busy (the rest it waits
+   for batches). ``overhead`` = the learner's CPU per update in the fleet minus ``update_256`` +
+   ``learner_io`` alone: its loop (sample client, priorities, publishing, metrics).
+   ``allreduce_fleet``: a rank's CPU per update in the 2-learner run beyond that of one learner's
+   (update_128 in place of update_256): the all-reduce among busy neighbours (alone: ``allreduce``).
 3. The model, for A actors (each stepping an env of ``latency`` per step), L learners, a global
    batch B and k samples per insert (replay's rate limiter: B / k env steps per update):
-   - a rank's CPU per update: c_L = update(B / L) + learner_io + overhead + allreduce(L) (allreduce(1) = 0);
+   - a rank's CPU per update: c_L = update(B / L) + learner_io + overhead + allreduce_fleet (L > 1);
    - actors: E_act = A / (an actor's wall seconds per env step) env steps/s (each one serial loop);
    - learners: U_max = busy / c_L updates/s (L ranks in lockstep: one update each per global update);
    - replay (one process, one core): E x insert + U x L x sample <= 1 s per s (each rank samples its share);
    - cores: everything beside the env's sleep shares P cores:
      E x (act + insert + ps_step) + U x (L x (c_L + sample) + ps_update) <= P;
+   - lockstep (L > 1): the ranks meet at an all-reduce every update, so the other members' CPU per
+     update W (actors, replay, paramserver) that does not fit on the P - L spare cores preempts a rank
+     and stalls them all: T = c_L + max(0, W - (P - L) x T) seconds per update;
    - and U = E x k / B (the limiter). E is the largest rate all of them allow; the first to bind
      is what saturates.
-4. Checked against ``rlfleet up`` runs of 1, 2, 4 and 8 actors at 2 ms per env step and of 1 and 2
-   learners with 2 actors and no latency: the steady env steps/s and updates/s of each run (the mean
-   over its last ``--seconds`` / 2 s) against the model's for P = this machine's cores; error =
-   predicted / measured - 1 (goal: within 25%). The two calibration runs are the 1-actor and the
-   1-learner checks (they hold by construction, bar the bound that binds); the others are predictions.
+4. Checked against ``rlfleet up`` runs of 1, 2, 4 and 8 actors at 2 ms per env step, and without
+   latency of 1 learner with 2 actors and of 2 learners with 1, 2 and 4 actors (k = 32) and with 2
+   actors at k = 16 and 64 (more or less of the other members' work per update: the lockstep term):
+   the steady env steps/s and updates/s of each run (the mean over its last ``--seconds`` / 2 s)
+   against the model's for P = this machine's cores; error = predicted / measured - 1 (goal: within
+   25%). The calibration runs hold by construction, bar the bound that binds; the others are
+   predictions.
 5. Projected to 256 actors and 8 learners across hosts (each actor a core of its own, each
-   learner a host, replay a core): which component saturates first.
+   learner a host paying the all-reduce measured alone, replay a core): which component saturates
+   first.
 
 Last line: one JSON object. ``--docs`` writes docs/cost_model.md.
 """
@@ -64,7 +73,7 @@ CONFIG = "configs/cartpole-dqn.yaml"
 LATENCY_S = 0.002
 ACTOR_SETS = ["algorithm.batch_size=256", "replay.tables.0.samples_per_insert=16", "actor.poll_every=10",
               "algorithm.epsilon_alpha=0", "evaluator.enabled=false", "env.step_latency_ms=2"]
-LEARNER_SETS = ["evaluator.enabled=false"]
+LEARNER_SETS = ["algorithm.batch_size=256", "evaluator.enabled=false"]
 
 
 def per_call(fn: Any, n: int, warm: int = 20) -> float:
@@ -210,7 +219,7 @@ def predict(c: dict[str, float], actors: int, learners: int, latency: float, k: 
             cores: float) -> dict[str, Any]:
     """Env steps/s and updates/s the model allows, and which bound binds (``c``: in-fleet costs)."""
     update = c["update_256"] if batch // learners >= 256 else c["update_128"]
-    rank = update + c["learner_io"] + c["overhead"] + (c["allreduce"] if learners > 1 else 0.0)
+    rank = update + c["learner_io"] + c["overhead"] + (c["allreduce_fleet"] if learners > 1 else 0.0)
     per_env = batch / k  # env steps per update
     bounds = {
         "actors": actors / (c["actor_wall_2ms"] if latency else c["actor_wall"]),
@@ -219,10 +228,23 @@ def predict(c: dict[str, float], actors: int, learners: int, latency: float, k: 
         "cores": cores / (c["actor_step"] + c["replay_step"] + c["ps_step"]
                           + (learners * (rank + c["replay_update"]) + c["ps_update"]) / per_env),
     }
+    if learners > 1:  # ranks in lockstep: other work that takes a rank's core stalls every rank
+        other = (c["actor_step"] + c["replay_step"] + c["ps_step"]) * per_env + learners * c["replay_update"] \
+            + c["ps_update"]
+        bounds["lockstep"] = per_env / lockstep_seconds(rank, other, cores - learners)
     binding = min(bounds, key=lambda name: bounds[name])
     env = bounds[binding]
     return {"env_steps_per_s": env, "updates_per_s": env / per_env, "binds": binding,
             "bounds": {name: round(v, 1) for name, v in bounds.items()}}
+
+
+def lockstep_seconds(rank: float, other: float, spare: float) -> float:
+    """Wall seconds per update of ranks in lockstep (a collective every update) that need ``rank`` CPU
+    seconds each, beside ``other`` CPU seconds of other work per update, with ``spare`` cores beyond one
+    per rank. Other work runs on the spare cores while it fits; the rest preempts a rank, and every rank
+    then waits for it at the next all-reduce: T = rank + max(0, other - spare x T)."""
+    spare = max(spare, 0.0)
+    return rank if other <= spare * rank else (rank + other) / (1.0 + spare)
 
 
 def measured(actors: int, learners: int, sets: list[str], seconds: float, root: Path) -> dict[str, Any]:
@@ -264,24 +286,30 @@ def measured(actors: int, learners: int, sets: list[str], seconds: float, root: 
             "updates_per_s": (float(last["updates"]) - float(first["updates"])) / span, "cores": cores}
 
 
-def calibrate(alone: dict[str, float], lat: dict[str, Any], busy: dict[str, Any], learner_cores: float
-              ) -> dict[str, float]:
-    """In-fleet costs per unit from the two calibration runs: ``lat`` (1 actor, 2 ms per step) and
-    ``busy`` (2 actors, 1 learner, no latency)."""
+def calibrate(alone: dict[str, float], lat: dict[str, Any], busy: dict[str, Any], pair: dict[str, Any],
+              learner_cores: float) -> dict[str, float]:
+    """In-fleet costs per unit from the three calibration runs: ``lat`` (1 actor, 2 ms per step),
+    ``busy`` (2 actors, 1 learner, no latency) and ``pair`` (1 actor, 2 learners: a rank's all-reduce
+    in the fleet, what its CPU per update has beyond one learner's)."""
     e1, u1, e2, u2 = lat["env_steps_per_s"], lat["updates_per_s"], busy["env_steps_per_s"], busy["updates_per_s"]
-    r1, r2 = lat["cores"].get("replay", 0.0), busy["cores"].get("replay", 0.0)
-    # replay: r = E x replay_step + U x replay_update in both runs (their k differ)
-    replay_update = (r2 - r1 * e2 / e1) / (u2 - u1 * e2 / e1)
+    e3, q3 = pair["env_steps_per_s"], 2 * pair["updates_per_s"]  # q: sample requests/s (one per rank per update)
+    # replay and paramserver: r = E x per_step + Q x per_request, from the 1-actor run (mostly inserts) and
+    # the 2-learner run (a request per rank per update; the 1-learner run's limiter-bound rates coalesce
+    # inserts differently and leave that system without a positive solution)
+    r1, r3 = lat["cores"].get("replay", 0.0), pair["cores"].get("replay", 0.0)
+    replay_update = (r3 - r1 * e3 / e1) / (q3 - u1 * e3 / e1)
     replay_step = (r1 - u1 * replay_update) / e1
-    p1, p2 = lat["cores"].get("paramserver", 0.0), busy["cores"].get("paramserver", 0.0)
-    ps_update = max(0.0, (p2 - p1 * e2 / e1) / (u2 - u1 * e2 / e1))
+    p1, p3 = lat["cores"].get("paramserver", 0.0), pair["cores"].get("paramserver", 0.0)
+    ps_update = max(0.0, (p3 - p1 * e3 / e1) / (pair["updates_per_s"] - u1 * e3 / e1))
     learner = busy["cores"]["learner"] / u2
     return {**alone,
             "actor_step": busy["cores"]["actor"] / e2, "actor_wall": 2 / e2, "actor_wall_2ms": 1 / e1,
             "replay_step": max(replay_step, 0.0), "replay_update": max(replay_update, 0.0),
             "ps_step": max(0.0, (p1 - u1 * ps_update) / e1), "ps_update": ps_update,
             "overhead": max(0.0, learner - alone["update_256"] - alone["learner_io"]),
-            "learner_busy": min(1.0, busy["cores"]["learner"] / learner_cores)}
+            "learner_busy": min(1.0, busy["cores"]["learner"] / learner_cores),
+            "allreduce_fleet": max(0.0, pair["cores"]["learner"] / 2 / pair["updates_per_s"] - alone["update_128"]
+                                   - alone["learner_io"] - (learner - alone["update_256"] - alone["learner_io"]))}
 
 
 def main() -> None:
@@ -293,20 +321,23 @@ def main() -> None:
     c = components()
     lr = run_learners(2, 1, argparse.Namespace(algo="dqn", batch=256, hidden=128, updates=200, threads=1))
     c["allreduce"] = lr["ours_allreduce_ms"] / 1000
-    runs: list[tuple[str, int, int, dict[str, Any]]] = []
+    # (check, actors, learners, samples per insert k, calibration); the actor rows step a 2 ms env
+    specs = [("actors", 1, 1, 16, True), ("actors", 2, 1, 16, False), ("actors", 4, 1, 16, False),
+             ("actors", 8, 1, 16, False), ("learners", 2, 1, 32, True), ("learners", 1, 2, 32, True),
+             ("learners", 2, 2, 32, False), ("learners", 4, 2, 32, False), ("learners", 2, 2, 16, False),
+             ("learners", 2, 2, 64, False)]
+    runs = []
     with tempfile.TemporaryDirectory(prefix="cost-model-") as tmp:
-        for actors in (1, 2, 4, 8):
-            runs.append(("actors", actors, 1, measured(actors, 1, ACTOR_SETS, args.seconds, Path(tmp))))
-        for learners in (1, 2):
-            runs.append(("learners", 2, learners, measured(2, learners, LEARNER_SETS, args.seconds, Path(tmp))))
+        for kind, actors, learners, k, _ in specs:
+            sets = ACTOR_SETS if kind == "actors" else LEARNER_SETS + [f"replay.tables.0.samples_per_insert={k}"]
+            runs.append(measured(actors, learners, sets, args.seconds, Path(tmp)))
     alone = dict(c)
-    c = calibrate(alone, runs[0][3], runs[4][3], learner_cores=1.0)
+    c = calibrate(alone, runs[0], runs[4], runs[5], learner_cores=1.0)
     table = []
-    for kind, actors, learners, m in runs:
-        p = (predict(c, actors, 1, LATENCY_S, 16, 256, cores) if kind == "actors"
-             else predict(c, 2, learners, 0.0, 32, 256, cores))
-        table.append({"check": kind, "actors": actors, "learners": learners,
-                      "calibration": (kind, actors, learners) in (("actors", 1, 1), ("learners", 2, 1)),
+    for (kind, actors, learners, k, calibration), m in zip(specs, runs, strict=True):
+        p = predict(c, actors, learners, LATENCY_S if kind == "actors" else 0.0, k, 256, cores)
+        table.append({"check": kind, "actors": actors, "learners": learners, "samples_per_insert": k,
+                      "calibration": calibration,
                       "measured_env_steps_per_s": round(m["env_steps_per_s"], 1),
                       "predicted_env_steps_per_s": round(p["env_steps_per_s"], 1),
                       "env_error": round(p["env_steps_per_s"] / m["env_steps_per_s"] - 1, 3),
@@ -317,7 +348,8 @@ def main() -> None:
     # across hosts: every actor its own core, each learner a host of its own, replay one core
     projection = {}
     for actors, learners in ((256, 1), (256, 8)):
-        p = predict(c, actors, learners, LATENCY_S, 16, 256, cores=float(actors + learners + 1))
+        p = predict({**c, "allreduce_fleet": c["allreduce"]}, actors, learners, LATENCY_S, 16, 256,
+                    cores=float(actors + learners + 1))
         projection[f"{actors}_actors_{learners}_learners"] = {
             "env_steps_per_s": round(p["env_steps_per_s"], 1), "updates_per_s": round(p["updates_per_s"], 1),
             "binds": p["binds"], "bounds": p["bounds"]}
@@ -343,12 +375,14 @@ def write_docs(result: dict[str, Any]) -> None:
     lines += [f"| {k} | {v} |" for k, v in result["in_fleet_ms"].items()]
     lines += ["", f"Checks on this machine ({result['cores']:g} cores; *calibration*: the run the in-fleet costs "
               f"come from; the others are predictions, largest error {result['max_abs_error']:+.1%}):", "",
-              "| check | actors | learners | env steps/s measured | predicted | error | updates/s measured | "
-              "predicted | error | binds | cores used |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+              "| check | actors | learners | samples per insert | env steps/s measured | predicted | error | "
+              "updates/s measured | predicted | error | binds | cores used |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in result["checks"]:
         used = ", ".join(f"{k} {v}" for k, v in sorted(r["cores_used"].items()))
         kind = f"*{r['check']} (calibration)*" if r["calibration"] else r["check"]
-        lines.append(f"| {kind} | {r['actors']} | {r['learners']} | {r['measured_env_steps_per_s']} | "
+        lines.append(f"| {kind} | {r['actors']} | {r['learners']} | {r['samples_per_insert']} | "
+                     f"{r['measured_env_steps_per_s']} | "
                      f"{r['predicted_env_steps_per_s']} | {r['env_error']:+.1%} | {r['measured_updates_per_s']} | "
                      f"{r['predicted_updates_per_s']} | {r['updates_error']:+.1%} | {r['binds']} | {used} |")
     lines += ["", "Projection across hosts (each actor a core, each learner a host, replay a core):", ""]
