@@ -35,6 +35,14 @@ thread populates pages ahead of the writes, services/replay/prefault.py, but on
 2 busy cores it competes with the writers). The warm-up's rates are reported
 as ``first_lap`` beside the steady ones.
 
+``memory``: the first write to fresh memory (allocated as a table's columns are) against writing it
+again, in GB/s, measured before the cases; ``first_lap.table_first_touch_ms``: what the table's first
+lap pays for its memory at that speed. On this project's VMs free memory goes back to the host
+(virtio-balloon free page reporting), and a first touch waits for the host to back each page: ~0.5
+GB/s against ~40 GB/s for a rewrite, ~100 ms for a 49 MB table, while the ceiling writes nothing. A
+server started right after another one exited may get pages the host still backs (first touch ~20
+GB/s): the first lap's figure moves with that.
+
 Every case runs ``--repeats`` times (3; once with ``--quick``), each repeat
 running ours right before its ceiling: the figures are medians over the
 repeats and a writer count's ratio is the median of its repeats' ratios (the
@@ -183,6 +191,28 @@ def run_case(mode: str, writers: int, batch: int, total_msgs: int) -> tuple[floa
     return total_msgs * batch / (t_end - t0), warm_msgs * batch / (warm_end - t_warm)
 
 
+def first_touch(nbytes: int = 128 << 20) -> dict[str, float]:
+    """GB/s of the first write to fresh memory allocated as a table's columns are (``lazy_zeros``: anonymous,
+    huge pages advised), one byte a 4 KiB page, against writing all of it again. On a VM whose free memory
+    goes back to the host (virtio-balloon free page reporting) the first touch waits for the host to back
+    each page: what a table's first lap pays and a receiver that writes nothing does not."""
+    from services.replay.prefault import lazy_zeros
+
+    a = lazy_zeros((nbytes,), np.uint8)
+    t0 = time.perf_counter()
+    a[::4096] = 1
+    t1 = time.perf_counter()
+    a[:] = 2
+    t2 = time.perf_counter()
+    return {"first_touch_gb_per_s": round(nbytes / (t1 - t0) / 1e9, 2),
+            "rewrite_gb_per_s": round(nbytes / (t2 - t1) / 1e9, 2)}
+
+
+def table_bytes() -> int:
+    """Bytes of the cases' table columns (CAPACITY CartPole transitions)."""
+    return CAPACITY * sum(a.itemsize * (a.size // len(a)) for a in cartpole(1).values())
+
+
 def median(values: list[float]) -> float:
     return float(np.median(values))
 
@@ -195,6 +225,7 @@ def main() -> None:
     if a.repeats < 1:
         ap.error(f"--repeats={a.repeats}; allowed: >= 1")
     scale, repeats = (0.25, 1) if a.quick else (1.0, a.repeats)
+    memory = first_touch()  # before any case: this process's memory is as fresh as a new server's
     runs: dict[str, list[tuple[float, float]]] = {}  # case -> (steady, first lap) of every run
     # each repeat runs every case once, ours right before its ceiling, so that a ratio compares
     # runs minutes apart at most on a machine whose speed drifts
@@ -230,6 +261,10 @@ def main() -> None:
     out["ratio_b256"] = {k: round(v, 3) for k, v in ratios.items()}
     out["ratio"] = round(float(np.exp(np.mean(np.log(list(ratios.values()))))), 3)
     out["first_lap"]["ratio"] = round(float(np.exp(np.mean(np.log(list(cold.values()))))), 3)
+    # what the first lap's fresh table memory costs at this machine's first-touch speed
+    out["first_lap"]["table_mb"] = round(table_bytes() / 1e6, 1)
+    out["first_lap"]["table_first_touch_ms"] = round(table_bytes() / (memory["first_touch_gb_per_s"] * 1e9) * 1e3, 1)
+    out["memory"] = memory
     print(json.dumps(out))
 
 
