@@ -294,8 +294,8 @@ def calibrate(alone: dict[str, float], lat: dict[str, Any], busy: dict[str, Any]
     e1, u1, e2, u2 = lat["env_steps_per_s"], lat["updates_per_s"], busy["env_steps_per_s"], busy["updates_per_s"]
     e3, q3 = pair["env_steps_per_s"], 2 * pair["updates_per_s"]  # q: sample requests/s (one per rank per update)
     # replay and paramserver: r = E x per_step + Q x per_request, from the 1-actor run (mostly inserts) and
-    # the 2-learner run (a request per rank per update; the 1-learner run's limiter-bound rates coalesce
-    # inserts differently and leave that system without a positive solution)
+    # the 2-learner run (a request per rank per update); with the 1-learner run in its place the two
+    # equations gave a negative cost per request
     r1, r3 = lat["cores"].get("replay", 0.0), pair["cores"].get("replay", 0.0)
     replay_update = (r3 - r1 * e3 / e1) / (q3 - u1 * e3 / e1)
     replay_step = (r1 - u1 * replay_update) / e1
