@@ -43,6 +43,12 @@ against SB3 SAC with the zoo's settings (bench/sb3_sac.py), evaluations every 1,
 target -200) or 10,000 (LunarLanderContinuous, target 200) env steps, budgets the zoo's
 n_timesteps (20k, 500k) on both sides; ratios as for ppo.
 
+A benchmark of hours (SAC on LunarLanderContinuous: SB3 with the zoo's 400x300 networks trains at
+56-79 updates/s on 2 CPU cores, one update per env step, 500k steps of budget) can run a seed and a
+side at a time: ``--first-seed S --seeds 1 [--no-sb3 | --no-rlfleet] --runs-file F`` appends each
+run to F (JSON lines: the setting, seed, side, date and load average) and summarises every run of the
+same setting F holds, the latest per seed and side.
+
 Last line: one JSON object.
 """
 
@@ -238,6 +244,27 @@ def side(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "solved_by_seed": [r["solved"] for r in runs]}
 
 
+def record(path: str | None, key: dict[str, Any], who: str, seed: int, run: dict[str, Any]) -> None:
+    """Append one run to ``path`` (JSON lines) with what makes it comparable and when it ran."""
+    if path:
+        line = {**key, "side": who, "seed": seed, "date": time.strftime("%Y-%m-%d %H:%M"),
+                "load_average": round(os.getloadavg()[0], 2), "run": run}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def recorded(path: str, key: dict[str, Any], who: str) -> list[dict[str, Any]]:
+    """The runs of ``who`` with setting ``key`` in ``path``, the latest per seed, in seed order."""
+    latest: dict[int, dict[str, Any]] = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                entry = json.loads(line)
+                if entry.get("side") == who and all(entry.get(k) == v for k, v in key.items()):
+                    latest[int(entry["seed"])] = entry["run"]
+    return [latest[s] for s in sorted(latest)]
+
+
 def paired_main(args: argparse.Namespace) -> None:
     """PPO or SAC against its SB3 peer: same budget, same evaluations, medians over solved runs."""
     budgets, evals, peer = PAIRED[args.algo]
@@ -247,13 +274,22 @@ def paired_main(args: argparse.Namespace) -> None:
     sync = args.sync or ("barrier" if args.algo == "ppo" else "async")
     extra = ["--sync", sync, *[x for s in args.sets for x in ("--set", s)]]
     ours, theirs = [], []
-    for seed in range(args.seeds):
-        ours.append(run_rlfleet(args.env, seed, args.actors, budget, extra, args.algo, evals[args.env]))
-        print("rlfleet", json.dumps(ours[-1]), flush=True)
+    key = {"algo": args.algo, "env": args.env, "sync": sync, "budget": budget, "sets": args.sets}
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        if not args.no_rlfleet:
+            ours.append(run_rlfleet(args.env, seed, args.actors, budget, extra, args.algo, evals[args.env]))
+            print("rlfleet", json.dumps(ours[-1]), flush=True)
+            record(args.runs_file, key, "rlfleet", seed, ours[-1])
         if not args.no_sb3:
             theirs.append(peer(args.env, seed, budget))
             theirs[-1]["steps_per_wall_s"] = theirs[-1]["env_steps_per_s"]
             print("sb3", json.dumps(theirs[-1]), flush=True)
+            record(args.runs_file, key, "sb3", seed, theirs[-1])
+    if args.runs_file:  # the summary pools every run of this setting the file holds (the latest per seed)
+        ours, theirs = recorded(args.runs_file, key, "rlfleet"), recorded(args.runs_file, key, "sb3")
+    if not ours:
+        print(json.dumps({"algo": args.algo, "env": args.env, "sb3": side(theirs) if theirs else None}))
+        return
     ours_solved = [r for r in ours if r["solved"]]
     theirs_solved = [r for r in theirs if r["solved"]]
     rl = side(ours)
@@ -326,6 +362,11 @@ def main() -> None:
                          "ppo: 200k CartPole, 1.5M LunarLander, both sides)")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="extra rlfleet --set overrides")
     ap.add_argument("--no-sb3", action="store_true", help="ppo, sac, a3c: rlfleet only (no peer, no ratio)")
+    ap.add_argument("--no-rlfleet", action="store_true", help="ppo, sac: the SB3 peer only")
+    ap.add_argument("--first-seed", type=int, default=0, help="ppo, sac: seeds first-seed .. first-seed+seeds-1")
+    ap.add_argument("--runs-file", default=None,
+                    help="ppo, sac: append every run to this JSON-lines file and summarise all of its runs of the "
+                         "same setting (the latest per seed and side): a benchmark of hours, run a seed at a time")
     ap.add_argument("--workers", default="1,2,4", help="a3c: gradient worker counts to run (each on every seed)")
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -1,0 +1,40 @@
+"""bench.time_to_solve's runs file: a benchmark of hours run a seed and a side at a time, then summarised."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.time_to_solve import record, recorded
+
+KEY = {"algo": "sac", "env": "LunarLanderContinuous-v3", "sync": "async", "budget": 500_000, "sets": []}
+
+
+def run(wall: float, solved: bool = True) -> dict[str, object]:
+    return {"solved": solved, "wall_s": wall, "env_steps": 1000}
+
+
+def test_the_latest_run_of_each_seed_and_side_counts_in_seed_order(tmp_path: Path) -> None:
+    path = str(tmp_path / "runs.jsonl")
+    record(path, KEY, "rlfleet", 1, run(30.0))
+    record(path, KEY, "rlfleet", 0, run(50.0, solved=False))
+    record(path, KEY, "sb3", 0, run(90.0))
+    record(path, KEY, "rlfleet", 0, run(40.0))  # seed 0 again: this one counts
+    assert [r["wall_s"] for r in recorded(path, KEY, "rlfleet")] == [40.0, 30.0]
+    assert [r["wall_s"] for r in recorded(path, KEY, "sb3")] == [90.0]
+    lines = [json.loads(line) for line in open(path)]
+    assert len(lines) == 4 and all({"date", "load_average", "seed", "side"} <= set(line) for line in lines)
+
+
+def test_runs_of_another_setting_are_not_pooled(tmp_path: Path) -> None:
+    path = str(tmp_path / "runs.jsonl")
+    record(path, KEY, "rlfleet", 0, run(40.0))
+    record(path, {**KEY, "budget": 200_000}, "rlfleet", 1, run(20.0))
+    record(path, {**KEY, "sets": ["algorithm.lr=0.001"]}, "rlfleet", 2, run(10.0))
+    assert [r["wall_s"] for r in recorded(path, KEY, "rlfleet")] == [40.0]
+    assert recorded(str(tmp_path / "none.jsonl"), KEY, "rlfleet") == []
+
+
+def test_without_a_file_nothing_is_written(tmp_path: Path) -> None:
+    record(None, KEY, "rlfleet", 0, run(40.0))
+    assert list(tmp_path.iterdir()) == []
