@@ -46,7 +46,7 @@ n_timesteps (20k, 500k) on both sides; ratios as for ppo.
 A benchmark of hours (SAC on LunarLanderContinuous: SB3 with the zoo's 400x300 networks trains at
 56-79 updates/s on 2 CPU cores, one update per env step, 500k steps of budget) can run a seed and a
 side at a time: ``--first-seed S --seeds 1 [--no-sb3 | --no-rlfleet] --runs-file F`` appends each
-run to F (JSON lines: the setting, seed, side, date and load average) and summarises every run of the
+run to F (JSON lines: the setting, seed, side and date) and summarises every run of the
 same setting F holds, the latest per seed and side.
 
 Last line: one JSON object.
@@ -245,10 +245,9 @@ def side(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def record(path: str | None, key: dict[str, Any], who: str, seed: int, run: dict[str, Any]) -> None:
-    """Append one run to ``path`` (JSON lines) with what makes it comparable and when it ran."""
+    """Append one run to ``path`` (JSON lines) with what makes it comparable and when it ended."""
     if path:
-        line = {**key, "side": who, "seed": seed, "date": time.strftime("%Y-%m-%d %H:%M"),
-                "load_average": round(os.getloadavg()[0], 2), "run": run}
+        line = {**key, "side": who, "seed": seed, "date": time.strftime("%Y-%m-%d %H:%M"), "run": run}
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
 
