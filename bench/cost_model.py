@@ -332,7 +332,9 @@ def main() -> None:
             sets = ACTOR_SETS if kind == "actors" else LEARNER_SETS + [f"replay.tables.0.samples_per_insert={k}"]
             runs.append(measured(actors, learners, sets, args.seconds, Path(tmp)))
     alone = dict(c)
-    c = calibrate(alone, runs[0], runs[4], runs[5], learner_cores=1.0)
+    by_spec = {spec[:4]: m for spec, m in zip(specs, runs, strict=True)}
+    c = calibrate(alone, by_spec["actors", 1, 1, 16], by_spec["learners", 2, 1, 32], by_spec["learners", 1, 2, 32],
+                  learner_cores=1.0)
     table = []
     for (kind, actors, learners, k, calibration), m in zip(specs, runs, strict=True):
         p = predict(c, actors, learners, LATENCY_S if kind == "actors" else 0.0, k, 256, cores)

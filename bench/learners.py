@@ -112,7 +112,7 @@ def rank_main(args: argparse.Namespace) -> None:
                     call()
                 (ours_s if name == "ours" else raw_s).append((time.perf_counter() - t0) / CALLS)
         out.update(ours_allreduce_ms=1000 * statistics.median(ours_s), raw_allreduce_ms=1000 * statistics.median(raw_s),
-                   allreduce_ratio=statistics.median(o / r for o, r in zip(ours_s, raw_s, strict=True)),
+                   allreduce_ratio=statistics.median(o / w for o, w in zip(ours_s, raw_s, strict=True)),
                    allreduce_bytes=raw.numel() * 4)
         dist.destroy_process_group()
     if args.rank == 0:

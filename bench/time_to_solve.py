@@ -246,8 +246,9 @@ def side(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def record(path: str | None, key: dict[str, Any], who: str, seed: int, run: dict[str, Any]) -> None:
     """Append one run to ``path`` (JSON lines) with what makes it comparable and when it ended."""
-    if path:
-        line = {**key, "side": who, "seed": seed, "date": time.strftime("%Y-%m-%d %H:%M"), "run": run}
+    if path:  # the run's directory is a temporary path of this machine: not kept
+        kept = {k: v for k, v in run.items() if k != "run_dir"}
+        line = {**key, "side": who, "seed": seed, "date": time.strftime("%Y-%m-%d %H:%M"), "run": kept}
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
 

@@ -26,6 +26,12 @@ def test_the_latest_run_of_each_seed_and_side_counts_in_seed_order(tmp_path: Pat
     assert len(lines) == 4 and all({"date", "seed", "side"} <= set(line) for line in lines)
 
 
+def test_a_run_is_kept_without_its_temporary_directory(tmp_path: Path) -> None:
+    path = str(tmp_path / "runs.jsonl")
+    record(path, KEY, "rlfleet", 0, {**run(40.0), "run_dir": "/tmp/tts-x/run"})
+    assert recorded(path, KEY, "rlfleet") == [run(40.0)]
+
+
 def test_runs_of_another_setting_are_not_pooled(tmp_path: Path) -> None:
     path = str(tmp_path / "runs.jsonl")
     record(path, KEY, "rlfleet", 0, run(40.0))
