@@ -109,10 +109,12 @@ class Connection:
             return None
         return msg.seq
 
-    def send_frames(self, frames: Sequence[Any]) -> bool:
-        """Send frames already encoded (the insert fast path) without waiting; False when the queue is full."""
+    def send_frames(self, frames: Sequence[Any], *, copy: bool = True) -> bool:
+        """Send frames already encoded (the insert fast path) without waiting; False when the queue is full.
+
+        ``copy=False``: only for frames that never change (bytes), see :func:`send_parts`."""
         try:
-            send_parts(self.sock, frames, NOBLOCK)
+            send_parts(self.sock, frames, NOBLOCK, copy)
         except zmq.Again:
             return False
         return True
