@@ -14,6 +14,7 @@ import zmq
 from bench.pixels_data import CTX, chunks, pong_config
 from common.config import ActorConfig, ReplayConfig, TableConfig
 from common.envs import probe_env
+from common.memory import keep_freed_memory
 
 
 # -- ingest -------------------------------------------------------------------
@@ -23,6 +24,7 @@ def _stop_when_set(stop: Any, srv: Any) -> None:
 
 
 def _server(addr_q: Any, stop: Any, capacity: int) -> None:
+    keep_freed_memory()  # as every service does (common/memory.py); both sides alike
     from common.metrics import ServiceMetrics
     from services.replay.server import ReplayServer
 
@@ -35,6 +37,7 @@ def _server(addr_q: Any, stop: Any, capacity: int) -> None:
 
 
 def _pull(total: int, addr_q: Any, result_q: Any) -> None:
+    keep_freed_memory()  # as every service does (common/memory.py); both sides alike
     from common.wire.transport import make_socket
 
     sock = make_socket(zmq.PULL, bind="tcp://127.0.0.1:0", hwm=100)
@@ -48,6 +51,7 @@ def _pull(total: int, addr_q: Any, result_q: Any) -> None:
 
 
 def _writer(mode: str, addr: str, batches: list[dict[str, np.ndarray]], msgs: int, result_q: Any) -> None:
+    keep_freed_memory()  # as every service does (common/memory.py); both sides alike
     from common.wire.frames import pack_frames
     from common.wire.inserts import InsertEncoder
 
@@ -96,6 +100,7 @@ def ingest(mode: str, batches: list[dict[str, np.ndarray]], msgs: int, capacity:
 
 # -- learner ------------------------------------------------------------------
 def _sampled_server(addr_q: Any, stop: Any, data: dict[str, np.ndarray]) -> None:
+    keep_freed_memory()  # as every service does (common/memory.py); both sides alike
     from common.metrics import ServiceMetrics
     from services.replay.server import ReplayServer
 

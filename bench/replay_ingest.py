@@ -68,6 +68,7 @@ import numpy as np
 import zmq
 
 from common.config import ActorConfig, ReplayConfig, TableConfig
+from common.memory import keep_freed_memory
 from common.metrics import ServiceMetrics
 from common.wire.inserts import InsertEncoder
 from common.wire.transport import make_socket
@@ -84,6 +85,7 @@ def cartpole(n: int) -> dict[str, np.ndarray]:
 
 
 def _server(durability: str, directory: str, addr_q: Any, stop: Any, kind: str = "uniform") -> None:
+    keep_freed_memory()  # as every service does (common/memory.py); both sides alike
     from services.replay.server import ReplayServer
 
     cfg = ReplayConfig(tables=[TableConfig(name="main", kind=kind, capacity=CAPACITY, min_size=1)],  # type: ignore[arg-type]
@@ -100,6 +102,7 @@ def _server(durability: str, directory: str, addr_q: Any, stop: Any, kind: str =
 
 
 def _pull(warm: int, total: int, addr_q: Any, warm_q: Any, result_q: Any) -> None:
+    keep_freed_memory()  # as every service does (common/memory.py); both sides alike
     sock = make_socket(zmq.PULL, bind="tcp://127.0.0.1:0", hwm=1000)
     addr_q.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
     for _ in range(warm):
@@ -113,6 +116,7 @@ def _pull(warm: int, total: int, addr_q: Any, warm_q: Any, result_q: Any) -> Non
 
 def _writer(mode: str, addr: str, index: int, n_warm: int, n_msgs: int, batch: int, warm: Any, start: Any,
             done: Any, warm_q: Any, result_q: Any) -> None:
+    keep_freed_memory()  # as every service does (common/memory.py); both sides alike
     cols = cartpole(batch)
     if mode == "raw":
         sock = make_socket(zmq.PUSH, connect=addr, hwm=1000)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from common.config import ConfigError, Experiment
+from common.memory import keep_freed_memory
 from common.metrics import MetricsServer, ServiceMetrics
 
 log = logging.getLogger("rlfleet")
@@ -95,6 +96,7 @@ def run_service(cfg: Experiment, args: ServiceArgs, build: Builder) -> int:
     """Run the service ``build`` makes in the foreground until SIGTERM/SIGINT; 0 on a clean stop."""
     from common.envs import EnvError
 
+    keep_freed_memory()  # before any buffer: payloads and messages reuse the heap (common/memory.py)
     try:
         service = build(cfg, args)
     except (StartupError, EnvError, ConfigError) as exc:  # ConfigError: e.g. a missing CurveZMQ key
