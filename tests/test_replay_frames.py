@@ -12,7 +12,7 @@ from common.clients.replay_insert import InsertClient
 from common.clients.replay_sample import SampleClient
 from common.config import TableConfig
 from common.wire.errors import RemoteError
-from common.wire.frames import FRAMES, FrameIndex, pack_frames, unpack_frames
+from common.wire.frames import FRAMES, FrameIndex, frame_hashes, pack_frames, unpack_frames
 from services.replay.frames import FramePool
 from services.replay.tables import make_table
 from tests.replay_helpers import replay_config, serving
@@ -231,13 +231,11 @@ def chunks_of(items: list[dict[str, np.ndarray]], size: int) -> list[list[dict[s
 
 
 def test_frames_in_bulk_never_share_a_slot_on_a_checksum_alone() -> None:
-    import zlib
-
     pool = FramePool((SIDE, SIDE), np.dtype(np.uint8), initial=2)
     rng = np.random.default_rng(7)
     a, b = rng.integers(0, 256, (2, SIDE, SIDE), np.uint8)
     slot_a = int(pool.intern_distinct(a[None])[0])
-    pool._index.add_new([zlib.crc32(b)], [slot_a])  # a collision: b's checksum already names a's slot
+    pool._index.add_new(frame_hashes(b.reshape(1, -1)), [slot_a])  # a collision: b's hash already names a's slot
     slot_b = int(pool.intern_distinct(b[None])[0])
     assert slot_b != slot_a
     np.testing.assert_array_equal(pool.frames[slot_b], b)
@@ -246,3 +244,26 @@ def test_frames_in_bulk_never_share_a_slot_on_a_checksum_alone() -> None:
     assert pool.refs[slot_a] == 3 and pool.refs[slot_b] == 2
     fresh = pool.intern_distinct(rng.integers(0, 256, (40, SIDE, SIDE), np.uint8))  # grows past its slots
     assert len(set(fresh.tolist())) == 40 and pool.live == 42
+
+
+def test_frame_hashes_tell_apart_frames_one_byte_apart_of_any_width() -> None:
+    rng = np.random.default_rng(11)
+    for width in (7056, 64, 67):  # 84 x 84, and rows that are not whole 64-bit words
+        rows = rng.integers(0, 256, (50, width), np.uint8)
+        near = rows.copy()
+        near[np.arange(50), rng.integers(0, width, 50)] ^= 1  # each row with one bit flipped
+        hashes = frame_hashes(np.concatenate([rows, near, rows]))
+        assert hashes[100:] == hashes[:50]  # equal bytes, equal hashes
+        assert len(set(hashes[:100])) == 100
+        assert all(0 <= h < 1 << 63 for h in hashes)
+
+
+def test_a_packed_frame_no_item_uses_is_not_kept() -> None:
+    pool = FramePool((SIDE, SIDE), np.dtype(np.uint8), initial=4)
+    frames = np.random.default_rng(3).integers(0, 256, (3, SIDE, SIDE), np.uint8)
+    obs = np.array([[0, 0], [2, 0]], np.int32)  # frame 1 is sent but unused
+    refs = pool.load(frames, [obs])[0]
+    assert pool.live == 2 and pool.refs[refs[0, 0]] == 3 and pool.refs[refs[1, 0]] == 1
+    np.testing.assert_array_equal(pool.gather(refs), frames[obs])
+    pool.release(refs.ravel())
+    assert pool.live == 0

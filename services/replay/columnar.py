@@ -24,7 +24,7 @@ import numpy as np
 from common.config import TableConfig
 from common.wire.codec import DTYPE_NAMES
 from common.wire.frames import FRAMES, unpack_frames
-from services.replay.frames import FrameColumns, PackedError, expand_snapshot, frame_columns, logical_batch
+from services.replay.frames import FrameColumns, PackedError, PackedLayouts, expand_snapshot, frame_columns
 from services.replay.prefault import Prefaulter, lazy_zeros
 from services.replay.ratelimiter import RateLimiter
 
@@ -52,7 +52,6 @@ class ColumnSpec:
 Schema = dict[str, ColumnSpec]
 #: per column: its bytes, where its array starts in a packed payload, bytes per item
 PackedPlan = list[tuple[memoryview, int, int]]
-
 
 
 @dataclass
@@ -94,6 +93,7 @@ class Table:
         self.rng = rng if rng is not None else np.random.default_rng()
         self.schema: Schema | None = None
         self._signature: tuple[Any, ...] | None = None
+        self._packed = PackedLayouts()  # the same for inserts with packed frames
         self.generation = 0  # counts allocations of the columns: a packed_plan is for one generation
         self._prefault: Prefaulter | None = None
         self.columns: dict[str, np.ndarray] = {}
@@ -111,7 +111,7 @@ class Table:
         image stacks packed (common/wire/frames.py): checked as the stacks it stands for."""
         if FRAMES in arrays:
             try:
-                return self._check(logical_batch(arrays))
+                return self._packed.check(arrays, self._check, self.capacity)
             except PackedError as exc:
                 raise TableError("bad_frames", str(exc)) from None
         n = self.known_batch(arrays)
@@ -175,7 +175,7 @@ class Table:
 
     def _allocate(self, schema: Schema) -> None:
         self.schema = dict(schema)
-        self._signature = None
+        self._signature, self._packed = None, PackedLayouts()
         self.generation += 1
         self.columns = {name: lazy_zeros((self.capacity, *s.shape), s.dtype) for name, s in schema.items()}
         self.frames = None

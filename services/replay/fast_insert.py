@@ -104,6 +104,8 @@ class FastInsertServer(HeldRequestServer):
         self._stored_packed = None
         assert stored is not None
         table, layout, n, peer, ws = stored
+        if table.frames is not None:  # shared frames are looked up: no copy plan (Table.packed_plan)
+            return
         identity = frames[0].bytes
         seen = self._full_layouts.get(identity)
         if seen is None or layout not in seen:  # by value: the decoder may rebuild equal layouts

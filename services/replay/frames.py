@@ -8,7 +8,7 @@ as int32 references into one :class:`FramePool` per frame shape, and
 rebuilds the stacks when it samples them.
 
 The pool is content-addressed (:class:`~common.wire.frames.FrameIndex`: a
-CRC-32, then the bytes compared), so sharing needs no knowledge of actors,
+hash, then the bytes compared), so sharing needs no knowledge of actors,
 envs, episode boundaries or n-step: what the stacks held is what comes back,
 across resets and ring wrap-around, and no client can make its frame stand
 for another's. Each frame counts its references; a frame no item references
@@ -21,13 +21,12 @@ indices, and the frames go into the pool without being unpacked.
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from common.wire.frames import FRAMES, MIN_SIDE, FrameIndex, is_image_stack, packed_name, unpack_frames
+from common.wire.frames import FRAMES, MIN_SIDE, FrameIndex, frame_hashes, is_image_stack, packed_name, unpack_frames
 
 
 def frame_columns(schema: Mapping[str, Any]) -> list[str]:
@@ -47,7 +46,7 @@ class FramePool:
         self.frame_bytes = int(np.prod(frame_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         self.frames = np.zeros((max(1, initial), *frame_shape), dtype)
         self.refs = np.zeros(len(self.frames), np.int64)
-        self._crcs = np.full(len(self.frames), -1, np.int64)  # the CRC-32 of each slot in use, -1 if free
+        self._hashes = np.full(len(self.frames), -1, np.int64)  # the hash of each slot in use, -1 if free
         self._index = FrameIndex()
         self._live = 0
         self._free: list[int] = []
@@ -72,7 +71,7 @@ class FramePool:
             grow = len(self.frames)
             self.frames = np.concatenate([self.frames, np.zeros_like(self.frames[:grow])])
             self.refs = np.concatenate([self.refs, np.zeros(grow, np.int64)])
-            self._crcs = np.concatenate([self._crcs, np.full(grow, -1, np.int64)])
+            self._hashes = np.concatenate([self._hashes, np.full(grow, -1, np.int64)])
         slots = np.array([*reuse, *range(self._top, self._top + fresh)], np.int64)
         self._top += fresh
         return slots
@@ -85,40 +84,43 @@ class FramePool:
         np.add.at(self.refs, out, 1)
         return out.reshape(n, stack)
 
-    def _store(self, row: np.ndarray, crc: int) -> int:
-        """A new frame into a free slot (indexed by the caller); its slot."""
+    def _store(self, row: np.ndarray, key: int) -> int:
+        """A new frame into a free slot (indexed by the caller under its hash ``key``); its slot."""
         slot = int(self._take(1)[0])
         self.frames[slot] = row.reshape(self.frame_shape)
-        self._crcs[slot] = crc
+        self._hashes[slot] = key
         self._live += 1
         return slot
 
-    def intern_distinct(self, frames: np.ndarray) -> np.ndarray:
-        """:meth:`intern` of frames that are (claimed) distinct, [F, *frame_shape] -> slots [F] counted once:
-        what a packed insert brings. The new frames are looked up, stored and indexed in bulk; a
-        checksum seen twice in the batch, or a known one whose bytes differ, takes the frame-by-frame
-        path (never mixes frames)."""
+    def intern_distinct(self, frames: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`intern` of frames that are (claimed) distinct, [F, *frame_shape] -> slots [F], each counted
+        ``counts`` times (default once): what a packed insert brings. The frames are hashed, looked up,
+        compared, stored and indexed in bulk; a hash seen twice in the batch, or a known one whose
+        bytes differ, takes the frame-by-frame path (never mixes frames)."""
         flat = np.ascontiguousarray(frames).reshape(len(frames), -1)
-        crcs = [zlib.crc32(row) for row in flat]  # type: ignore[arg-type]  # an ndarray is a buffer
-        found = self._index.lookup(crcs)
+        keys = frame_hashes(flat)
+        found = self._index.lookup(keys)
         hits = [i for i, f in enumerate(found) if f is not None]
-        if len(set(crcs)) != len(crcs) or any(
-                type(found[i]) is not int or self.frames[found[i]].tobytes() != flat[i].tobytes()  # type: ignore[index]
-                for i in hits):
-            return self.intern(frames[:, None])[:, 0].astype(np.int64)
+        known: list[Any] = [found[i] for i in hits]  # slots once checked to be ints
+        if len(set(keys)) != len(keys) or any(type(f) is not int for f in known) or (
+                hits and not np.array_equal(self.frames[known].reshape(len(hits), -1), flat[hits])):
+            out = self.intern(frames[:, None])[:, 0].astype(np.int64)
+            if counts is not None:
+                np.add.at(self.refs, out, counts - 1)
+            return out
         out = np.empty(len(flat), np.int64)
         if hits:
-            out[hits] = [found[i] for i in hits]  # type: ignore[assignment]  # ints: checked above
-        misses = [i for i, f in enumerate(found) if f is None]
-        if misses:
+            out[hits] = known
+        if len(hits) < len(flat):
+            misses = [i for i, f in enumerate(found) if f is None]
             slots = self._take(len(misses))
-            self.frames[slots] = frames[misses]
-            miss_crcs = [crcs[i] for i in misses]
-            self._index.add_new(miss_crcs, slots.tolist())
-            self._crcs[slots] = miss_crcs
+            self.frames[slots] = frames if len(misses) == len(flat) else frames[misses]
+            miss_keys = [keys[i] for i in misses]
+            self._index.add_new(miss_keys, slots.tolist())
+            self._hashes[slots] = miss_keys
             self._live += len(misses)
             out[misses] = slots
-        self.refs[out] += 1  # distinct slots: no repeated index
+        self.refs[out] += 1 if counts is None else counts  # distinct slots: no repeated index
         return out
 
     def _flat(self, slot: int) -> np.ndarray:
@@ -131,10 +133,10 @@ class FramePool:
             return
         np.subtract.at(self.refs, refs, 1)
         gone = np.unique(refs[self.refs[refs] == 0])
-        gone = gone[self._crcs[gone] >= 0]
+        gone = gone[self._hashes[gone] >= 0]
         if len(gone):
-            self._index.remove_many(self._crcs[gone].tolist(), gone.tolist())
-            self._crcs[gone] = -1
+            self._index.remove_many(self._hashes[gone].tolist(), gone.tolist())
+            self._hashes[gone] = -1
             self._free.extend(gone.tolist())
             self._live -= len(gone)
 
@@ -149,15 +151,19 @@ class FramePool:
         return self.frames[used], [np.searchsorted(used, r).astype(np.int32) for r in refs]
 
     def load(self, frames: np.ndarray, refs: list[np.ndarray]) -> list[np.ndarray]:
-        """Intern a snapshot's ``frames`` and count ``refs`` (indices into them); the pool's own references."""
+        """Intern a snapshot's or a packed insert's ``frames`` and count ``refs`` (indices into them); the
+        pool's own references. A frame no reference uses is not stored."""
         if not len(frames):
             return [r.astype(np.int32) for r in refs]
-        mine = self.intern_distinct(frames)
-        out = [mine[r].astype(np.int32) for r in refs]
-        for r in out:
-            np.add.at(self.refs, r.ravel(), 1)
-        self.release(mine)  # interning counted each frame once: only the items' references count
-        return out
+        counts = np.bincount(np.concatenate([r.ravel() for r in refs]), minlength=len(frames)) if refs else \
+            np.zeros(len(frames), np.int64)
+        used = counts > 0
+        if used.all():
+            mine = self.intern_distinct(frames, counts)
+        else:  # an unused frame would be stored with no reference to free it
+            mine = np.full(len(frames), -1, np.int64)
+            mine[used] = self.intern_distinct(frames[used], counts[used])
+        return [mine[r].astype(np.int32) for r in refs]
 
 
 class FrameColumns:
@@ -173,8 +179,7 @@ class FrameColumns:
         out = dict(arrays)
         for name in self.names:
             out[name] = self.pool.intern(arrays[name])
-        for refs in replaced.values():
-            self.pool.release(refs)
+        self.pool.release(np.concatenate(list(replaced.values()), axis=None))
         return out
 
     def store_packed(self, arrays: Mapping[str, np.ndarray], replaced: dict[str, np.ndarray]
@@ -188,8 +193,7 @@ class FrameColumns:
             return self.store(out, replaced)
         refs = self.pool.load(arrays[FRAMES], [packed[name] for name in self.names])
         out.update(zip(self.names, refs, strict=True))
-        for old in replaced.values():
-            self.pool.release(old)
+        self.pool.release(np.concatenate(list(replaced.values()), axis=None))
         return out
 
     def restore(self, arrays: Mapping[str, np.ndarray], skip: int) -> dict[str, np.ndarray]:
@@ -236,6 +240,49 @@ def check_packed(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[np.dtype[A
     if not any(packed_name(name) for name in arrays):
         raise PackedError(f"{FRAMES} is sent, but no column <name>@frames indexes into it")
     return out
+
+
+class PackedLayouts:
+    """The layout of the last packed insert that passed :func:`check_packed` and the table's check, so the
+    next one of that layout only needs its indices checked (what differs between inserts)."""
+
+    def __init__(self) -> None:
+        self._signature: tuple[tuple[str, np.dtype[Any], tuple[int, ...]], ...] | None = None
+        self._indices: tuple[str, ...] = ()
+
+    def check(self, arrays: Mapping[str, np.ndarray], check_logical: Callable[[dict[str, np.ndarray]], int],
+              capacity: int) -> int:
+        """N of a packed insert: its indices checked if its layout is the last one's, else it is checked in
+        full (:func:`check_packed`, then ``check_logical`` of the stacks it stands for) and remembered."""
+        n = self.known(arrays)
+        if n is not None and 0 < n <= capacity:
+            return n
+        n = check_logical(logical_batch(arrays))
+        self._signature = tuple((k, a.dtype, a.shape[1:]) for k, a in arrays.items())
+        self._indices = tuple(k for k in arrays if packed_name(k) is not None)
+        return n
+
+    def known(self, arrays: Mapping[str, np.ndarray]) -> int | None:
+        """N if ``arrays`` has the remembered columns (names, order, dtypes, item shapes), every column
+        but the frames N rows and every index in range; None if it needs the full check."""
+        sig = self._signature
+        if sig is None or len(arrays) != len(sig):
+            return None
+        n = -1
+        for (name, dtype, item), (k, a) in zip(sig, arrays.items(), strict=True):
+            shape = a.shape
+            if k != name or a.dtype != dtype or not shape or shape[1:] != item:
+                return None
+            if k != FRAMES and n != shape[0]:
+                if n != -1:
+                    return None
+                n = shape[0]
+        frames = len(arrays[FRAMES])
+        for k in self._indices:
+            a = arrays[k]
+            if not a.size or int(a.min()) < 0 or int(a.max()) >= frames:
+                return None
+        return n
 
 
 def logical_batch(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
