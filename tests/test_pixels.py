@@ -74,6 +74,28 @@ def test_frames_stay_uint8_from_the_env_to_the_learner() -> None:
                                rtol=1e-5, atol=1e-5)
 
 
+def test_actor_priorities_in_bfloat16_stay_close_to_float32_and_only_where_asked() -> None:
+    import gymnasium as gym
+
+    from common.algorithms.dqn.config import DQNConfig
+
+    frames, actions = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6)
+    rng = np.random.default_rng(5)
+    n = 64
+    items = {"obs": rng.integers(0, 256, (n, 4, 84, 84), np.uint8), "action": rng.integers(0, 6, n),
+             "reward": rng.normal(size=n).astype(np.float32),
+             "next_obs": rng.integers(0, 256, (n, 4, 84, 84), np.uint8), "discount": np.full(n, 0.97, np.float32)}
+    exact = DQNPolicy(DQNConfig(priorities_dtype="float32"), frames, actions, seed=3)
+    brain = DQNPolicy(DQNConfig(priorities_dtype="bfloat16"), frames, actions, seed=3)
+    assert brain.bf16_priorities and not exact.bf16_priorities
+    p32, p16 = exact.priorities(items), brain.priorities(items)
+    assert p16 is not None and p32 is not None and p16.dtype == np.float64
+    assert not np.array_equal(p16, p32)  # computed in bfloat16 indeed
+    np.testing.assert_allclose(p16, p32, rtol=0.1, atol=0.02)
+    mlp = DQNPolicy(DQNConfig(), gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2))
+    assert not mlp.bf16_priorities  # auto: an MLP stays in float32
+
+
 @pytest.mark.parametrize(("sets", "says"), [
     (["env.id=ALE/NoSuchGame-v5"], "ale-py ships the ROMs of"),
     (["env.atari.frame_stack=0"], "env.atari.frame_stack"),

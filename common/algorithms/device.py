@@ -29,6 +29,17 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     return device
 
 
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 convolutions and matmuls natively: a CPU with AVX512-BF16 or AMX
+    (oneDNN's check; emulated elsewhere, slower than float32), a CUDA device that supports it."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch without the check: assume emulation
+        return False
+
+
 def from_numpy(array: np.ndarray) -> torch.Tensor:
     """A tensor sharing memory with ``array``.
 

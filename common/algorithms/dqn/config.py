@@ -48,6 +48,10 @@ class DQNConfig(AlgorithmSettings):
     actor_priorities: bool = Field(
         True, description="actors compute each item's initial priority (Ape-X: two forward passes per item);"
         " false: items enter at the table's highest priority (cheaper acting with a CNN on CPU)")
+    priorities_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="the actor's forward passes for initial priorities: auto = bfloat16 for a CNN where the"
+        " device computes it natively (a CPU with AVX512-BF16 or AMX: 1.5x faster here, priorities within ~2%),"
+        " else float32; the learner overwrites them with its own once sampled")
     hogwild: bool = Field(
         False, description="gradient workers instead of a learner (HogWild DQN): each actor keeps its own"
         " buffer, computes the loss's gradient on batches of it and pushes it to the paramserver, whose shards"

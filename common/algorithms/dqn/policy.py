@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from common.algorithms.contract import Columns, SeedLike
-from common.algorithms.device import resolve_device, to_device
+from common.algorithms.device import native_bfloat16, resolve_device, to_device
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.dqn.networks import n_step_target, numpy_q, seeded_q_network
 from common.algorithms.weights import load_arrays
@@ -81,6 +81,9 @@ class DQNPolicy:
         # a CUDA policy and a CNN act in torch: no host copy to keep
         self._numpy = self.device.type == "cpu" and self.net.is_mlp
         self._layers = self.net.numpy_layers() if self._numpy else []
+        dtype = cfg.priorities_dtype
+        self.bf16_priorities = dtype == "bfloat16" or (
+            dtype == "auto" and not self.net.is_mlp and native_bfloat16(self.device))
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         """Copy in published weights (state_dict names -> arrays); all checked before any is copied."""
@@ -125,7 +128,8 @@ class DQNPolicy:
         An actor has no target network, so the bootstrap uses its online net for
         both choosing and valuing a* (max_a Q(s', a)). Ape-X does the same; the
         learner overwrites these with proper double-Q errors once sampled. None with
-        ``actor_priorities: false`` (the items enter at the table's highest priority).
+        ``actor_priorities: false`` (the items enter at the table's highest priority). In bfloat16
+        where ``priorities_dtype`` says so.
         """
         if not self.cfg.actor_priorities:
             return None
@@ -134,8 +138,8 @@ class DQNPolicy:
         action = to_device(column(items, "action"), self.device).long()
         reward = to_device(column(items, "reward"), self.device).float()
         discount = to_device(column(items, "discount"), self.device).float()
-        with torch.inference_mode():
-            q_all = self.net(torch.cat([obs, next_obs]))
+        with torch.inference_mode(), torch.autocast(self.device.type, torch.bfloat16, enabled=self.bf16_priorities):
+            q_all = self.net(torch.cat([obs, next_obs])).float()
             q, next_q = q_all[: len(obs)], q_all[len(obs) :]
             q_sa = q.gather(1, action[:, None]).squeeze(1)
             target = n_step_target(reward, discount, next_q, next_q, double=False)
