@@ -24,7 +24,15 @@ import numpy as np
 from common.config import TableConfig
 from common.wire.codec import DTYPE_NAMES
 from common.wire.frames import FRAMES, unpack_frames
-from services.replay.frames import FrameColumns, PackedError, PackedLayouts, expand_snapshot, frame_columns
+from services.replay.frames import (
+    FrameColumns,
+    Layout,
+    PackedError,
+    PackedLayouts,
+    expand_snapshot,
+    frame_columns,
+    rows_of_layout,
+)
 from services.replay.prefault import Prefaulter, lazy_zeros
 from services.replay.ratelimiter import RateLimiter
 
@@ -92,7 +100,7 @@ class Table:
         self.limiter = RateLimiter(cfg.min_size, cfg.samples_per_insert, cfg.error_buffer)
         self.rng = rng if rng is not None else np.random.default_rng()
         self.schema: Schema | None = None
-        self._signature: tuple[Any, ...] | None = None
+        self._signature: Layout | None = None
         self._packed = PackedLayouts()  # the same for inserts with packed frames
         self.generation = 0  # counts allocations of the columns: a packed_plan is for one generation
         self._prefault: Prefaulter | None = None
@@ -124,19 +132,8 @@ class Table:
     def known_batch(self, arrays: Mapping[str, np.ndarray]) -> int | None:
         """N if ``arrays`` has the very columns (names, order, dtypes, item shapes) of the last
         batch that passed :meth:`check`, and 1 <= N <= capacity; None if it needs the full check."""
-        sig = self._signature
-        if sig is None or len(arrays) != len(sig):
-            return None
-        n = -1
-        for (name, dtype, item), (k, a) in zip(sig, arrays.items(), strict=True):
-            shape = a.shape
-            if k != name or a.dtype != dtype or not shape or shape[1:] != item:
-                return None
-            if n != shape[0]:
-                if n != -1:
-                    return None
-                n = shape[0]
-        return n if 0 < n <= self.capacity else None
+        n = rows_of_layout(self._signature, arrays)
+        return n if n is not None and 0 < n <= self.capacity else None
 
     def _check(self, arrays: Mapping[str, np.ndarray]) -> int:
         n, schema = batch_schema(arrays)

@@ -242,12 +242,32 @@ def check_packed(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[np.dtype[A
     return out
 
 
+Layout = tuple[tuple[str, np.dtype[Any], tuple[int, ...]], ...]  # (name, dtype, item shape) per column
+
+
+def rows_of_layout(layout: Layout | None, arrays: Mapping[str, np.ndarray], other: str = "") -> int | None:
+    """N if ``arrays`` has the columns of ``layout`` (names, order, dtypes, item shapes), each of N rows
+    (but the column ``other``, of any length); else None."""
+    if layout is None or len(arrays) != len(layout):
+        return None
+    n = -1
+    for (name, dtype, item), (k, a) in zip(layout, arrays.items(), strict=True):
+        shape = a.shape
+        if k != name or a.dtype != dtype or not shape or shape[1:] != item:
+            return None
+        if k != other and n != shape[0]:
+            if n != -1:
+                return None
+            n = shape[0]
+    return n
+
+
 class PackedLayouts:
     """The layout of the last packed insert that passed :func:`check_packed` and the table's check, so the
     next one of that layout only needs its indices checked (what differs between inserts)."""
 
     def __init__(self) -> None:
-        self._signature: tuple[tuple[str, np.dtype[Any], tuple[int, ...]], ...] | None = None
+        self._signature: Layout | None = None
         self._indices: tuple[str, ...] = ()
 
     def check(self, arrays: Mapping[str, np.ndarray], check_logical: Callable[[dict[str, np.ndarray]], int],
@@ -265,18 +285,9 @@ class PackedLayouts:
     def known(self, arrays: Mapping[str, np.ndarray]) -> int | None:
         """N if ``arrays`` has the remembered columns (names, order, dtypes, item shapes), every column
         but the frames N rows and every index in range; None if it needs the full check."""
-        sig = self._signature
-        if sig is None or len(arrays) != len(sig):
+        n = rows_of_layout(self._signature, arrays, FRAMES)
+        if n is None:
             return None
-        n = -1
-        for (name, dtype, item), (k, a) in zip(sig, arrays.items(), strict=True):
-            shape = a.shape
-            if k != name or a.dtype != dtype or not shape or shape[1:] != item:
-                return None
-            if k != FRAMES and n != shape[0]:
-                if n != -1:
-                    return None
-                n = shape[0]
         frames = len(arrays[FRAMES])
         for k in self._indices:
             a = arrays[k]
