@@ -249,9 +249,7 @@ class InsertClient:
 
     def _send(self, entry: Unacked) -> None:
         entry.sent_at = time.monotonic()
-        # an insert's frames are bytes kept unchanged until acked: ZeroMQ sends the payload from them
-        # (a copy of a large payload into fresh memory costs more than the rest of a send)
-        if not self.connection.send_frames(entry.frames, copy=False):
+        if not self.connection.send_frames(entry.frames):
             entry.sent_at = 0.0  # queue full: due for a resend at the next poll
         due = entry.sent_at + entry.interval
         if due < self._check_at:

@@ -109,12 +109,10 @@ class Connection:
             return None
         return msg.seq
 
-    def send_frames(self, frames: Sequence[Any], *, copy: bool = True) -> bool:
-        """Send frames already encoded (the insert fast path) without waiting; False when the queue is full.
-
-        ``copy=False``: only for frames that never change (bytes), see :func:`send_parts`."""
+    def send_frames(self, frames: Sequence[Any]) -> bool:
+        """Send frames already encoded (the insert fast path) without waiting; False when the queue is full."""
         try:
-            send_parts(self.sock, frames, NOBLOCK, copy)
+            send_parts(self.sock, frames, NOBLOCK)
         except zmq.Again:
             return False
         return True
