@@ -8,7 +8,8 @@ free at the heap's top, so the next buffer lands on pages the kernel must
 find and zero again: on a VM that backs each guest page on first touch
 (balloon free page reporting) writing fresh memory ran at 0.5-0.8 GB/s
 against 35 GB/s to memory written before (bench.replay_ingest's
-``memory``), and an actor's 560 KB insert payload took ~0.5 ms to build.
+``memory``), and copying an actor's 560 KB insert payload into a ZeroMQ message
+took ~0.5 ms.
 
 :func:`keep_freed_memory` raises both thresholds so such buffers reuse heap
 memory the process already has: up to ``trim_threshold`` bytes of free heap

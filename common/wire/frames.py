@@ -51,8 +51,9 @@ def frame_hashes(flat: np.ndarray) -> list[int]:
     """A 63-bit hash of each row of ``flat`` (uint8 [frames, bytes]), all rows in one numpy call.
 
     The sum of the row's 64-bit words times random odd multipliers, modulo 2^64 (a multilinear
-    hash): two frames that differ in one word never collide, and the multipliers are this
-    process's own, so no client can aim collisions at another's frames. Three times faster than
+    hash), its lowest bit dropped: two frames that differ in one word collide only if that
+    difference times its multiplier is +-1 (odds ~2^-63), and the multipliers are this process's
+    own, so no client can aim collisions at another's frames. Three times faster than
     a CRC-32 per frame here; equality is always decided by the bytes (:class:`FrameIndex`).
     """
     flat = np.ascontiguousarray(flat, np.uint8)
