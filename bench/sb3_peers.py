@@ -1,18 +1,19 @@
 """The Stable-Baselines3 peers of bench.time_to_solve: DQN and PPO with the rl-baselines3-zoo settings.
 
-Each peer runs at its best on this machine: envs built with render_mode=None
-(rgb_array leaks LunarLander particles and slows it 4-5x), one torch thread
-(set by the caller; faster than two for these small nets on 2 cores), the
-zoo's hyperparameters for the env. Its wall time runs from building the envs
-and the model (start-up) to the first evaluation at or above the target,
-evaluations included; a run that never reaches the target within its budget
-reports the wall time it took to spend that budget.
+Each peer runs at its best on this machine: envs built with render_mode=None (rgb_array leaks
+LunarLander particles and slows it 4-5x), the faster of one torch thread and one per core
+(PEER_THREADS, :func:`run_peer`), the zoo's hyperparameters for the env. Its wall time runs from
+building the envs and the model (start-up) to the first evaluation at or above the target,
+evaluations included; a run that never reaches the target within its budget reports the wall time it
+took to spend that budget.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -35,6 +36,13 @@ ZOO_DQN: dict[str, dict[str, Any]] = {
     ),
 }
 DQN_EVAL_EVERY, EVAL_EPISODES = 5000, 10
+# Torch threads of each peer: the faster of 1 and one per core (torch's own default). Measured on 2 cores,
+# env steps/s of `learn` (zoo settings, learning under way) with 1 / 2 threads: DQN CartPole 1,388 / 1,678,
+# DQN LunarLander 547 / 598, SAC Pendulum 86 / 130, SAC LunarLanderContinuous 53 / 71; PPO CartPole
+# 6,447 / 6,732 and LunarLander 8,395 / 8,247 (within the noise: one, as its published runs), A2C CartPole
+# 14,572 / 13,846.
+CORES = os.cpu_count() or 1
+PEER_THREADS = {"dqn": CORES, "sac": CORES, "ppo": 1, "a3c": 1}
 
 # rl-baselines3-zoo hyperparams/ppo.yml (LunarLander-v2 entry for v3), default MlpPolicy. "lin_X" is
 # X falling linearly to 0 over the zoo's n_timesteps ("anneal"), whatever budget the run is given.
@@ -53,6 +61,26 @@ PPO_BUDGET = {"CartPole-v1": 200_000, "LunarLander-v3": 1_500_000}
 PPO_EVAL_EVERY = {"CartPole-v1": 2_000, "LunarLander-v3": 10_000}
 # The evaluation seeds: the same fixed seeds every evaluation, as rlfleet's evaluator (seed + 1,000,000 + i).
 EVAL_SEED_OFFSET = 1_000_000
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the body with ``n`` torch intra-op threads, the caller's count restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_peer(peer: Callable[..., dict[str, Any]], threads: int, *args: Any) -> dict[str, Any]:
+    """One peer run with ``threads`` torch threads; the count goes into its result."""
+    with torch_threads(threads):
+        result = peer(*args)
+    return {**result, "torch_threads": threads}
 
 
 def run_sb3_dqn(env_id: str, seed: int) -> dict[str, Any]:

@@ -1,9 +1,10 @@
-"""The Stable-Baselines3 SAC peer of bench.time_to_solve --algo sac, with the rl-baselines3-zoo settings.
+"""The Stable-Baselines3 SAC peer of bench.time_to_solve --algo sac, with the rl-baselines3-zoo
+settings.
 
-As the other peers (bench/sb3_peers.py): envs built with render_mode=None, one torch thread (set
-by the caller), the zoo's hyperparameters, wall time from building the env and the model to the
-first 10-episode deterministic evaluation at or above the target (evaluations included), the
-same fixed evaluation seeds as rlfleet's evaluator.
+As the other peers (bench/sb3_peers.py): envs built with render_mode=None, the torch threads
+bench/sb3_peers.py's PEER_THREADS gives (set by the caller), the zoo's hyperparameters, wall time
+from building the env and the model to the first 10-episode deterministic evaluation at or above the
+target (evaluations included), the same fixed evaluation seeds as rlfleet's evaluator.
 """
 
 from __future__ import annotations

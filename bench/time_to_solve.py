@@ -12,7 +12,9 @@ evaluation at or above the target counts (475 for CartPole, 200 for
 LunarLander). rlfleet's time runs from launching `rlfleet up` (services
 started from cold) to that evaluation; SB3's from building its envs and model
 to that evaluation, evaluations included. SB3 runs the rl-baselines3-zoo
-hyperparameters for the env at its best (bench/sb3_peers.py). The runs
+hyperparameters for the env at its best (bench/sb3_peers.py), with the faster of
+1 torch thread and one per core (--peer-threads; rlfleet's services take theirs from
+the config). The runs
 alternate (rlfleet seed 0, SB3 seed 0, rlfleet seed 1, ...).
 
 --algo dqn (the default): every 5,000 env steps, within the zoo's step budget;
@@ -75,10 +77,12 @@ from bench.sb3_a2c import A2C_BUDGET, A2C_EVAL_EVERY, run_sb3_a2c
 from bench.sb3_peers import (
     DQN_EVAL_EVERY,
     EVAL_EPISODES,
+    PEER_THREADS,
     PPO_BUDGET,
     PPO_EVAL_EVERY,
     TARGETS,
     ZOO_DQN,
+    run_peer,
     run_sb3_dqn,
     run_sb3_ppo,
 )
@@ -204,7 +208,7 @@ def dqn_main(args: argparse.Namespace) -> None:
     for seed in range(args.seeds):
         ours.append(run_rlfleet(args.env, seed, args.actors, budget, extra))
         print("rlfleet", json.dumps(ours[-1]), flush=True)
-        theirs.append(run_sb3_dqn(args.env, seed))
+        theirs.append(run_peer(run_sb3_dqn, args.peer_threads, args.env, seed))
         print("sb3", json.dumps(theirs[-1]), flush=True)
     raw_steps = raw_env_steps_per_s(args.env)
     raw_updates = raw_updates_per_s(args.env)
@@ -217,7 +221,7 @@ def dqn_main(args: argparse.Namespace) -> None:
         "rlfleet": {"median_wall_s": median(ours, "wall_s"), "median_env_steps": median(ours, "env_steps"),
                     "solved": sum(r["solved"] for r in ours), "runs": len(ours)},
         "sb3": {"median_wall_s": median(theirs, "wall_s"), "median_env_steps": median(theirs, "env_steps"),
-                "solved": sum(r["solved"] for r in theirs), "runs": len(theirs)},
+                "solved": sum(r["solved"] for r in theirs), "runs": len(theirs), "torch_threads": args.peer_threads},
         "ratio": round(median(ours, "wall_s") / median(theirs, "wall_s"), 3),
         # a ratio only counts where rlfleet solved as many seeds as the peer: an unsolved run's time is
         # the time it took to spend the budget, which can make a failing side look fast
@@ -237,7 +241,8 @@ def side(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One side's summary: medians over its solved runs (all runs where it solved none)."""
     solved = [r for r in runs if r["solved"]]
     over = solved or runs
-    return {"solved": len(solved), "runs": len(runs), "median_wall_s": median(over, "wall_s"),
+    threads = {"torch_threads": runs[0]["torch_threads"]} if "torch_threads" in runs[0] else {}
+    return {**threads, "solved": len(solved), "runs": len(runs), "median_wall_s": median(over, "wall_s"),
             "median_env_steps": median(over, "env_steps"),
             "env_steps_per_s": round(median(runs, "steps_per_wall_s"), 1),
             "wall_s": [r["wall_s"] for r in runs], "env_steps": [r["env_steps"] for r in runs],
@@ -253,14 +258,16 @@ def record(path: str | None, key: dict[str, Any], who: str, seed: int, run: dict
             f.write(json.dumps(line) + "\n")
 
 
-def recorded(path: str, key: dict[str, Any], who: str) -> list[dict[str, Any]]:
-    """The runs of ``who`` with setting ``key`` in ``path``, the latest per seed, in seed order."""
+def recorded(path: str, key: dict[str, Any], who: str, threads: int | None = None) -> list[dict[str, Any]]:
+    """The runs of ``who`` with setting ``key`` in ``path``, the latest per seed, in seed order (only those
+    run with ``threads`` torch threads, when given: a peer's runs with another count are not pooled)."""
     latest: dict[int, dict[str, Any]] = {}
     if os.path.exists(path):
         with open(path) as f:
             for line in f:
                 entry = json.loads(line)
-                if entry.get("side") == who and all(entry.get(k) == v for k, v in key.items()):
+                if (entry.get("side") == who and all(entry.get(k) == v for k, v in key.items())
+                        and (threads is None or entry["run"].get("torch_threads") == threads)):
                     latest[int(entry["seed"])] = entry["run"]
     return [latest[s] for s in sorted(latest)]
 
@@ -281,12 +288,13 @@ def paired_main(args: argparse.Namespace) -> None:
             print("rlfleet", json.dumps(ours[-1]), flush=True)
             record(args.runs_file, key, "rlfleet", seed, ours[-1])
         if not args.no_sb3:
-            theirs.append(peer(args.env, seed, budget))
+            theirs.append(run_peer(peer, args.peer_threads, args.env, seed, budget))
             theirs[-1]["steps_per_wall_s"] = theirs[-1]["env_steps_per_s"]
             print("sb3", json.dumps(theirs[-1]), flush=True)
             record(args.runs_file, key, "sb3", seed, theirs[-1])
     if args.runs_file:  # the summary pools every run of this setting the file holds (the latest per seed)
-        ours, theirs = recorded(args.runs_file, key, "rlfleet"), recorded(args.runs_file, key, "sb3")
+        ours = recorded(args.runs_file, key, "rlfleet")
+        theirs = recorded(args.runs_file, key, "sb3", threads=args.peer_threads)
     if not ours:
         print(json.dumps({"algo": args.algo, "env": args.env, "sb3": side(theirs) if theirs else None}))
         return
@@ -324,7 +332,7 @@ def a3c_main(args: argparse.Namespace) -> None:
             ours[w].append(run_rlfleet(args.env, seed, w, budget, extra, "a3c", A2C_EVAL_EVERY[args.env]))
             print(f"rlfleet workers={w}", json.dumps(ours[w][-1]), flush=True)
         if not args.no_sb3:
-            theirs.append(run_sb3_a2c(args.env, seed, budget))
+            theirs.append(run_peer(run_sb3_a2c, args.peer_threads, args.env, seed, budget))
             theirs[-1]["steps_per_wall_s"] = theirs[-1]["env_steps_per_s"]
             print("sb3", json.dumps(theirs[-1]), flush=True)
 
@@ -367,8 +375,11 @@ def main() -> None:
     ap.add_argument("--runs-file", default=None,
                     help="ppo, sac: append every run to this JSON-lines file and summarise all of its runs of the "
                          "same setting (the latest per seed and side): a benchmark of hours, run a seed at a time")
+    ap.add_argument("--peer-threads", type=int, default=None,
+                    help="torch threads of the SB3 peer (default: its faster count here, bench/sb3_peers.py)")
     ap.add_argument("--workers", default="1,2,4", help="a3c: gradient worker counts to run (each on every seed)")
     args = ap.parse_args()
+    args.peer_threads = args.peer_threads or PEER_THREADS[args.algo]
     torch.set_num_threads(1)
     if args.algo == "a3c":
         a3c_main(args)

@@ -44,3 +44,23 @@ def test_runs_of_another_setting_are_not_pooled(tmp_path: Path) -> None:
 def test_without_a_file_nothing_is_written(tmp_path: Path) -> None:
     record(None, KEY, "rlfleet", 0, run(40.0))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_peer_runs_with_another_thread_count_are_not_pooled(tmp_path: Path) -> None:
+    path = str(tmp_path / "runs.jsonl")
+    record(path, KEY, "sb3", 0, {**run(90.0), "torch_threads": 1})
+    record(path, KEY, "sb3", 1, {**run(70.0), "torch_threads": 2})
+    assert [r["wall_s"] for r in recorded(path, KEY, "sb3", threads=2)] == [70.0]
+    assert [r["wall_s"] for r in recorded(path, KEY, "sb3")] == [90.0, 70.0]
+
+
+def test_a_peer_runs_with_the_threads_it_is_given_and_says_so() -> None:
+    import torch
+
+    from bench.sb3_peers import run_peer
+
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    result = run_peer(lambda seed: {"seed": seed, "threads_seen": torch.get_num_threads()}, other, 7)
+    assert result == {"seed": 7, "threads_seen": other, "torch_threads": other}
+    assert torch.get_num_threads() == before
