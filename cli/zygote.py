@@ -10,7 +10,6 @@ import ctypes
 import importlib
 import json
 import os
-import select
 import sys
 import threading
 import time
@@ -32,10 +31,6 @@ PRELOAD: dict[str, tuple[str, ...]] = {
                                                       for module in (r.entry, *r.preload))]))
     for kind in KINDS
 }
-# Imported once nothing waits to be forked: torch._dynamo (+ sympy, ~2 s of CPU), which a torch optimizer
-# imports on first use. A learner forked before that imports it itself (one core) while the zygote forks the
-# actors and the evaluator (the other core); a learner forked after it (a restart) starts at once.
-IDLE_PRELOAD: dict[str, tuple[str, ...]] = {"light": (), "heavy": ("torch._dynamo",)}
 PR_SET_NAME = 15
 
 
@@ -137,11 +132,7 @@ def serve(kind: str) -> int:
         importlib.import_module(module)
     requests = _Lines(requests_fd)
     replies = os.fdopen(replies_fd, "wb", buffering=0)
-    idle = list(IDLE_PRELOAD[kind])
     while True:
-        if idle and not requests.pending():
-            importlib.import_module(idle.pop(0))
-            continue
         line = requests.readline()
         if not line:
             return 0  # the launcher closed our stdin (or died): members live on without us
@@ -156,14 +147,11 @@ def serve(kind: str) -> int:
 
 
 class _Lines:
-    """Lines from a pipe, with a non-blocking look at whether one is waiting."""
+    """Lines from a pipe."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.buf = b""
-
-    def pending(self) -> bool:
-        return b"\n" in self.buf or bool(select.select([self.fd], [], [], 0)[0])
 
     def readline(self) -> bytes:
         """One line with its newline; b"" at EOF."""

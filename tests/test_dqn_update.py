@@ -80,7 +80,8 @@ def test_dueling_head_identity() -> None:
     torch.testing.assert_close(q - value, advantage - advantage.mean(dim=1, keepdim=True))
 
 
-def autograd_update(learner: DQNLearner, batch: dict[str, np.ndarray], weights: np.ndarray | None) -> None:
+def autograd_update(learner: DQNLearner, adam: torch.optim.Adam, batch: dict[str, np.ndarray],
+                    weights: np.ndarray | None) -> None:
     """The Ape-X update written as one loss.backward() and clip_grad_norm_: what DQNLearner.learn must equal."""
     cfg = learner.cfg
     b = {k: torch.as_tensor(v) for k, v in batch.items()}
@@ -92,11 +93,11 @@ def autograd_update(learner: DQNLearner, batch: dict[str, np.ndarray], weights: 
     losses = torch.nn.functional.huber_loss(q_sa, target, reduction="none", delta=cfg.huber_delta)
     if weights is not None:
         losses = losses * torch.as_tensor(weights).float()
-    learner.optimizer.zero_grad(set_to_none=True)
+    adam.zero_grad(set_to_none=True)
     losses.mean().backward()
     torch.nn.utils.clip_grad_norm_(learner.online.parameters(),
                                    cfg.grad_clip if cfg.grad_clip is not None else float("inf"))
-    learner.optimizer.step()
+    adam.step()
     learner.num_updates += 1
     learner.follow_target()
 
@@ -110,13 +111,14 @@ def test_compute_apply_match_plain_autograd(hidden: list[int], dueling: bool, gr
     cfg = DQNConfig(hidden=hidden, dueling=dueling, grad_clip=grad_clip, huber_delta=0.5, lr=1e-2)
     ours = DQNLearner(cfg, OBS_SPACE, ACT_SPACE, device="cpu", seed=4)
     ref = DQNLearner(cfg, OBS_SPACE, ACT_SPACE, device="cpu", seed=4)
+    ref_adam = torch.optim.Adam(ref.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
     rng = np.random.default_rng(1)
     for _ in range(6):
         batch = random_batch(rng, size=64)
         batch["reward"] *= 5  # TD errors on both sides of the Huber delta
         weights = rng.random(64).astype(np.float32) if weighted else None
         ours.learn(batch, weights)
-        autograd_update(ref, batch, weights)
+        autograd_update(ref, ref_adam, batch, weights)
         for (name, a), b in zip(ours.online.named_parameters(), ref.online.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
     for a, b in zip(ours.target.parameters(), ref.target.parameters(), strict=True):

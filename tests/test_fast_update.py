@@ -43,8 +43,8 @@ def test_clipped_adam_matches_clip_grad_norm_and_adam(max_norm: float | None) ->
     for a, b in zip(net.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     # the state is Adam's own: a plain Adam loads it and steps on identically
-    assert fast.optimizer.state_dict()["state"][0]["step"] == 20
-    plain.load_state_dict(fast.optimizer.state_dict())
+    assert fast.state_dict()["state"][0]["step"] == 20
+    plain.load_state_dict(fast.state_dict())
 
 
 def test_clipped_adam_lr_and_missing_grads() -> None:
@@ -54,7 +54,7 @@ def test_clipped_adam_lr_and_missing_grads() -> None:
     fast.step([torch.ones(3), None], None, lr=0.01)
     torch.testing.assert_close(w.detach(), torch.full((3,), 0.99))  # Adam's first step moves lr
     torch.testing.assert_close(unused.detach(), torch.ones(2))
-    assert fast.optimizer.param_groups[0]["lr"] == 0.01
+    assert fast.param_groups[0]["lr"] == 0.01
 
 
 @pytest.mark.parametrize("hidden", [[16, 8], []])
@@ -98,3 +98,40 @@ def test_normalize_chunks_is_per_minibatch(n: int) -> None:
     got = normalize_chunks(adv, 4)
     want = torch.cat([normalize_advantage(adv[i:i + 4]) for i in range(0, n, 4)])
     torch.testing.assert_close(got, want)
+
+
+def test_clipped_adam_resumes_from_a_plain_adam_state() -> None:
+    torch.manual_seed(2)
+    net = torch.nn.Linear(4, 2)
+    ref = copy.deepcopy(net)
+    plain = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    for _ in range(3):
+        plain.zero_grad()
+        ref(torch.randn(8, 4)).pow(2).sum().backward()
+        plain.step()
+    net.load_state_dict(ref.state_dict())
+    fast = ClippedAdam(net.parameters(), lr=0.5)
+    fast.load_state_dict(plain.state_dict())
+    assert fast.param_groups[0]["lr"] == 1e-2 and int(fast.state[0]["step"]) == 3
+    x = torch.randn(8, 4)
+    fast.step(list(torch.autograd.grad(net(x).pow(2).sum(), list(net.parameters()))))
+    plain.zero_grad()
+    ref(x).pow(2).sum().backward()
+    plain.step()
+    for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="one group of 2"):
+        ClippedAdam([torch.nn.Parameter(torch.ones(1))] * 2, lr=0.1).load_state_dict(
+            {"state": {}, "param_groups": [{"params": [0, 1, 2]}]})
+
+
+def test_clipped_adam_does_not_import_dynamo() -> None:
+    """torch.optim.Adam's constructor imports torch._dynamo (~0.9 s of every learner's start-up)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from common.algorithms.optim import ClippedAdam; "
+            "a = ClippedAdam(torch.nn.Linear(2, 1).parameters(), lr=0.1); a.step([torch.ones(1, 2), torch.ones(1)]); "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

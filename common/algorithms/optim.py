@@ -1,9 +1,9 @@
 """One Adam step on gradients handed over as a list: clip by global norm, step, no ``.grad``.
 
 Learners get their gradients from ``compute_gradients`` (``torch.autograd.grad``), so
-they have them as a list already. :class:`ClippedAdam` steps a ``torch.optim.Adam``'s own
-state (``exp_avg``, ``exp_avg_sq``, ``step``: its ``state_dict`` is what checkpoints hold)
-through the functional ``torch.optim.adam.adam``, skipping what ``Optimizer.step`` adds
+they have them as a list already. :class:`ClippedAdam` steps Adam's state (``exp_avg``,
+``exp_avg_sq``, ``step``, kept in ``torch.optim.Adam``'s ``state_dict`` layout: what checkpoints
+hold) through the functional ``torch.optim.adam.adam``, skipping what ``Optimizer.step`` adds
 per call (hooks, re-collecting the parameters that have a ``.grad``, profiling labels):
 on the 64-row minibatches of PPO that bookkeeping costs as much as the update itself.
 
@@ -16,19 +16,28 @@ implementation runs with the gradients scaled first.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch.optim import adam
 
 
 class ClippedAdam:
-    """``torch.optim.Adam`` (``self.optimizer``, for checkpoints) stepped from a list of gradients."""
+    """Adam stepped from a list of gradients; its ``state_dict`` is ``torch.optim.Adam``'s (either loads the other).
+
+    The state is held here rather than in a ``torch.optim.Adam``: building one imports ``torch._dynamo``
+    (its ``add_param_group`` is wrapped to disable it), ~0.9 s of a learner's start-up on this CPU.
+    """
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8,
                  betas: tuple[float, float] = (0.9, 0.999)) -> None:
         self.params: list[torch.Tensor] = list(params)
         self.fused = all(p.device.type in ("cpu", "cuda") for p in self.params)
-        self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=eps, betas=betas, fused=self.fused or None)
+        # the keys torch.optim.Adam's param groups carry, so that a plain Adam loads this state_dict
+        self.param_groups: list[dict[str, Any]] = [dict(
+            lr=lr, betas=betas, eps=eps, weight_decay=0, amsgrad=False, maximize=False, foreach=None,
+            capturable=False, differentiable=False, fused=self.fused or None, decoupled_weight_decay=False)]
+        self.state: list[dict[str, torch.Tensor]] = [{} for _ in self.params]
 
     def ensure_state(self) -> None:
         """Create the moments and step counts now (zeros, as Adam on its first step) if missing."""
@@ -36,15 +45,40 @@ class ClippedAdam:
 
     def _state(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """exp_avg, exp_avg_sq and step of every parameter, created as Adam would on its first step."""
-        state = self.optimizer.state
-        for p in self.params:
-            if not state[p]:
-                step_device = p.device if self.fused else torch.device("cpu")
-                state[p].update(step=torch.zeros((), dtype=torch.float32, device=step_device),
-                                exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
-                                exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
-        return ([state[p]["exp_avg"] for p in self.params], [state[p]["exp_avg_sq"] for p in self.params],
-                [state[p]["step"] for p in self.params])
+        for p, state in zip(self.params, self.state, strict=True):
+            if not state:
+                state.update(step=torch.zeros((), dtype=torch.float32, device=self._step_device(p)),
+                             exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                             exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+        return ([s["exp_avg"] for s in self.state], [s["exp_avg_sq"] for s in self.state],
+                [s["step"] for s in self.state])
+
+    def _step_device(self, p: torch.Tensor) -> torch.device:
+        return p.device if self.fused else torch.device("cpu")
+
+    def state_dict(self) -> dict[str, Any]:
+        """``torch.optim.Adam.state_dict()``'s layout: parameters by index, tensors by reference."""
+        return {"state": {i: dict(s) for i, s in enumerate(self.state) if s},
+                "param_groups": [{**g, "params": list(range(len(self.params)))} for g in self.param_groups]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a ``state_dict`` of this class or of a ``torch.optim.Adam`` over the same parameters."""
+        groups = state_dict["param_groups"]
+        if len(groups) != 1 or len(groups[0]["params"]) != len(self.params):
+            sizes = [len(g["params"]) for g in groups]
+            raise ValueError(f"optimizer state has param groups of {sizes} parameters; this one has "
+                             f"one group of {len(self.params)}")
+        saved = state_dict["state"]
+        for i, (p, state) in enumerate(zip(self.params, self.state, strict=True)):
+            index = groups[0]["params"][i]
+            state.clear()
+            if index in saved:
+                s = saved[index]
+                state.update(step=torch.as_tensor(s["step"], dtype=torch.float32).to(self._step_device(p)).clone(),
+                             exp_avg=s["exp_avg"].to(p.device, p.dtype).clone(),
+                             exp_avg_sq=s["exp_avg_sq"].to(p.device, p.dtype).clone())
+        keep = {k: v for k, v in groups[0].items() if k in ("lr", "betas", "eps", "weight_decay")}
+        self.param_groups[0].update(keep, betas=tuple(keep.get("betas", self.param_groups[0]["betas"])))
 
     def step(self, grads: Sequence[torch.Tensor | None], max_grad_norm: float | None = None,
              lr: float | None = None) -> torch.Tensor | None:
@@ -54,7 +88,7 @@ class ClippedAdam:
         """
         with torch.no_grad():
             grads_ = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, self.params, strict=True)]
-            group = self.optimizer.param_groups[0]
+            group = self.param_groups[0]
             if lr is not None:
                 group["lr"] = lr
             norm = scale = None

@@ -53,7 +53,6 @@ class DQNLearner:
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         # fused: one kernel for every parameter instead of a dozen small ops each (CPU and CUDA)
         self.adam = ClippedAdam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
-        self.optimizer = self.adam.optimizer  # its state_dict is the checkpoint's
         self._online_params: list[torch.Tensor] = list(self.online.parameters())
         self._target_params: list[torch.Tensor] = list(self.target.parameters())
         self.num_updates = 0
@@ -134,7 +133,7 @@ class DQNLearner:
             "num_updates": self.num_updates,
             "online": cpu_copy(self.online.state_dict()),
             "target": cpu_copy(self.target.state_dict()),
-            "optimizer": cpu_copy(self.optimizer.state_dict()),
+            "optimizer": cpu_copy(self.adam.state_dict()),
         }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -145,5 +144,5 @@ class DQNLearner:
             )
         self.online.load_state_dict(state["online"])
         self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.adam.load_state_dict(state["optimizer"])
         self.num_updates = int(state["num_updates"])

@@ -67,7 +67,6 @@ class PPOLearner:
         self.images = isinstance(self.net, PPOCnnNetworks)
         self._params = list(self.net.parameters())
         self.adam = ClippedAdam(self._params, lr=cfg.lr, eps=cfg.adam_eps)
-        self.optimizer = self.adam.optimizer
         assert observation_space.shape is not None
         self.obs_rms = RunningMeanStd(tuple(observation_space.shape), cfg.obs_clip) if cfg.obs_norm else None
         self.rng = np.random.default_rng([seed, 2])  # minibatch order
@@ -252,7 +251,7 @@ class PPOLearner:
             "num_updates": self.num_updates,
             "env_steps": self.env_steps,
             "net": cpu_copy(self.net.state_dict()),
-            "optimizer": cpu_copy(self.optimizer.state_dict()),
+            "optimizer": cpu_copy(self.adam.state_dict()),
             "obs_norm": None if rms is None else {"mean": torch.from_numpy(rms.mean.copy()),
                                                   "var": torch.from_numpy(rms.var.copy()), "count": rms.count},
             "rng": self.rng.bit_generator.state,
@@ -265,7 +264,7 @@ class PPOLearner:
                 f"{state.get('algorithm')!r}, format={state.get('format')!r}"
             )
         self.net.load_state_dict(state["net"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.adam.load_state_dict(state["optimizer"])
         self.num_updates = int(state["num_updates"])
         self.env_steps = int(state["env_steps"])
         if self.obs_rms is not None and state.get("obs_norm") is not None:

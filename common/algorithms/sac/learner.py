@@ -152,7 +152,7 @@ class SACLearner:
             "format": CHECKPOINT_FORMAT,
             "num_updates": self.num_updates,
             "nets": cpu_copy(self.nets.state_dict()),
-            "optimizers": {name: cpu_copy(adam.optimizer.state_dict()) for name, adam in self.adams.items()},
+            "optimizers": {name: cpu_copy(adam.state_dict()) for name, adam in self.adams.items()},
             "log_alpha": float(self.log_alpha.detach()),
             "generator": self.gen.get_state().cpu(),
         }
@@ -163,7 +163,7 @@ class SACLearner:
                              f"{state.get('algorithm')!r}, format={state.get('format')!r}")
         self.nets.load_state_dict(state["nets"])
         for name, adam in self.adams.items():
-            adam.optimizer.load_state_dict(state["optimizers"][name])
+            adam.load_state_dict(state["optimizers"][name])
         with torch.no_grad():
             self.log_alpha.fill_(float(state["log_alpha"]))
         self.gen.set_state(state["generator"])
