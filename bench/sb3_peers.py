@@ -41,7 +41,7 @@ DQN_EVAL_EVERY, EVAL_EPISODES = 5000, 10
 # DQN LunarLander 547 / 598, SAC Pendulum 86 / 130, SAC LunarLanderContinuous 53 / 71; PPO CartPole
 # 6,447 / 6,732 and LunarLander 8,395 / 8,247 (within the noise: one, as its published runs), A2C CartPole
 # 14,572 / 13,846.
-CORES = os.cpu_count() or 1
+CORES = len(os.sched_getaffinity(0))
 PEER_THREADS = {"dqn": CORES, "sac": CORES, "ppo": 1, "a3c": 1}
 
 # rl-baselines3-zoo hyperparams/ppo.yml (LunarLander-v2 entry for v3), default MlpPolicy. "lin_X" is

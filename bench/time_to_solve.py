@@ -260,14 +260,15 @@ def record(path: str | None, key: dict[str, Any], who: str, seed: int, run: dict
 
 def recorded(path: str, key: dict[str, Any], who: str, threads: int | None = None) -> list[dict[str, Any]]:
     """The runs of ``who`` with setting ``key`` in ``path``, the latest per seed, in seed order (only those
-    run with ``threads`` torch threads, when given: a peer's runs with another count are not pooled)."""
+    run with ``threads`` torch threads, when given: a peer's runs with another count are not pooled; runs
+    recorded before the count was kept had one)."""
     latest: dict[int, dict[str, Any]] = {}
     if os.path.exists(path):
         with open(path) as f:
             for line in f:
                 entry = json.loads(line)
                 if (entry.get("side") == who and all(entry.get(k) == v for k, v in key.items())
-                        and (threads is None or entry["run"].get("torch_threads") == threads)):
+                        and (threads is None or entry["run"].get("torch_threads", 1) == threads)):
                     latest[int(entry["seed"])] = entry["run"]
     return [latest[s] for s in sorted(latest)]
 

@@ -40,6 +40,12 @@ def native_bfloat16(device: torch.device) -> bool:
         return False
 
 
+def use_bfloat16(setting: str, device: torch.device, auto: bool = True) -> bool:
+    """A ``*_dtype`` setting ("float32", "bfloat16", "auto") decided for ``device``: "auto" is bfloat16 where
+    ``auto`` holds (the caller's own condition) and the device computes it natively."""
+    return setting == "bfloat16" or (setting == "auto" and auto and native_bfloat16(device))
+
+
 def from_numpy(array: np.ndarray) -> torch.Tensor:
     """A tensor sharing memory with ``array``.
 

@@ -40,6 +40,15 @@ def mlp(inputs: int, hidden: Sequence[int], outputs: int, activation: str,
     return nn.Sequential(*layers, head)
 
 
+def float32_head(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """An output layer ``x @ weight.T + bias``, in float32 even under bfloat16 autocast: hidden layers gain
+    the speed, while a bfloat16 output would round a Q-value of ~100 to steps of 0.5."""
+    if torch.is_autocast_enabled(x.device.type):
+        with torch.autocast(x.device.type, enabled=False):
+            return torch.addmm(bias, x.float(), weight.t())
+    return torch.addmm(bias, x, weight.t())
+
+
 class TwinMLP(nn.Module):
     """Two MLPs of the same hidden widths over the same input: ``forward(x) -> (first(x), second(x))``.
 
@@ -74,11 +83,11 @@ class TwinMLP(nn.Module):
             wa, ba, wc, bc = wa.detach(), ba.detach(), wc.detach(), bc.detach()
             hidden = [(w.detach(), b.detach()) for w, b in hidden]
         if not hidden:
-            return torch.addmm(ba, x, wa.t()), torch.addmm(bc, x, wc.t())
+            return float32_head(x, wa, ba), float32_head(x, wc, bc)
         h = x.expand(2, *x.shape)
         for weight, bias in hidden:
             h = self._fn(torch.baddbmm(bias, h, weight))
-        return torch.addmm(ba, h[0], wa.t()), torch.addmm(bc, h[1], wc.t())
+        return float32_head(h[0], wa, ba), float32_head(h[1], wc, bc)
 
     def one(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """Only the first (0) or the second (1) MLP's output."""
@@ -86,7 +95,7 @@ class TwinMLP(nn.Module):
         for weight, bias in self._hidden:
             h = self._fn(torch.addmm(bias[index], h, weight[index]))
         w, b = self._heads[index]
-        return torch.addmm(b, h, w.t())
+        return float32_head(h, w, b)
 
     def layers(self, index: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(weight [out, in], bias [out]) per linear of one MLP, as ``nn.Linear`` holds them."""

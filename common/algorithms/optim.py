@@ -26,16 +26,16 @@ class ClippedAdam:
     """Adam stepped from a list of gradients; its ``state_dict`` is ``torch.optim.Adam``'s (either loads the other).
 
     The state is held here rather than in a ``torch.optim.Adam``: building one imports ``torch._dynamo``
-    (its ``add_param_group`` is wrapped to disable it), ~0.9 s of a learner's start-up on this CPU.
+    (its ``add_param_group`` is wrapped to disable it), ~0.9 s of a learner's start-up (2 CPU cores).
     """
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8,
-                 betas: tuple[float, float] = (0.9, 0.999)) -> None:
+                 betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0) -> None:
         self.params: list[torch.Tensor] = list(params)
         self.fused = all(p.device.type in ("cpu", "cuda") for p in self.params)
         # the keys torch.optim.Adam's param groups carry, so that a plain Adam loads this state_dict
         self.param_groups: list[dict[str, Any]] = [dict(
-            lr=lr, betas=betas, eps=eps, weight_decay=0, amsgrad=False, maximize=False, foreach=None,
+            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False, maximize=False, foreach=None,
             capturable=False, differentiable=False, fused=self.fused or None, decoupled_weight_decay=False)]
         self.state: list[dict[str, torch.Tensor]] = [{} for _ in self.params]
 

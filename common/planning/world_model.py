@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from common.algorithms.device import resolve_device, to_device
 from common.algorithms.mlp import mlp
+from common.algorithms.optim import ClippedAdam
 from common.algorithms.weights import load_arrays, publish_arrays
 from common.config.planning import WorldModelConfig
 
@@ -126,7 +127,7 @@ class WorldModelLearner:
         self.cfg = cfg
         self.device = resolve_device(device)
         self.net = make_world_model(cfg, obs_space, act_space).to(self.device)
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.opt = ClippedAdam(self.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.num_updates = 0
         self.val_error = float("inf")
         self.val_seen = 0  # held-out transitions seen
@@ -168,9 +169,7 @@ class WorldModelLearner:
             self._update_moments(train)
             sq, logit, term = self._errors(train)
             loss = sq.mean() + F.binary_cross_entropy_with_logits(logit, term)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            self.opt.step()
+            self.opt.step(torch.autograd.grad(loss, self.opt.params, allow_unused=True))
             self.num_updates += 1
             figures["loss"] = float(loss.detach())
         if mask.any():

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from common.algorithms.contract import Columns, SeedLike
-from common.algorithms.device import native_bfloat16, resolve_device, to_device
+from common.algorithms.device import resolve_device, to_device, use_bfloat16
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.dqn.networks import n_step_target, numpy_q, seeded_q_network
 from common.algorithms.weights import load_arrays
@@ -81,9 +81,7 @@ class DQNPolicy:
         # a CUDA policy and a CNN act in torch: no host copy to keep
         self._numpy = self.device.type == "cpu" and self.net.is_mlp
         self._layers = self.net.numpy_layers() if self._numpy else []
-        dtype = cfg.priorities_dtype
-        self.bf16_priorities = dtype == "bfloat16" or (
-            dtype == "auto" and not self.net.is_mlp and native_bfloat16(self.device))
+        self.bf16_priorities = use_bfloat16(cfg.priorities_dtype, self.device, auto=not self.net.is_mlp)
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         """Copy in published weights (state_dict names -> arrays); all checked before any is copied."""

@@ -44,6 +44,10 @@ class SACConfig(AlgorithmSettings):
     grad_clip: PosFloat | None = Field(None, description="max gradient norm per network; null disables")
     log_std_min: float = Field(-20.0, description="the actor's log std is clamped to [log_std_min, log_std_max]")
     log_std_max: float = Field(2.0, description="see log_std_min")
+    update_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "float32", description="the learner's hidden-layer matmuls: bfloat16 = autocast (output layers, losses,"
+        " optimizer and weights stay float32), ~2x faster on a CPU with AVX512-BF16 or AMX; auto = bfloat16"
+        " where the device computes it natively, else float32")
     beta_start: Annotated[float, Field(ge=0, le=1)] = Field(0.4, description="prioritized: importance exponent")
     beta_updates: PosInt = Field(20_000, description="prioritized: updates over which beta anneals to 1")
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from common.algorithms.contract import DataSpec, Grads, beta_schedule
-from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, resolve_device, to_device
+from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, resolve_device, to_device, use_bfloat16
 from common.algorithms.optim import ClippedAdam
 from common.algorithms.sac.config import SACConfig
 from common.algorithms.sac.networks import ActionScale, dims, seeded_networks, squashed_sample
@@ -76,6 +76,7 @@ class SACLearner:
         if self.auto_alpha:
             self.adams["alpha"] = ClippedAdam([self.log_alpha], lr=cfg.lr)
         self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)  # the actor's samples
+        self.bf16 = use_bfloat16(cfg.update_dtype, self.device)
         self.num_updates = 0
         self.dp: GradientAverager | None = None  # set for data-parallel learning (common/algorithms/data_parallel.py)
 
@@ -99,6 +100,12 @@ class SACLearner:
         b = batch_to_device({key: batch[key] for key in COLUMNS}, self.device)
         obs, next_obs = b["obs"].float().flatten(1), b["next_obs"].float().flatten(1)
         action = self.scale.to_unit(b["action"].float())
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            return self._gradients(obs, next_obs, action, b, weights)
+
+    def _gradients(self, obs: torch.Tensor, next_obs: torch.Tensor, action: torch.Tensor,
+                   b: Mapping[str, torch.Tensor], weights: ArrayLike | None
+                   ) -> tuple[Grads, dict[str, float], np.ndarray]:
         n = len(obs)
         alpha = self.log_alpha.detach().exp()
         sampled, logp = self._sample(torch.cat([obs, next_obs]))

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.algorithms.mlp import TwinMLP, mlp
+from common.algorithms.mlp import TwinMLP, float32_head, mlp
 from common.algorithms.sac.config import SACConfig
 
 LOG_2PI = math.log(2 * math.pi)
@@ -79,7 +79,10 @@ class SACNetworks(nn.Module):
         self.critic_target.load_state_dict(self.critic.state_dict())
 
     def mean_log_std(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, log_std = self.actor(obs.flatten(1)).chunk(2, dim=1)
+        head = self.actor[-1]
+        assert isinstance(head, nn.Linear)
+        out = float32_head(self.actor[:-1](obs.flatten(1)), head.weight, head.bias)
+        mean, log_std = out.chunk(2, dim=1)
         return mean, log_std.clamp(self.cfg.log_std_min, self.cfg.log_std_max)
 
     def q(self, critic: TwinMLP, obs: torch.Tensor, action: torch.Tensor,
