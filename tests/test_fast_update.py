@@ -135,3 +135,13 @@ def test_clipped_adam_does_not_import_dynamo() -> None:
             "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_clipped_adam_leaves_a_parameter_without_gradient_alone_as_torch_adam_does() -> None:
+    w, unused = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    fast = ClippedAdam([w, unused], lr=0.1, weight_decay=0.5)  # weight decay would move a zero gradient's parameter
+    fast.step([torch.ones(3), None])
+    torch.testing.assert_close(unused.detach(), torch.ones(2))
+    assert int(fast.state[0]["step"]) == 1 and int(fast.state[1]["step"]) == 0
+    with pytest.raises(ValueError, match="1 gradients for 2 parameters"):
+        fast.step([torch.ones(3)])

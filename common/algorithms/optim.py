@@ -82,25 +82,34 @@ class ClippedAdam:
 
     def step(self, grads: Sequence[torch.Tensor | None], max_grad_norm: float | None = None,
              lr: float | None = None) -> torch.Tensor | None:
-        """Clip ``grads`` (one per parameter, None = zero) to ``max_grad_norm``, one Adam step at ``lr``.
+        """Clip ``grads`` (one per parameter; None: that parameter is not stepped, as ``torch.optim.Adam``
+        skips a parameter without ``.grad``) to ``max_grad_norm``, one Adam step at ``lr``.
 
         Returns the global gradient norm before clipping (a device tensor; None without clipping).
         """
         with torch.no_grad():
-            grads_ = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, self.params, strict=True)]
+            exp_avgs, exp_avg_sqs, steps = self._state()
+            params, grads_ = self.params, [g for g in grads if g is not None]
+            if len(grads) != len(params):
+                raise ValueError(f"{len(grads)} gradients for {len(params)} parameters")
+            if len(grads_) < len(params):
+                keep = [i for i, g in enumerate(grads) if g is not None]
+                params, exp_avgs, exp_avg_sqs, steps = ([xs[i] for i in keep]
+                                                        for xs in (params, exp_avgs, exp_avg_sqs, steps))
             group = self.param_groups[0]
             if lr is not None:
                 group["lr"] = lr
             norm = scale = None
+            if not grads_:
+                return None if max_grad_norm is None else torch.zeros((), device=self.params[0].device)
             if max_grad_norm is not None:
                 norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads_)))
                 scale = ((norm + 1e-6) / max_grad_norm).clamp_(min=1.0)  # divides the gradients
                 if not self.fused:
                     torch._foreach_div_(grads_, scale)
                     scale = None
-            exp_avgs, exp_avg_sqs, steps = self._state()
             beta1, beta2 = group["betas"]
-            adam.adam(self.params, grads_, exp_avgs, exp_avg_sqs, [], steps, fused=self.fused,
+            adam.adam(params, grads_, exp_avgs, exp_avg_sqs, [], steps, fused=self.fused,
                       foreach=None if self.fused else True, grad_scale=scale, found_inf=None,
                       amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
                       weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
