@@ -273,6 +273,11 @@ def recorded(path: str, key: dict[str, Any], who: str, threads: int | None = Non
     return [latest[s] for s in sorted(latest)]
 
 
+def peer_setting(key: dict[str, Any]) -> dict[str, Any]:
+    """What makes the peer's runs comparable: not rlfleet's protocol or --set overrides."""
+    return {k: v for k, v in key.items() if k not in ("sync", "sets")}
+
+
 def paired_main(args: argparse.Namespace) -> None:
     """PPO or SAC against its SB3 peer: same budget, same evaluations, medians over solved runs."""
     budgets, evals, peer = PAIRED[args.algo]
@@ -295,7 +300,7 @@ def paired_main(args: argparse.Namespace) -> None:
             record(args.runs_file, key, "sb3", seed, theirs[-1])
     if args.runs_file:  # the summary pools every run of this setting the file holds (the latest per seed)
         ours = recorded(args.runs_file, key, "rlfleet")
-        theirs = recorded(args.runs_file, key, "sb3", threads=args.peer_threads)
+        theirs = recorded(args.runs_file, peer_setting(key), "sb3", threads=args.peer_threads)
     if not ours:
         print(json.dumps({"algo": args.algo, "env": args.env, "sb3": side(theirs) if theirs else None}))
         return

@@ -64,3 +64,13 @@ def test_a_peer_runs_with_the_threads_it_is_given_and_says_so() -> None:
     result = run_peer(lambda seed: {"seed": seed, "threads_seen": torch.get_num_threads()}, other, 7)
     assert result == {"seed": 7, "threads_seen": other, "torch_threads": other}
     assert torch.get_num_threads() == before
+
+
+def test_peer_runs_are_pooled_whatever_rlfleet_overrides(tmp_path: Path) -> None:
+    from bench.time_to_solve import peer_setting
+
+    path = str(tmp_path / "runs.jsonl")
+    record(path, KEY, "sb3", 0, {**run(90.0), "torch_threads": 2})
+    tuned = {**KEY, "sets": ["algorithm.update_dtype=bfloat16"], "sync": "barrier"}
+    assert recorded(path, tuned, "sb3") == []
+    assert [r["wall_s"] for r in recorded(path, peer_setting(tuned), "sb3", threads=2)] == [90.0]
