@@ -120,3 +120,30 @@ def test_up_refuses_before_starting(case: str, tmp_path: Path) -> None:
     for word in words:
         assert word in res.stdout, (word, res.stdout)
     assert not (tmp_path / "runs").exists(), "a run directory was made for a refused config"
+
+
+def test_a_bfloat16_update_keeps_heads_losses_and_weights_float32_and_close_to_float32() -> None:
+    from common.algorithms.device import native_bfloat16
+
+    b = batch(64, seed=3)
+    b["reward"] = b["reward"] * 50  # Q-targets of tens: where a bfloat16 head would round
+    results = {}
+    for dtype in ("float32", "bfloat16"):
+        learner = SACLearner(SACConfig(hidden=[32, 32], update_dtype=dtype), OBS, LOPSIDED, device="cpu", seed=5)
+        assert learner.bf16 == (dtype == "bfloat16")
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=learner.bf16):
+            q1, _ = learner.nets.q(learner.nets.critic, torch.zeros(4, 3), torch.zeros(4, 2))
+            mean, _ = learner.nets.mean_log_std(torch.zeros(4, 3))
+        assert q1.dtype == mean.dtype == torch.float32
+        results[dtype] = learner.compute_gradients(b)
+        learner.apply_gradients(results[dtype][0])
+        assert all(p.dtype == torch.float32 for p in learner.nets.parameters())
+    (g32, f32, p32), (g16, f16, p16) = results["float32"], results["bfloat16"]
+    for name in g32:
+        diff = torch.cat([(a - c).flatten() for a, c in zip(g32[name], g16[name], strict=True)]).norm()
+        assert all(g.dtype == torch.float32 for g in g16[name])
+        assert float(diff) <= 0.1 * float(torch.cat([a.flatten() for a in g32[name]]).norm()) + 1e-6, name
+    assert f16["critic_loss"] == pytest.approx(f32["critic_loss"], rel=0.02)
+    np.testing.assert_allclose(p16, p32, rtol=0.05, atol=0.05)
+    auto = SACLearner(SACConfig(hidden=[8], update_dtype="auto"), OBS, LOPSIDED, device="cpu")
+    assert auto.bf16 == native_bfloat16(torch.device("cpu"))
