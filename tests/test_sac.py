@@ -138,6 +138,7 @@ def test_a_bfloat16_update_keeps_heads_losses_and_weights_float32_and_close_to_f
         results[dtype] = learner.compute_gradients(b)
         learner.apply_gradients(results[dtype][0])
         assert all(p.dtype == torch.float32 for p in learner.nets.parameters())
+        assert {k.split(".")[0] for k in learner.nets.state_dict()} == {"actor", "critic", "critic_target"}
     (g32, f32, p32), (g16, f16, p16) = results["float32"], results["bfloat16"]
     for name in g32:
         diff = torch.cat([(a - c).flatten() for a, c in zip(g32[name], g16[name], strict=True)]).norm()

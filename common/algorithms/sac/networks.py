@@ -77,12 +77,17 @@ class SACNetworks(nn.Module):
         self.critic_target = TwinMLP(mlp(obs_dim + act_dim, widths, 1, "relu"),
                                      mlp(obs_dim + act_dim, widths, 1, "relu"), "relu").requires_grad_(False)
         self.critic_target.load_state_dict(self.critic.state_dict())
+        # the actor's hidden layers and its head, held once (in a tuple: not registered again as modules)
+        *body, head = self.actor
+        assert isinstance(head, nn.Linear)
+        self._actor_parts: tuple[tuple[nn.Module, ...], nn.Linear] = (tuple(body), head)
 
     def mean_log_std(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        head = self.actor[-1]
-        assert isinstance(head, nn.Linear)
-        out = float32_head(self.actor[:-1](obs.flatten(1)), head.weight, head.bias)
-        mean, log_std = out.chunk(2, dim=1)
+        body, head = self._actor_parts
+        h = obs.flatten(1)
+        for layer in body:
+            h = layer(h)
+        mean, log_std = float32_head(h, head.weight, head.bias).chunk(2, dim=1)
         return mean, log_std.clamp(self.cfg.log_std_min, self.cfg.log_std_max)
 
     def q(self, critic: TwinMLP, obs: torch.Tensor, action: torch.Tensor,
