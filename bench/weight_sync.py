@@ -255,16 +255,8 @@ class RawPubSub:
                 os.unlink(self.address[len("ipc://"):])
 
 
-def run_ours(tensors: dict[str, np.ndarray], shards: int, reps: int, shm: bool = True) -> list[float]:
-    side = OursFanout(tensors, shards, shm)
-    try:
-        return [side.publish() for _ in range(reps)]
-    finally:
-        side.close()
-
-
-def run_raw(tensors: dict[str, np.ndarray], reps: int, transport: str = "tcp") -> list[float]:
-    side = RawPubSub(tensors, transport)
+def timed(side: OursFanout | RawPubSub, reps: int) -> list[float]:
+    """``reps`` publishes of one side alone, then its processes stopped."""
     try:
         return [side.publish() for _ in range(reps)]
     finally:
@@ -349,13 +341,13 @@ def main() -> None:
         row["raw"] = percentiles(run_raw_one(tensors, reps[label]))
         # A fan-out peer at its best: raw PUB/SUB to 4 readers over tcp and ipc, the better p99.
         for transport in ("tcp", "ipc"):
-            row[f"raw_pubsub_{transport}"] = percentiles(run_raw(tensors, reps[label], transport))
+            row[f"raw_pubsub_{transport}"] = percentiles(timed(RawPubSub(tensors, transport), reps[label]))
         best = min(("tcp", "ipc"), key=lambda tr: (row[f"raw_pubsub_{tr}"]["p99"], row[f"raw_pubsub_{tr}"]["p50"]))
         row["raw_pubsub"] = {**row[f"raw_pubsub_{best}"], "transport": best}
         for shards in (1, 2, 4):
-            row[f"shards_{shards}"] = percentiles(run_ours(tensors, shards, reps[label]))
+            row[f"shards_{shards}"] = percentiles(timed(OursFanout(tensors, shards), reps[label]))
         # The same through tcp frames only (learner and readers on other hosts, or shm off).
-        row["shards_1_frames"] = percentiles(run_ours(tensors, 1, reps[label], shm=False))
+        row["shards_1_frames"] = percentiles(timed(OursFanout(tensors, 1, shm=False), reps[label]))
         results[label] = row
         print(label, json.dumps(row), flush=True)
     frames = {
