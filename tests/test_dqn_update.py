@@ -152,3 +152,30 @@ def test_same_seed_same_learner() -> None:
     np.testing.assert_array_equal(
         policy.q_values(batch["obs"]), DQNPolicy(cfg, OBS_SPACE, ACT_SPACE, seed=7).q_values(batch["obs"])
     )
+
+
+@pytest.mark.parametrize("dueling", [True, False])
+def test_a_bfloat16_update_keeps_heads_and_weights_float32_and_close_to_float32(dueling: bool) -> None:
+    from common.algorithms.device import native_bfloat16
+
+    b = random_batch(np.random.default_rng(4), 128)
+    b["reward"] = b["reward"] * 50  # targets of tens: where a bfloat16 head would round to steps of 0.25
+    results = {}
+    for dtype in ("float32", "bfloat16"):
+        learner = DQNLearner(DQNConfig(hidden=[64, 64], dueling=dueling, update_dtype=dtype), OBS_SPACE, ACT_SPACE,
+                             device="cpu", seed=5)
+        assert learner.bf16 == (dtype == "bfloat16")
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=learner.bf16):
+            assert learner.online(torch.zeros(3, 4)).dtype == torch.float32
+        results[dtype] = learner.compute_gradients(b)
+        learner.apply_gradients(results[dtype][0])
+        assert all(p.dtype == torch.float32 for p in learner.online.parameters())
+        assert all(p.dtype == torch.float32 for p in learner.target.parameters())
+    (g32, f32, p32), (g16, f16, p16) = results["float32"], results["bfloat16"]
+    assert all(g.dtype == torch.float32 for g in g16["q"])
+    diff = torch.cat([(a - c).flatten() for a, c in zip(g32["q"], g16["q"], strict=True)]).norm()
+    assert 0 < float(diff) <= 0.1 * float(torch.cat([a.flatten() for a in g32["q"]]).norm())  # bf16 indeed, close
+    assert f16["loss"] == pytest.approx(f32["loss"], rel=0.02)
+    np.testing.assert_allclose(p16, p32, rtol=0.05, atol=0.05)
+    auto = DQNLearner(DQNConfig(hidden=[8], update_dtype="auto"), OBS_SPACE, ACT_SPACE, device="cpu")
+    assert auto.bf16 == native_bfloat16(torch.device("cpu"))

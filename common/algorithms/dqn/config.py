@@ -30,6 +30,10 @@ class DQNConfig(AlgorithmSettings):
     batch_size: PosInt = Field(128, description="transitions per update")
     huber_delta: PosFloat = Field(1.0, description="Huber loss threshold")
     grad_clip: PosFloat | None = Field(10.0, description="max gradient norm; null disables")
+    update_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "float32", description="the learner's torso (hidden layers or CNN): bfloat16 = autocast (heads, targets,"
+        " loss, optimizer and weights stay float32), faster on a CPU with AVX512-BF16 or AMX; auto = bfloat16"
+        " where the device computes it natively, else float32; actors act in float32 either way")
     target_update: Literal["hard", "polyak"] = Field("hard", description="how the target net follows")
     target_period: PosInt = Field(250, description="updates between hard target copies")
     tau: Annotated[float, Field(gt=0, le=1)] = Field(0.005, description="Polyak rate")

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from common.algorithms.contract import DataSpec, Grads, beta_schedule
-from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, resolve_device, to_device
+from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, resolve_device, to_device, use_bfloat16
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.dqn.networks import n_step_target, seeded_q_network
 from common.algorithms.dqn.policy import column
@@ -55,6 +55,7 @@ class DQNLearner:
         self.adam = ClippedAdam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self._online_params: list[torch.Tensor] = list(self.online.parameters())
         self._target_params: list[torch.Tensor] = list(self.target.parameters())
+        self.bf16 = use_bfloat16(cfg.update_dtype, self.device)
         self.num_updates = 0
         self.dp: GradientAverager | None = None  # set for data-parallel learning (common/algorithms/data_parallel.py)
 
@@ -74,10 +75,12 @@ class DQNLearner:
         cfg = self.cfg
         b = batch_to_device({key: column(batch, key) for key in COLUMNS}, self.device)
         action = b["action"].long()[:, None]
-        q_sa = self.online(b["obs"]).gather(1, action).squeeze(1)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            q_sa = self.online(b["obs"]).gather(1, action).squeeze(1)
+            with torch.no_grad():
+                next_q_target = self.target(b["next_obs"])
+                next_q_online = self.online(b["next_obs"]) if cfg.double else next_q_target
         with torch.no_grad():
-            next_q_target = self.target(b["next_obs"])
-            next_q_online = self.online(b["next_obs"]) if cfg.double else next_q_target
             target = n_step_target(b["reward"].float(), b["discount"].float(), next_q_online, next_q_target,
                                    cfg.double)
         losses = F.huber_loss(q_sa, target, reduction="none", delta=cfg.huber_delta)

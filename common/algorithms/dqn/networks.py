@@ -16,6 +16,7 @@ from torch import nn
 from common.algorithms.cnn import NatureCNN
 from common.algorithms.dqn import check_env
 from common.algorithms.dqn.config import DQNConfig
+from common.algorithms.mlp import float32_head
 from common.algorithms.torsos import choose_torso
 
 
@@ -50,11 +51,14 @@ class QNetwork(nn.Module):
             self.head = nn.Linear(width, num_actions)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q(obs, .) in float32; under bfloat16 autocast only the torso runs in bfloat16 (a bfloat16 head
+        would round Q-values of ~100 to steps of 0.5)."""
         features = self.torso(obs.flatten(1).float() if self.is_mlp else obs)
         if not self.dueling:
-            return self.head(features)  # type: ignore[no-any-return]
-        advantage = self.advantage(features)
-        return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)  # type: ignore[no-any-return]
+            return float32_head(features, self.head.weight, self.head.bias)
+        advantage = float32_head(features, self.advantage.weight, self.advantage.bias)
+        value = float32_head(features, self.value.weight, self.value.bias)
+        return value + advantage - advantage.mean(dim=1, keepdim=True)
 
     def numpy_layers(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """(W^T, b) float32 copies per layer, for :func:`numpy_q`; a dueling head folded into one layer.
