@@ -31,10 +31,16 @@ a raw fan-out over tcp; issue 22's goal, <= 1.2) and ``frames_25m_ratio_pubsub``
 (the same at 25M params, goal <= 1.2).
 
 ``--frames`` measures only what those two ratios need (``raw_pubsub_tcp``
-and ``shards_1_frames`` for 1.2M and 25M params), side by side: both sides'
-processes up at once and their publishes in alternating blocks (100
-publishes each in 10 blocks at 1.2M, 40 in 8 blocks at 25M), so that a
-noisy stretch of the machine falls on both.
+and ``shards_1_frames`` for 1.2M and 25M params) and, as floors of any
+design that has the publisher-to-server hop, two raw relays of the same
+bytes (``raw_relay_tcp``: the hop, then the fan-out, as a shard does;
+``raw_relay_chunked_tcp``: the two overlapped in 1 MiB chunks, a pipelined
+shard at its best; bench/weight_raw.py), all side by side: every side's
+processes up at once and their publishes in blocks taken in rotating order
+(100 publishes each in 10 blocks at 1.2M, 40 in 8 blocks at 25M), so that a
+noisy stretch of the machine falls on all. ``raw_relay_tcp_ratio_pubsub``
+and ``raw_relay_chunked_tcp_ratio_pubsub`` give their p99 and p50 over the
+raw fan-out's.
 """
 
 from __future__ import annotations
@@ -43,7 +49,6 @@ import argparse
 import contextlib
 import json
 import multiprocessing as mp
-import os
 import time
 from typing import Any
 
@@ -51,12 +56,11 @@ import msgpack
 import numpy as np
 import zmq
 
+from bench.weight_raw import READERS, RawPubSub, Reports, run_raw_one
 from common.clients.weights_publisher import WeightsPublisher
 from common.clients.weights_reader import WeightsReader
-from common.wire.transport import free_tcp_port
 from tests.paramserver_procs import ShardProcesses
 
-READERS = 4
 # --frames: publishes per side and the alternating blocks they are run in (run_interleaved)
 FRAMES_REPS = {"1.2M": 100, "25M": 40}
 BLOCKS = {"1.2M": 10, "25M": 8}
@@ -105,50 +109,6 @@ def reader_proc(addresses: list[str], name: str, report: str, shm: bool) -> None
         out.send(msgpack.packb([name, have, time.monotonic_ns()]))
         if have >= 1 << 40:
             return
-
-
-def raw_reader_proc(address: str, name: str, report: str, nframes: int, dealer: bool = False) -> None:
-    """A raw reader: SUB to the PUB/SUB reference, or (``dealer``) DEALER to the one-reader send."""
-    ctx: zmq.Context[Any] = zmq.Context.instance()
-    out = ctx.socket(zmq.PUSH)
-    out.connect(report)
-    sock = ctx.socket(zmq.DEALER if dealer else zmq.SUB)
-    if not dealer:
-        sock.setsockopt(zmq.SUBSCRIBE, b"")
-    sock.connect(address)
-    if dealer:
-        sock.send(b"ready")
-    while True:
-        frames = sock.recv_multipart(copy=False)
-        version = int.from_bytes(frames[0].bytes, "little")
-        held = [np.frombuffer(f.buffer, np.float32) for f in frames[1:]]  # hold the bytes, as ours does
-        assert len(held) == nframes
-        out.send(msgpack.packb([name, version, time.monotonic_ns()]))
-
-
-class Reports:
-    def __init__(self) -> None:
-        self.sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PULL)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        port = free_tcp_port()
-        self.address = f"tcp://127.0.0.1:{port}"
-        self.sock.bind(self.address)
-
-    def collect(self, version: int, count: int, timeout_s: float = 60.0) -> list[int]:
-        """Times at which ``count`` readers reported holding ``version``."""
-        times: dict[str, int] = {}
-        deadline = time.monotonic() + timeout_s
-        while len(times) < count:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.sock.poll(int(left * 1000)):
-                raise TimeoutError(f"only {len(times)} of {count} readers reported version {version}")
-            name, v, t = msgpack.unpackb(self.sock.recv())
-            if v == version:
-                times[name] = t
-        return list(times.values())
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -203,58 +163,6 @@ class OursFanout:
         self.reports.close()
 
 
-class RawPubSub:
-    """A raw PUB sending the tensors (zero-copy, one frame each) to 4 SUB reader processes."""
-
-    def __init__(self, tensors: dict[str, np.ndarray], transport: str = "tcp") -> None:
-        ctx = mp.get_context("spawn")
-        self.reports = Reports()
-        self.sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PUB)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        if transport == "ipc":
-            self.address = f"ipc:///tmp/rlfleet-bench-ws-{os.getpid()}-{free_tcp_port()}"
-        else:
-            self.address = f"tcp://127.0.0.1:{free_tcp_port()}"
-        self.sock.bind(self.address)
-        self.procs = [ctx.Process(target=raw_reader_proc, args=(self.address, f"raw{i}", self.reports.address,
-                                                                len(tensors)), daemon=True) for i in range(READERS)]
-        for p in self.procs:
-            p.start()
-        self.frames: list[Any] = list(tensors.values())  # numpy arrays are buffers to pyzmq
-        self.version = 0
-        try:
-            # A SUB gets only what is sent after its subscription arrived: send version 0 until all hold it.
-            deadline = time.monotonic() + 60
-            while True:
-                self.sock.send_multipart([(0).to_bytes(8, "little"), *self.frames], copy=False)
-                try:
-                    self.reports.collect(0, READERS, timeout_s=0.2)
-                    break
-                except TimeoutError:
-                    if time.monotonic() > deadline:
-                        raise
-        except BaseException:
-            self.close()
-            raise
-
-    def publish(self) -> float:
-        self.version += 1
-        time.sleep(0.02)
-        t0 = time.monotonic_ns()
-        self.sock.send_multipart([self.version.to_bytes(8, "little"), *self.frames], copy=False)
-        return (max(self.reports.collect(self.version, READERS)) - t0) / 1e6
-
-    def close(self) -> None:
-        for p in self.procs:
-            p.kill()
-            p.join(5)
-        self.sock.close()
-        self.reports.close()
-        if self.address.startswith("ipc://"):
-            with contextlib.suppress(OSError):
-                os.unlink(self.address[len("ipc://"):])
-
-
 def timed(side: OursFanout | RawPubSub, reps: int) -> list[float]:
     """``reps`` publishes of one side alone, then its processes stopped."""
     try:
@@ -263,56 +171,29 @@ def timed(side: OursFanout | RawPubSub, reps: int) -> list[float]:
         side.close()
 
 
-def run_interleaved(tensors: dict[str, np.ndarray], reps: int, blocks: int) -> tuple[list[float], list[float]]:
-    """``shards_1_frames`` and ``raw_pubsub_tcp`` side by side: both sides' processes up at once, then
-    ``blocks`` alternating blocks of reps/blocks publishes each, the side going first alternating too,
-    so a stretch of a noisy machine falls on both sides alike (the sides run one after the other
-    moved the raw side's own p99 by 2x between runs). Returns (raw, ours) latencies."""
-    raw, ours = RawPubSub(tensors, "tcp"), None
+SIDES = ("raw_pubsub_tcp", "shards_1_frames", "raw_relay_tcp", "raw_relay_chunked_tcp")
+
+
+def run_interleaved(tensors: dict[str, np.ndarray], reps: int, blocks: int) -> dict[str, list[float]]:
+    """``shards_1_frames``, ``raw_pubsub_tcp`` and the two raw relays side by side: every side's
+    processes up at once, then ``blocks`` blocks of reps/blocks publishes of each side in turn, the
+    order rotating from block to block, so a stretch of a noisy machine falls on every side alike (the
+    sides run one after the other moved the raw side's own p99 by 2x between runs). Latencies by side."""
+    sides: dict[str, RawPubSub | OursFanout] = {}
     try:
-        ours = OursFanout(tensors, 1, shm=False)
-        lat: dict[str, list[float]] = {"raw": [], "ours": []}
+        sides["raw_pubsub_tcp"] = RawPubSub(tensors, "tcp")
+        sides["shards_1_frames"] = OursFanout(tensors, 1, shm=False)
+        sides["raw_relay_tcp"] = RawPubSub(tensors, "tcp", relay="whole")
+        sides["raw_relay_chunked_tcp"] = RawPubSub(tensors, "tcp", relay="chunked")
+        lat: dict[str, list[float]] = {name: [] for name in SIDES}
         per_block = max(1, reps // blocks)
         for b in range(blocks):
-            order: list[tuple[str, RawPubSub | OursFanout]] = [("raw", raw), ("ours", ours)]
-            for name, side in (order if b % 2 == 0 else order[::-1]):
-                lat[name] += [side.publish() for _ in range(per_block)]
-        return lat["raw"], lat["ours"]
+            for name in SIDES[b % len(SIDES):] + SIDES[:b % len(SIDES)]:
+                lat[name] += [sides[name].publish() for _ in range(per_block)]
+        return lat
     finally:
-        raw.close()
-        if ours is not None:
-            ours.close()
-
-
-def run_raw_one(tensors: dict[str, np.ndarray], reps: int) -> list[float]:
-    """A raw DEALER send of the same tensors to a single reader (one copy, not four)."""
-    ctx = mp.get_context("spawn")
-    reports = Reports()
-    sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    address = f"tcp://127.0.0.1:{free_tcp_port()}"
-    sock.bind(address)
-    proc = ctx.Process(target=raw_reader_proc, args=(address, "raw", reports.address, len(tensors), True), daemon=True)
-    proc.start()
-    lat: list[float] = []
-    try:
-        if not sock.poll(60_000):
-            raise TimeoutError("raw reader did not start")
-        identity, _ = sock.recv_multipart()
-        frames: list[Any] = list(tensors.values())  # numpy arrays are buffers to pyzmq
-        for version in range(0, reps + 1):
-            time.sleep(0.02)
-            t0 = time.monotonic_ns()
-            sock.send_multipart([identity, version.to_bytes(8, "little"), *frames], copy=False)
-            done = reports.collect(version, 1)[0]
-            if version > 0:  # version 0 warms up, as for ours
-                lat.append((done - t0) / 1e6)
-    finally:
-        proc.kill()
-        proc.join(5)
-        sock.close()
-        reports.close()
-    return lat
+        for side in sides.values():
+            side.close()
 
 
 def main() -> None:
@@ -331,9 +212,9 @@ def main() -> None:
         params = sum(a.size for a in tensors.values())
         row: dict[str, Any] = {"params": int(params), "tensors": len(tensors)}
         if ns.frames:
-            raw, ours = run_interleaved(tensors, FRAMES_REPS[label] if not ns.quick else reps[label],
-                                        BLOCKS[label] if not ns.quick else 2)
-            row["raw_pubsub_tcp"], row["shards_1_frames"] = percentiles(raw), percentiles(ours)
+            lat = run_interleaved(tensors, FRAMES_REPS[label] if not ns.quick else reps[label],
+                                  BLOCKS[label] if not ns.quick else len(SIDES))
+            row |= {name: percentiles(samples) for name, samples in lat.items()}
             results[label] = row
             print(label, json.dumps(row), flush=True)
             continue
@@ -358,8 +239,12 @@ def main() -> None:
     }
     frames_goals = {f"{k}<=1.2": v <= 1.2 for k, v in frames.items()}
     if ns.frames:
+        # the floors of a design with the publisher-to-server hop: p99 and p50 over the raw fan-out's
+        floors = {f"{relay}_ratio_pubsub": {label: {q: round(row[relay][q] / row["raw_pubsub_tcp"][q], 3)
+                                                    for q in ("p99", "p50")} for label, row in results.items()}
+                  for relay in ("raw_relay_tcp", "raw_relay_chunked_tcp")}
         print(json.dumps({"benchmark": "weight_sync", "unit": "ms from publish until all 4 readers hold the version",
-                          "readers": READERS, "results": results, **frames,
+                          "readers": READERS, "results": results, **frames, **floors,
                           "seconds": round(time.monotonic() - started, 1), "goals_met": frames_goals}))
         return
     out = {
