@@ -61,7 +61,7 @@ from common.clients.weights_publisher import WeightsPublisher
 from common.clients.weights_reader import WeightsReader
 from tests.paramserver_procs import ShardProcesses
 
-# --frames: publishes per side and the alternating blocks they are run in (run_interleaved)
+# --frames: publishes per side and the blocks they are run in, in rotating order (run_interleaved)
 FRAMES_REPS = {"1.2M": 100, "25M": 40}
 BLOCKS = {"1.2M": 10, "25M": 8}
 

@@ -77,12 +77,11 @@ class DQNLearner:
         action = b["action"].long()[:, None]
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             q_sa = self.online(b["obs"]).gather(1, action).squeeze(1)
-            with torch.no_grad():
+            with torch.no_grad():  # Q-values come out float32 (the heads): the target is float32 too
                 next_q_target = self.target(b["next_obs"])
                 next_q_online = self.online(b["next_obs"]) if cfg.double else next_q_target
-        with torch.no_grad():
-            target = n_step_target(b["reward"].float(), b["discount"].float(), next_q_online, next_q_target,
-                                   cfg.double)
+                target = n_step_target(b["reward"].float(), b["discount"].float(), next_q_online, next_q_target,
+                                       cfg.double)
         losses = F.huber_loss(q_sa, target, reduction="none", delta=cfg.huber_delta)
         if weights is not None:
             losses = losses * to_device(weights, self.device).float()
