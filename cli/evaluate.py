@@ -90,7 +90,7 @@ def make_policy(cfg: Experiment, weights: Mapping[str, np.ndarray]) -> Any:
 def evaluate_weights(cfg: Experiment, weights: Mapping[str, np.ndarray], episodes: int | None = None,
                      seed: int | None = None) -> np.ndarray:
     """Returns of the evaluator's evaluation of ``weights`` (its episodes and seeds by default)."""
-    from services.actor.evaluator import EVAL_SEED_OFFSET, evaluate
+    from common.evaluation import EVAL_SEED_OFFSET, evaluate
 
     episodes = episodes or cfg.evaluator.episodes
     seed = cfg.seed + EVAL_SEED_OFFSET if seed is None else seed
@@ -157,7 +157,7 @@ def record_gif(cfg: Experiment, policy: Any, seed: int, path: str | Path, max_fr
 @click.option("--video", type=click.Path(dir_okay=False), default=None, help="write the first episode as a GIF")
 def eval_checkpoint(checkpoint: str, episodes: int | None, seed: int | None, video: str | None) -> None:
     """Score a learner checkpoint greedily, as the evaluator does, with no service running."""
-    from services.actor.evaluator import EVAL_SEED_OFFSET
+    from common.evaluation import EVAL_SEED_OFFSET
 
     if video is not None and not video.lower().endswith(".gif"):
         click.echo("rlfleet eval: --video writes a GIF; give a file name ending in .gif", err=True)

@@ -78,7 +78,7 @@ def test_numpy_q_values_match_torch(hidden: list[int], dueling: bool) -> None:
 
 def test_evaluation_same_on_sync_async_and_reused_envs() -> None:
     from common import config as config_mod
-    from services.actor.evaluator import eval_envs, evaluate
+    from common.evaluation import eval_envs, evaluate
 
     cfg = config_mod.load(data={"env": {"max_episode_steps": 60}, "algorithm": {"name": "dqn", "hidden": [16]}},
                           environ={})

@@ -70,7 +70,7 @@ def test_appo_solves_cartpole(tmp_path: Path) -> None:
     assert "sync: async" in (run_dir / "config.yaml").read_text()
 
 
-REACH = {  # the settings of tests/test_ppo_learns.py's continuous test, as a fleet
+REACH = {  # the settings of tests/test_serial_runner.py's continuous test, as a fleet
     "name": "reach-ppo", "seed": 0, "sync": "barrier",
     "env": {"id": "tests.toy_envs:Reach", "num_envs": 4},
     "algorithm": {"name": "ppo", "segment_length": 64, "batch_segments": 8, "minibatch_size": 128, "epochs": 10,

@@ -116,11 +116,10 @@ class DataSpec:
     - ``returns_priorities``: learn() returns new priorities to write back.
     - ``max_staleness``: items acted with weights more than this many versions old are dropped
       (:func:`drop_stale`) before learn; None: no limit.
-    - ``round``: how a barrier round is consumed. ``"updates"``: ``updates_per_round`` calls of
-      learn, each on a fresh sample of ``batch_items`` (DQN; the count is the learner config's).
-      ``"segments"``: the service samples exactly the round's items (num_actors * num_envs *
-      steps_per_round / item_steps segments) and calls learn once with all of them (PPO: every
-      segment once).
+    - ``round``: how a barrier round is consumed (:mod:`common.algorithms.rounds`). ``"updates"``:
+      ``updates_per_round`` calls of learn, each on a fresh sample of ``batch_items`` (DQN, SAC; the
+      count is the learner config's). ``"every_item"``: every item the round's actors inserted, once,
+      in one learn call (PPO's segments).
     - ``item_steps``: env steps of one env slot that one item covers (1 for a transition, T for a
       segment).
     """
@@ -129,7 +128,7 @@ class DataSpec:
     batch_items: int
     returns_priorities: bool
     max_staleness: int | None = None
-    round: Literal["updates", "segments"] = "updates"
+    round: Literal["updates", "every_item"] = "updates"
     item_steps: int = 1  # env steps of one env slot an item covers (a segment: its length)
 
 

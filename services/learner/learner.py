@@ -5,8 +5,8 @@ of learning to acting) and publishes every ``learner.publish_every`` updates.
 Barrier protocol: for round k it waits at the paramserver's barrier until
 every live actor has finished acting on version k, trains on the round as the
 algorithm consumes it (``learner.updates_per_round`` updates, none while
-replay is below its min size; or every segment of the round once: see
-:mod:`services.learner.training`) and publishes version k + 1.
+replay is below its min size; or every item of the round once: see
+:mod:`common.algorithms.rounds`) and publishes version k + 1.
 
 Sample requests are kept in flight by the SampleClient, so a batch is usually
 waiting when an update ends; priorities go back without waiting. In a barrier
@@ -39,6 +39,7 @@ from common import algorithms
 from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
 from common.algorithms.data_parallel import CollectiveError, GradientAverager, broadcast_learner
 from common.algorithms.device import resolve_device
+from common.algorithms.rounds import round_of
 from common.clients.version_probe import VersionProbe
 from common.clients.weights_publisher import WeightsPublisher
 from common.config import Experiment, dump
@@ -291,10 +292,9 @@ class LearnerService:
                 self.ensure_published()
                 continue
             self.m_barrier.inc(time.monotonic() - start)
-            if self.core.data.round == "segments":
-                done = self.trainer.segments_round(actors)
-            else:
-                done = self.trainer.updates_round()
+            rnd = round_of(self.core.data, self.cfg.learner.updates_per_round, actors * self.cfg.env.num_envs,
+                           self.cfg.actor.steps_per_round)
+            done = self.trainer.run_round(rnd)
             if self._stopping:
                 break
             self.publish(self.version + 1)

@@ -4,11 +4,9 @@
 asks the core how to consume data (``core.data``: items per request, staleness
 bound, how a barrier round is consumed) and never the algorithm's name:
 
-- async, and a DQN-style barrier round (``round == "updates"``): one learn call
-  per sampled batch (:meth:`Trainer.update_once`, :meth:`Trainer.updates_round`);
-- a PPO-style barrier round (``round == "segments"``): exactly the round's items
-  (every actor's ``num_envs * steps_per_round / item_steps``), each once, in one
-  learn call (:meth:`Trainer.segments_round`).
+- async: one learn call per sampled batch (:meth:`Trainer.update_once`);
+- barrier: the round the core's data spec gives (:meth:`Trainer.run_round`): N learn calls on fresh
+  batches, or every item the round's actors inserted once, in one learn call.
 
 Items acted with weights more than ``max_staleness`` versions old are dropped
 and counted (``rlfleet_learner_items_dropped_total{reason="stale"}``); the
@@ -26,13 +24,13 @@ import numpy as np
 
 from common import algorithms
 from common.algorithms.contract import Learner
+from common.algorithms.rounds import Round, concat_in_canonical_order
 from common.clients.replay_sample import SampleBatch, SampleClient
 from common.config import Experiment
 from common.metrics import ServiceMetrics
 from common.tboard import ScalarWriter
 from common.wire.errors import CommTimeout
 from services.learner.imagination import ImaginedMix
-from services.learner.round_order import concat_in_canonical_order
 
 log = logging.getLogger("rlfleet.learner")
 
@@ -169,14 +167,22 @@ class Trainer:
                 return True
         return False
 
-    def updates_round(self) -> int:
-        """A round of ``learner.updates_per_round`` learn calls, each on a fresh batch (DQN)."""
-        want = self.cfg.learner.updates_per_round
+    def run_round(self, rnd: Round) -> int:
+        """One barrier round as ``rnd`` says (common/algorithms/rounds.py); returns the learn calls done.
+
+        Only this round's batches are asked for, after its inserts. A round has a deadline: replay
+        restarting mid-round must not hold every actor forever."""
+        if rnd.kind == "updates":
+            return self._updates(rnd)
+        return self._every_item(rnd)
+
+    def _updates(self, rnd: Round) -> int:
+        """``rnd.learn_calls`` learn calls, each on a fresh batch (none while replay is below its min size)."""
+        want = rnd.learn_calls
         done = 0
         if not self.replay_ready():
             return done
-        self.sampler.ask_for(want)  # every batch of the round asked for after its inserts
-        # A round has a deadline: replay restarting mid-round must not hold every actor forever.
+        self.sampler.ask_for(rnd.requests())
         deadline = time.monotonic() + self.cfg.network.timeout_s
         while done < want and not self.stopping() and time.monotonic() < deadline:
             if self.update_once(timeout_s=1.0):
@@ -189,12 +195,10 @@ class Trainer:
                         self.version(), done, want, self.cfg.network.timeout_s)
         return done
 
-    def segments_round(self, actors: int) -> int:
-        """Every item of the round once, in one learn call (PPO): each of ``actors`` actors inserted
-        ``num_envs * steps_per_round / item_steps`` items acted with this version."""
-        want = actors * self.cfg.env.num_envs * self.cfg.actor.steps_per_round // self.core.data.item_steps
-        per_batch = self.core.data.batch_items
-        self.sampler.ask_for(-(-want // per_batch))
+    def _every_item(self, rnd: Round) -> int:
+        """Every item of the round once, in one learn call."""
+        want, per_batch = rnd.items, rnd.batch_items
+        self.sampler.ask_for(rnd.requests())
         parts: list[dict[str, np.ndarray]] = []
         got = 0
         deadline = time.monotonic() + self.cfg.network.timeout_s
@@ -210,7 +214,7 @@ class Trainer:
         if got < want and not self.stopping():
             log.warning("learner: round %d got %d of its %d items within %.0f s", self.version(), got, want,
                         self.cfg.network.timeout_s)
-        # in an order that arrival does not decide (same seeds, same weights: services/learner/round_order.py)
+        # in an order that arrival does not decide (same seeds, same weights)
         return 1 if parts and self.learn(concat_in_canonical_order(parts)) else 0
 
     def close(self) -> None:

@@ -61,7 +61,7 @@ class PPOLearner:
         self.cfg = cfg
         self.device = resolve_device(device)
         self.data = DataSpec(table_kinds=PPOConfig.table_kinds, batch_items=cfg.batch_segments,
-                             returns_priorities=False, max_staleness=cfg.max_staleness, round="segments",
+                             returns_priorities=False, max_staleness=cfg.max_staleness, round="every_item",
                              item_steps=cfg.segment_length)
         self.net = seeded_networks(cfg, observation_space, action_space, seed).to(self.device)
         self.images = isinstance(self.net, PPOCnnNetworks)
