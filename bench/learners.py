@@ -35,7 +35,7 @@ import numpy as np
 from common.wire.transport import free_tcp_port
 
 
-def make_core(algo: str, batch: int, hidden: int, world: int) -> Any:
+def make_core(algo: str, batch: int, hidden: int, world: int, averager: Any = None) -> Any:
     import gymnasium as gym
 
     from common import algorithms
@@ -50,7 +50,8 @@ def make_core(algo: str, batch: int, hidden: int, world: int) -> Any:
 
         env = gym.make("CartPole-v1")
         cfg = DQNConfig(batch_size=batch // world, hidden=[hidden, hidden])
-    return algorithms.get(algo).make_learner(cfg, env.observation_space, env.action_space, device="cpu", seed=0)
+    return algorithms.get(algo).make_learner(cfg, env.observation_space, env.action_space, device="cpu", seed=0,
+                                             averager=averager)
 
 
 def batch_for(algo: str, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -73,10 +74,7 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    core = make_core(args.algo, args.batch, args.hidden, args.world)
-    rng = np.random.default_rng(args.rank)
-    batches = [batch_for(args.algo, args.batch // args.world, rng) for _ in range(8)]
-    out: dict[str, Any] = {}
+    averager = None
     if args.world > 1:
         import torch.distributed as dist
 
@@ -84,7 +82,11 @@ def rank_main(args: argparse.Namespace) -> None:
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
                                 world_size=args.world, timeout=timedelta(seconds=120))
-        core.dp = GradientAverager()
+        averager = GradientAverager()
+    core = make_core(args.algo, args.batch, args.hidden, args.world, averager)
+    rng = np.random.default_rng(args.rank)
+    batches = [batch_for(args.algo, args.batch // args.world, rng) for _ in range(8)]
+    out: dict[str, Any] = {}
     for i in range(30):  # warm-up
         core.learn(batches[i % len(batches)])
     if args.world > 1:
@@ -97,7 +99,7 @@ def rank_main(args: argparse.Namespace) -> None:
         grads, _, _ = core.compute_gradients(batches[0])
         raw = torch.zeros(sum(g.numel() for gs in grads.values() for g in gs if g is not None))
         def ours() -> None:
-            core.dp.average(grads)
+            core.average(grads)
 
         def bare() -> None:
             dist.all_reduce(raw)

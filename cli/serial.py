@@ -97,7 +97,7 @@ def check_serial(cfg: Experiment) -> None:
 class Lane:
     """What one actor service holds: vector env, policy and adder, seeded as actor ``index``."""
 
-    def __init__(self, cfg: Experiment, algo: algorithms.AlgorithmModule, index: int) -> None:
+    def __init__(self, cfg: Experiment, algo: algorithms.Builder, index: int) -> None:
         self.index = index
         seed = cfg.seed * 100_003 + index * cfg.env.num_envs  # the actor service's env seeds
         self.envs = make_vector_env(cfg.env, seed, algo.autoreset_mode)
@@ -160,7 +160,7 @@ class SerialRunner:
 
     # -- learning ---------------------------------------------------------------
     def sample(self, batch_items: int) -> Sampled:
-        return self.table.sample(batch_items, self.learner.beta())
+        return self.table.sample(batch_items, **self.learner.sample_args())
 
     def learn(self, batch: Sampled | dict[str, np.ndarray]) -> None:
         """Drop stale items, learn on the rest, write priorities back (as the learner service does)."""

@@ -26,7 +26,7 @@ ITEMS = 64  # DQN / SAC transitions per global batch
 SEGMENTS, SEGMENT_LENGTH = 8, 16  # PPO: segments per global batch, their length
 
 
-def learner(algo: str, world: int) -> Any:
+def learner(algo: str, world: int, averager: Any = None) -> Any:
     from common import algorithms
 
     if algo == "ppo":
@@ -47,7 +47,8 @@ def learner(algo: str, world: int) -> Any:
 
         env = gym.make("CartPole-v1")
         cfg = DQNConfig(batch_size=ITEMS // world)
-    return algorithms.get(algo).make_learner(cfg, env.observation_space, env.action_space, device="cpu", seed=0)
+    return algorithms.get(algo).make_learner(cfg, env.observation_space, env.action_space, device="cpu", seed=0,
+                                             averager=averager)
 
 
 def batches(algo: str, data: dict[str, np.ndarray], rank: int, world: int) -> list[dict[str, np.ndarray]]:
@@ -78,8 +79,11 @@ def main(argv: list[str]) -> int:
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=60))
-        core.dp = GradientAverager()
-        src = broadcast_learner(core, core.dp)
+        averager = GradientAverager()
+        resumed = core.state()  # a rank that trained ahead: as one that resumed from a newer checkpoint
+        core = learner(algo, world, averager)
+        core.load_state(resumed)
+        src = broadcast_learner(core, averager)
         assert src == (1 if ahead else 0), src
         assert core.num_updates == (2 if ahead else 0) * (1 if algo != "ppo" else 2), core.num_updates
     for batch in steps[2 if ahead else 0:]:

@@ -73,7 +73,7 @@ def test_act_add_learn(name: str, env_id: str) -> None:
     metrics, priorities = learner.learn(batch, None)
     assert learner.num_updates > before and all(np.isfinite(v) for v in metrics.values())
     assert (priorities is not None) == learner.data.returns_priorities
-    assert (learner.beta() is not None) == ("prioritized" in learner.data.table_kinds)
+    assert bool(learner.sample_args()) == ("prioritized" in learner.data.table_kinds)
 
     # Deterministic acting does not depend on the rng; two policies with one act_seed sample alike.
     policy.load_weights(learner.weights())
@@ -94,7 +94,7 @@ def test_act_add_learn(name: str, env_id: str) -> None:
 def test_every_algorithm_has_a_learner_or_workers() -> None:
     tested = {name for name, _ in ENVS} | {name for name, _, _ in WORKER_ENVS}
     assert tested == set(algorithms.available())
-    assert {name for name, _, _ in WORKER_ENVS} == {n for n in algorithms.available() if algorithms.get(n).make_worker}
+    assert {name for name, _, _ in WORKER_ENVS} == {n for n in algorithms.available() if algorithms.get(n).has_workers}
     for name, _, settings in WORKER_ENVS:
         assert algorithms.get(name).config(**SMALL[name], **settings).trains_with_workers()
 
@@ -102,7 +102,7 @@ def test_every_algorithm_has_a_learner_or_workers() -> None:
 @pytest.mark.parametrize("name,env_id,settings", WORKER_ENVS)
 def test_worker_act_add_gradients(name: str, env_id: str, settings: dict[str, Any]) -> None:
     algo = algorithms.get(name)
-    assert algo.make_worker is not None
+    assert algo.has_workers
     cfg = algo.config(**SMALL[name], **settings)
     num_envs = 2
     envs = gym.vector.SyncVectorEnv([lambda: make(env_id)] * num_envs,

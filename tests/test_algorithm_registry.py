@@ -8,13 +8,13 @@ import torch
 
 import common.algorithms as algorithms
 from common.algorithms.device import resolve_device
-from common.algorithms.dqn import ALGORITHM
+from common.algorithms.dqn import BUILDER
 from common.algorithms.dqn.config import DQNConfig
 from tests.dqn_helpers import ACT_SPACE, OBS_SPACE
 
 
 def test_registry_and_env_checks() -> None:
-    assert algorithms.get("dqn") is ALGORITHM
+    assert algorithms.get("dqn") is BUILDER
     assert "dqn" in algorithms.available()
     with pytest.raises(algorithms.UnknownAlgorithm, match="unknown algorithm 'nope'; available: a3c, dqn"):
         algorithms.get("nope")
@@ -22,13 +22,10 @@ def test_registry_and_env_checks() -> None:
         algorithms.get("device")  # a helper module, not an algorithm
     with pytest.raises(algorithms.UnknownAlgorithm):
         algorithms.get("adders")  # a helper folder, not an algorithm
-    assert ALGORITHM.table_kinds == ("uniform", "prioritized")
+    assert BUILDER.table_kinds == ("uniform", "prioritized")
     with pytest.raises(ValueError, match="already registered"):
         algorithms.register(
-            algorithms.AlgorithmModule(
-                "dqn", DQNConfig, ALGORITHM.check_env, ALGORITHM.make_policy, ALGORITHM.make_adder,
-                ALGORITHM.make_learner,
-            )
+            algorithms.Builder("dqn", DQNConfig, BUILDER.check_env, BUILDER.make_adder, BUILDER.policy, BUILDER.learner)
         )
     cfg = DQNConfig()
     pendulum = gym.make("Pendulum-v1")

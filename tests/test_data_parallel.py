@@ -35,15 +35,15 @@ def transitions(rng: np.random.Generator, obs_dim: int, continuous: bool) -> dic
 
 def segments(seed: int) -> dict[str, np.ndarray]:
     """Real CartPole segments from PPO's own acting path."""
-    from common.algorithms.ppo import ALGORITHM
+    from common.algorithms.ppo import BUILDER
     from tests.data_parallel_ranks import learner
 
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * SEGMENTS,
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     space = envs.single_observation_space, envs.single_action_space
     cfg = learner("ppo", 1).cfg
-    policy = ALGORITHM.make_policy(cfg, *space, seed=0, act_seed=[seed, 1])
-    adder = ALGORITHM.make_adder(cfg, SEGMENTS, *space, "SameStep")
+    policy = BUILDER.make_policy(cfg, *space, seed=0, act_seed=[seed, 1])
+    adder = BUILDER.make_adder(cfg, SEGMENTS, *space, "SameStep")
     obs, _ = envs.reset(seed=seed)
     adder.reset(obs)
     for _ in range(SEGMENT_LENGTH):

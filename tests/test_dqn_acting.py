@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.algorithms.contract import beta_schedule
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.dqn.learner import DQNLearner
-from common.algorithms.dqn.policy import DQNPolicy, actor_epsilon, apex_epsilon, scheduled_epsilon
+from common.algorithms.dqn.policy import DQNPolicy, actor_epsilon, apex_epsilon
+from common.algorithms.schedules import linear
 from tests.dqn_helpers import ACT_SPACE, OBS_SPACE
 
 
@@ -21,19 +21,20 @@ def test_apex_epsilon_and_beta() -> None:
     with pytest.raises(ValueError):
         apex_epsilon(3, 3, 0.4, 7.0)
     assert actor_epsilon(DQNConfig(epsilon=0.5, epsilon_alpha=3.0), 1, 2) == pytest.approx(0.5**4)
-    assert beta_schedule(0, 0.4, 100) == pytest.approx(0.4)
-    assert beta_schedule(50, 0.4, 100) == pytest.approx(0.7)
-    assert beta_schedule(500, 0.4, 100) == 1.0
+    assert linear(0.4, 1.0, 0, 100) == pytest.approx(0.4)
+    assert linear(0.4, 1.0, 50, 100) == pytest.approx(0.7)
+    assert linear(0.4, 1.0, 500, 100) == 1.0
     learner = DQNLearner(DQNConfig(beta_start=0.5, beta_updates=10), OBS_SPACE, ACT_SPACE, device="cpu")
-    assert learner.beta() == 0.5 and learner.beta(5) == pytest.approx(0.75)
+    assert learner.importance_exponent() == 0.5 and learner.importance_exponent(5) == pytest.approx(0.75)
+    assert learner.sample_args() == {"beta": 0.5}
 
 
 def test_epsilon_schedule_over_fleet_steps() -> None:
-    assert scheduled_epsilon(0.05, 0, 1.0, None) == 0.05  # no schedule: the Ape-X value from the start
-    assert scheduled_epsilon(0.05, 0, 1.0, 1000) == 1.0
-    assert scheduled_epsilon(0.05, 500, 1.0, 1000) == pytest.approx(0.525)
-    assert scheduled_epsilon(0.05, 1000, 1.0, 1000) == 0.05
-    assert scheduled_epsilon(0.05, 10**9, 1.0, 1000) == 0.05
+    assert linear(1.0, 0.05, 0, None) == 0.05  # no schedule: the Ape-X value from the start
+    assert linear(1.0, 0.05, 0, 1000) == 1.0
+    assert linear(1.0, 0.05, 500, 1000) == pytest.approx(0.525)
+    assert linear(1.0, 0.05, 1000, 1000) == 0.05
+    assert linear(1.0, 0.05, 10**9, 1000) == 0.05
     cfg = DQNConfig(epsilon=0.4, epsilon_alpha=7.0, epsilon_decay_steps=10_000, epsilon_start=0.9)
     policy = DQNPolicy(cfg, OBS_SPACE, ACT_SPACE)
     assert policy.epsilon == 0.0  # greedy until explore() is called (evaluators never call it)

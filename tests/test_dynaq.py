@@ -12,15 +12,15 @@ from common import algorithms
 from common.config import ConfigError, load
 from common.config.planning import WorldModelConfig
 from common.envs import experience_schema
-from common.planning.imagined_env import ImaginedEnv
-from common.planning.world_model import (
+from common.planning.dynamics import (
     VAL_ERROR,
+    DynamicsLearner,
     ModelMismatch,
-    WorldModelLearner,
     holdout_mask,
-    load_world_model,
-    make_world_model,
+    load_dynamics_model,
+    make_dynamics_model,
 )
+from common.planning.imagined_env import ImaginedEnv
 from tests.fleet_helpers import CONFIGS
 
 DYNAQ = CONFIGS / "cartpole-dynaq.yaml"
@@ -41,10 +41,10 @@ def cartpole_transitions(steps: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, np.int64 if k == "action" else np.float32) for k, v in rows.items()}
 
 
-def fitted_model(updates: int = 1500) -> tuple[WorldModelLearner, dict[str, np.ndarray]]:
+def fitted_model(updates: int = 1500) -> tuple[DynamicsLearner, dict[str, np.ndarray]]:
     data = cartpole_transitions(8000)
     env = gym.make("CartPole-v1")
-    learner = WorldModelLearner(WorldModelConfig(), env.observation_space, env.action_space, device="cpu", seed=0)
+    learner = DynamicsLearner(WorldModelConfig(), env.observation_space, env.action_space, device="cpu", seed=0)
     rng = np.random.default_rng(1)
     for _ in range(updates):
         keys = rng.integers(0, len(data["obs"]), 256)
@@ -67,16 +67,16 @@ def test_the_world_model_fits_cartpole_and_says_so_on_data_it_never_trained_on()
     assert (term == truth).mean() > 0.97 and term[truth].mean() > 0.6, (term[truth].mean(), truth.sum())
     # the published arrays are the whole model, with its validation error
     arrays = learner.weights()
-    fresh = make_world_model(WorldModelConfig(), gym.make("CartPole-v1").observation_space,
+    fresh = make_dynamics_model(WorldModelConfig(), gym.make("CartPole-v1").observation_space,
                              gym.make("CartPole-v1").action_space)
-    assert load_world_model(fresh, arrays) == pytest.approx(float(arrays[VAL_ERROR]))
+    assert load_dynamics_model(fresh, arrays) == pytest.approx(float(arrays[VAL_ERROR]))
     assert np.allclose(fresh.predict(data["obs"][:5], data["action"][:5])[0], net.predict(data["obs"][:5],
                                                                                         data["action"][:5])[0])
 
 
 def test_an_untrained_model_has_no_validation_error_yet_and_a_bad_one_a_large_one() -> None:
     env = gym.make("CartPole-v1")
-    learner = WorldModelLearner(WorldModelConfig(), env.observation_space, env.action_space, device="cpu")
+    learner = DynamicsLearner(WorldModelConfig(), env.observation_space, env.action_space, device="cpu")
     assert learner.val_error == float("inf")
     data = cartpole_transitions(3000)
     keys = np.arange(3000)
@@ -95,13 +95,13 @@ def test_the_held_out_split_is_a_fixed_fraction_of_keys() -> None:
 
 def test_a_model_of_another_env_is_refused_with_what_it_does_not_fit() -> None:
     pendulum = gym.make("Pendulum-v1")
-    other = WorldModelLearner(WorldModelConfig(), pendulum.observation_space, pendulum.action_space, device="cpu")
+    other = DynamicsLearner(WorldModelConfig(), pendulum.observation_space, pendulum.action_space, device="cpu")
     cart = gym.make("CartPole-v1")
-    net = make_world_model(WorldModelConfig(), cart.observation_space, cart.action_space)
+    net = make_dynamics_model(WorldModelConfig(), cart.observation_space, cart.action_space)
     with pytest.raises(ModelMismatch, match="do not fit this env's model.*shape"):
-        load_world_model(net, other.weights())
+        load_dynamics_model(net, other.weights())
     with pytest.raises(ModelMismatch, match="1-D Box"):
-        make_world_model(WorldModelConfig(), gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), cart.action_space)
+        make_dynamics_model(WorldModelConfig(), gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), cart.action_space)
 
 
 def test_imagined_transitions_have_the_real_schema_and_end_like_real_episodes() -> None:
@@ -179,7 +179,7 @@ def test_the_gate_follows_the_published_model_and_ignores_one_of_another_env(cap
     """Over real sockets: a world model of another observation shape is ignored with one logged error; a
     model of this env opens the gate only while its validation error is below planning.gate."""
     from common.clients.weights_publisher import WeightsPublisher
-    from common.config.planning import WORLD_MODEL
+    from common.config.planning import PLANNING_MODEL
     from common.planning.model_watch import ModelWatch
     from tests.paramserver_procs import ShardProcesses
 
@@ -187,10 +187,10 @@ def test_the_gate_follows_the_published_model_and_ignores_one_of_another_env(cap
         cfg = load(DYNAQ, environ={}, sets=[f"network.paramserver=[{shards.addresses[0]}]"])
         cart, pendulum = gym.make("CartPole-v1"), gym.make("Pendulum-v1")
         watch = ModelWatch(cfg, "planner-test", cart.observation_space, cart.action_space, every_s=0.0)
-        publisher = WeightsPublisher(shards.addresses, "modeler", model=WORLD_MODEL)
+        publisher = WeightsPublisher(shards.addresses, "modeler", model=PLANNING_MODEL)
         try:
             assert not watch.refresh() and not watch.open  # nothing published: closed
-            other = WorldModelLearner(WorldModelConfig(), pendulum.observation_space, pendulum.action_space)
+            other = DynamicsLearner(WorldModelConfig(), pendulum.observation_space, pendulum.action_space)
             publisher.publish(0, other.weights())
             with caplog.at_level("ERROR"):
                 assert not watch.refresh()
@@ -201,7 +201,7 @@ def test_the_gate_follows_the_published_model_and_ignores_one_of_another_env(cap
     with ShardProcesses(1) as shards:  # a fresh paramserver: it keeps a model name's first layout
         cfg = load(DYNAQ, environ={}, sets=[f"network.paramserver=[{shards.addresses[0]}]"])
         watch = ModelWatch(cfg, "planner-test", cart.observation_space, cart.action_space, every_s=0.0)
-        publisher = WeightsPublisher(shards.addresses, "modeler", model=WORLD_MODEL)
+        publisher = WeightsPublisher(shards.addresses, "modeler", model=PLANNING_MODEL)
         try:
             learner, _ = fitted_model(300)
             for version, error in enumerate((0.5, 0.01, 0.2)):

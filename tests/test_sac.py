@@ -73,7 +73,7 @@ def test_temperature_falls_while_entropy_is_above_target() -> None:
     assert priorities.shape == (32,) and (priorities > 0).all()
     fixed = SACLearner(SACConfig(hidden=[16], ent_coef=0.2), OBS, LOPSIDED, device="cpu", seed=0)
     fixed.learn(batch())
-    assert float(fixed.log_alpha.exp()) == pytest.approx(0.2) and "alpha" not in fixed.adams
+    assert float(fixed.log_alpha.exp()) == pytest.approx(0.2) and "alpha" not in fixed.optimizers
 
 
 def test_checkpoint_continues_the_same_run(tmp_path: Path) -> None:

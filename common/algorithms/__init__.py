@@ -1,10 +1,10 @@
 """Algorithms: one contract (:mod:`.contract`), one registry (:mod:`.registry`), one folder each.
 
 An algorithm is a folder ``common/algorithms/<name>/`` with its config, networks,
-policy (acting), adder and learner; its ``__init__`` defines ``ALGORITHM``.
-Services only go through :func:`get` and the contract, so adding an algorithm is
-that folder: the experiment's ``algorithm:`` section is built from the folders'
-config classes.
+loss, policy (acting) and learner, and a Builder (``builder.py``) that names them.
+Services only go through :func:`get` (the Builder) and the contract, so adding an
+algorithm is that folder and one line of the registry: the experiment's
+``algorithm:`` section is built from the folders' config classes.
 
 Nothing here opens sockets or imports torch at import time.
 """
@@ -15,9 +15,9 @@ from __future__ import annotations
 # and common.config builds its algorithm union from this package; loading common.config
 # first lets that finish before any algorithm folder is half-imported.
 import common.config  # noqa: F401
+from common.algorithms.builder import Builder
 from common.algorithms.contract import (
     Adder,
-    AlgorithmModule,
     Columns,
     ColumnSchema,
     DataSpec,
@@ -32,7 +32,7 @@ from common.algorithms.registry import available, check_env, config_classes, get
 
 __all__ = [
     "Adder",
-    "AlgorithmModule",
+    "Builder",
     "ColumnSchema",
     "Columns",
     "DataSpec",

@@ -1,5 +1,8 @@
 """The algorithm contract: what every algorithm gives the services, and nothing else.
 
+An algorithm's :class:`~common.algorithms.builder.Builder` makes these objects; the learner
+side shares one base (:class:`~common.algorithms.learning.LearnerBase`).
+
 In the manner of RLlib's new stack (an RLModule with an inference and an
 exploration forward; a Learner that splits compute and apply) and Acme's
 builder (adders between the env loop and replay). The services never test an
@@ -16,8 +19,9 @@ Acting (actors and evaluators; CPU; numpy in and out)::
 
 Learning (the learner service)::
 
-    learner = algo.make_learner(cfg, obs_space, act_space, device=..., seed=exp_seed)
+    learner = algo.make_learner(cfg, obs_space, act_space, device=..., seed=exp_seed, averager=None)
     learner.data                                      # DataSpec: how to sample for it
+    batch = sample(learner.data.batch_items, **learner.sample_args())
     batch, weights, dropped = drop_stale(batch, version, learner.data.max_staleness, weights)
     metrics, priorities = learner.learn(batch, weights)    # built from compute_gradients + apply_gradients
     publish(learner.weights())                        # named float arrays, only what acting needs
@@ -28,14 +32,14 @@ replay and paramserver images) read the registry without them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
-    import gymnasium as gym
+    pass
 
 Columns = dict[str, np.ndarray]
 ColumnSchema = dict[str, tuple[str, tuple[int, ...]]]  # column -> (dtype name, per-item shape)
@@ -138,12 +142,10 @@ class Learner(Protocol):
     data: DataSpec
     num_updates: int  # optimizer steps taken
     device: Any  # torch.device the learner trains on
-    # None, or a GradientAverager (common/algorithms/data_parallel.py) that learn() passes the gradients
-    # through between compute and apply: set by a learner that is one rank of several
-    dp: Any
 
-    def beta(self) -> float | None:
-        """Importance exponent to sample a prioritized table with now; None if unused."""
+    def sample_args(self) -> dict[str, Any]:
+        """Fields of the next sample request its table needs from it now (a prioritized table's
+        importance exponent, on the algorithm's schedule); {} for none."""
         ...
 
     def compute_gradients(
@@ -188,39 +190,6 @@ class GradientWorker(Policy, Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class AlgorithmModule:
-    """What an algorithm gives the services. ``cfg`` is its config section (an instance of ``config``).
-
-    The factories import torch when called, not before: the registry itself is torch-free.
-    """
-
-    name: str
-    config: type[Any]  # the pydantic class of the ``algorithm:`` section, with ``table_kinds``
-    # (cfg, observation_space, action_space, env_id) -> None, or raises EnvMismatch
-    check_env: Callable[[Any, gym.Space[Any], gym.Space[Any], str | None], None]
-    # (cfg, observation_space, action_space, *, device="cpu", seed=0, act_seed=None) -> Policy
-    make_policy: Callable[..., Policy]
-    # (cfg, num_envs, observation_space, action_space, autoreset_mode) -> Adder
-    make_adder: Callable[[Any, int, gym.Space[Any], gym.Space[Any], Any], Adder]
-    # (cfg, observation_space, action_space, *, device="auto", seed=0) -> Learner
-    make_learner: Callable[..., Learner]
-    # how the actors' vector envs reset (a gymnasium AutoresetMode value): "NextStep" spends a vector
-    # step on each reset (the adder drops it); "SameStep" makes every vector step an env step of every
-    # slot, so fixed-length segments end together, on barrier round boundaries
-    autoreset_mode: str = "NextStep"
-    # (cfg, observation_space, action_space, *, seed=0, act_seed=None) -> GradientWorker, or None.
-    # Given: the algorithm can train through gradient workers (the actors) and the paramserver's shard
-    # optimizers; its config section's trains_with_workers() says whether an experiment does (then the
-    # fleet runs no replay and no learner).
-    make_worker: Callable[..., GradientWorker] | None = None
-
-    @property
-    def table_kinds(self) -> tuple[str, ...]:
-        """Replay table kinds this algorithm can train from."""
-        return tuple(self.config.table_kinds)
-
-
 def drop_stale(
     batch: Mapping[str, np.ndarray], current_version: int, max_staleness: int | None,
     weights: np.ndarray | None = None,
@@ -242,9 +211,3 @@ def drop_stale(
         return columns, weights, 0
     kept_weights = None if weights is None else np.asarray(weights)[keep]
     return {key: np.asarray(value)[keep] for key, value in columns.items()}, kept_weights, dropped
-
-
-def beta_schedule(updates: int, beta_start: float, beta_updates: int) -> float:
-    """Prioritized replay's importance-sampling exponent: linear from ``beta_start`` to 1 over
-    ``beta_updates`` updates (what a learner's ``beta()`` returns)."""
-    return float(min(1.0, beta_start + (1.0 - beta_start) * updates / beta_updates))

@@ -1,19 +1,18 @@
 """Data-parallel learning: gradients averaged over a torch.distributed group between compute and apply.
 
 Each rank computes gradients on its own share of the global batch (``compute_gradients``); a
-:class:`GradientAverager` set on the learner (``learner.dp``) averages them over the group with
+:class:`GradientAverager` handed to the learner (``averager``) averages them over the group with
 one all-reduce per update (every optimizer's gradients flattened into one buffer: one collective,
 not one per tensor, as DistributedDataParallel buckets), and every rank applies the same average
 (``apply_gradients``). Ranks that start from the same weights therefore stay identical, and N
 ranks with B/N items each take the step one rank would take on all B: the losses are means, so
 the mean of the N per-rank gradients is the gradient of the mean over B.
 
-What an algorithm does with it (the learners in this package):
-- gradients pass through :meth:`GradientAverager.average` between compute and apply;
-- counts that stand for the global batch (PPO's env steps for its annealing) are multiplied by
-  :attr:`GradientAverager.world`;
-- statistics over data that must agree across ranks (PPO's observation normalisation) are
-  summed with :meth:`GradientAverager.sum`.
+The learner base (common/algorithms/learning.py) is handed the averager and uses it for every
+algorithm: gradients pass through :meth:`GradientAverager.average` between compute and apply;
+counts that stand for the global batch (PPO's env steps for its annealing) are multiplied by
+the group's size; statistics over data that must agree across ranks (PPO's observation
+normalisation) are summed with :meth:`GradientAverager.sum`.
 
 A gradient that is None (a parameter the loss does not reach) must be None on every rank:
 the same algorithm and config make the same graph, so it is. gloo on CPU, NCCL on CUDA: the
@@ -122,8 +121,8 @@ def broadcast_learner(core: Any, averager: GradientAverager) -> int:
     updates[averager.rank] = core.num_updates
     averager.sum([updates])
     src = int(torch.argmax(updates))  # the first of the maxima
-    for adam in _adams(core):  # moments as after a first step, so every rank's state has the same tensors
-        adam.ensure_state()
+    for optimizer in core.optimizers.values():  # moments as after a first step: every rank's state has the same tensors
+        optimizer.ensure_state()
     core.load_state(_broadcast_tree(core.state(), averager, src))
     return src
 
@@ -151,11 +150,3 @@ def _broadcast_tree(tree: Any, averager: GradientAverager, src: int) -> Any:
     if isinstance(tree, list | tuple):
         return type(tree)(_broadcast_tree(item, averager, src) for item in tree)
     return tree  # strings, None: the same config gives the same
-
-
-def _adams(core: Any) -> list[Any]:
-    from common.algorithms.optim import ClippedAdam
-
-    values = list(vars(core).values())
-    values += [v for d in values if isinstance(d, dict) for v in d.values()]
-    return [v for v in values if isinstance(v, ClippedAdam)]

@@ -1,5 +1,5 @@
-"""The registry of algorithms: each a folder ``common/algorithms/<name>/`` whose ``__init__``
-defines ``ALGORITHM = AlgorithmModule(...)``, or one added with :func:`register`.
+"""The registry of algorithms: each a folder ``common/algorithms/<name>/`` whose ``builder.py``
+defines ``BUILDER = Builder(...)``, named in :data:`BUILTIN`; or one added with :func:`register`.
 
 Torch-free on purpose: :mod:`common.config` builds the experiment's ``algorithm:``
 section from :func:`config_classes`, and the replay and paramserver images have
@@ -10,20 +10,26 @@ and defers its networks to the factories.
 from __future__ import annotations
 
 import importlib
-import pkgutil
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.algorithms.contract import AlgorithmModule, UnknownAlgorithm
+from common.algorithms.builder import Builder
+from common.algorithms.contract import UnknownAlgorithm
 
 if TYPE_CHECKING:
     import gymnasium as gym
 
 _PACKAGE = "common.algorithms"
-_REGISTRY: dict[str, AlgorithmModule] = {}
+# The built-in algorithms: adding one is its folder and its line here.
+BUILTIN = (
+    "a3c",
+    "dqn",
+    "ppo",
+    "sac",
+)
+_REGISTRY: dict[str, Builder] = {}
 
 
-def register(module: AlgorithmModule, replace: bool = False) -> AlgorithmModule:
+def register(module: Builder, replace: bool = False) -> Builder:
     """Add an algorithm defined elsewhere (a plugin, a test). Its config is not part of the
     experiment file's ``algorithm:`` union, which is built from the built-in folders."""
     if module.name in _REGISTRY and not replace and _REGISTRY[module.name] is not module:
@@ -32,7 +38,7 @@ def register(module: AlgorithmModule, replace: bool = False) -> AlgorithmModule:
     return module
 
 
-def get(name: str) -> AlgorithmModule:
+def get(name: str) -> Builder:
     """The algorithm called ``name``: registered, or the folder ``common/algorithms/<name>/``."""
     if name in _REGISTRY:
         return _REGISTRY[name]
@@ -47,12 +53,8 @@ def available() -> list[str]:
 
 
 def builtin_names() -> list[str]:
-    """The folders under common/algorithms/ that define an algorithm."""
-    folder = str(Path(__file__).parent)
-    return sorted(
-        info.name for info in pkgutil.iter_modules([folder])
-        if info.ispkg and not info.name.startswith("_") and _load_builtin(info.name) is not None
-    )
+    """The algorithms whose folders are under common/algorithms/."""
+    return sorted(BUILTIN)
 
 
 def config_classes() -> list[type[Any]]:
@@ -66,14 +68,10 @@ def check_env(cfg: Any, observation_space: gym.Space[Any], action_space: gym.Spa
     get(cfg.name).check_env(cfg, observation_space, action_space, env_id)
 
 
-def _load_builtin(name: str) -> AlgorithmModule | None:
-    if not name.isidentifier() or name.startswith("_"):
+def _load_builtin(name: str) -> Builder | None:
+    if name not in BUILTIN:
         return None
-    try:
-        module = importlib.import_module(f"{_PACKAGE}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"{_PACKAGE}.{name}":
-            return None
-        raise
-    algorithm = getattr(module, "ALGORITHM", None)
-    return algorithm if isinstance(algorithm, AlgorithmModule) and algorithm.name == name else None
+    builder = importlib.import_module(f"{_PACKAGE}.{name}.builder").BUILDER
+    if not isinstance(builder, Builder) or builder.name != name:
+        raise TypeError(f"{_PACKAGE}.{name}.builder.BUILDER is not the Builder of {name!r}")
+    return builder

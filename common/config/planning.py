@@ -19,7 +19,7 @@ from common.config.sections import PosFloat, PosInt, Strict
 if TYPE_CHECKING:
     from common.config.experiment import Experiment
 
-WORLD_MODEL = "world_model"  # the paramserver model name the world model is published under
+PLANNING_MODEL = "world_model"  # the paramserver model name the world model is published under
 
 
 class WorldModelConfig(Strict):

@@ -21,11 +21,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from common.planning.world_model import WorldModelNet
+from common.planning.dynamics import DynamicsNet
 
 
 class ImaginedEnv:
-    def __init__(self, net: WorldModelNet, num_envs: int, rollout_length: int,
+    def __init__(self, net: DynamicsNet, num_envs: int, rollout_length: int,
                  start_states: Callable[[int], np.ndarray], observation_space: gym.spaces.Box,
                  autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP) -> None:
         if rollout_length < 1:

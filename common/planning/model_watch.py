@@ -1,6 +1,6 @@
 """Following the published world model and its gate: what planners and the learner both do.
 
-The modeler publishes the model under :data:`~common.config.planning.WORLD_MODEL`
+The modeler publishes the model under :data:`~common.config.planning.PLANNING_MODEL`
 with its validation error (``meta.val_error``). The gate is open while that
 error is below ``planning.gate``: planners make imagined data and the learner
 samples it only then. Before any model is published the gate is closed.
@@ -16,8 +16,8 @@ import gymnasium as gym
 
 from common.clients.weights_reader import WeightsReader
 from common.config import Experiment
-from common.config.planning import WORLD_MODEL
-from common.planning.world_model import ModelMismatch, WorldModelNet, load_world_model, make_world_model
+from common.config.planning import PLANNING_MODEL
+from common.planning.dynamics import DynamicsNet, ModelMismatch, load_dynamics_model, make_dynamics_model
 from common.wire.errors import CommTimeout, RemoteError
 
 log = logging.getLogger("rlfleet.planning")
@@ -29,10 +29,10 @@ class ModelWatch:
     def __init__(self, cfg: Experiment, sender: str, obs_space: gym.Space[Any], act_space: gym.Space[Any],
                  curve: Any = None, every_s: float = 1.0) -> None:
         self.gate = cfg.planning.gate
-        self.net: WorldModelNet = make_world_model(cfg.planning.model, obs_space, act_space)
+        self.net: DynamicsNet = make_dynamics_model(cfg.planning.model, obs_space, act_space)
         self.net.eval()
         self.reader = WeightsReader(cfg.network.paramserver, sender, curve=curve, timeout_s=cfg.network.timeout_s,
-                                    model=WORLD_MODEL)
+                                    model=PLANNING_MODEL)
         self.every_s = every_s
         self.version = -1
         self.val_error = float("inf")
@@ -61,7 +61,7 @@ class ModelWatch:
             return False
         version, arrays = got
         try:
-            val_error = load_world_model(self.net, arrays)
+            val_error = load_dynamics_model(self.net, arrays)
         except ModelMismatch as exc:
             if not self._mismatch_logged:  # e.g. a modeler of another experiment on this paramserver
                 log.error("%s; ignoring world model version %d", exc, version)

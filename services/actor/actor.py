@@ -33,7 +33,7 @@ log = logging.getLogger("rlfleet.actor")
 
 
 def fleet_size(welcome: Welcome) -> int:
-    """The N of this actor's Ape-X epsilon: live actors, but never at or below its own index.
+    """The fleet size this actor's exploration is set for: live actors, but never at or below its own index.
 
     Indices are stable, so when a lower-indexed actor leaves the registry (it died, or a
     partition cut it off) the live count can fall to this actor's index.
@@ -94,7 +94,7 @@ class ActorService:
         self._replay_reconnects = 0
         self._weights_at = time.monotonic()
         self.table = cfg.learner.table
-        # The fleet's env steps (what an epsilon schedule runs on): the registry's count at the last
+        # The fleet's env steps (what an exploration schedule runs on): the registry's count at the last
         # heartbeat, plus our own steps since times the live actors (they step at about our pace).
         self.env_steps = 0
         self._fleet_steps = (self.links.welcome.fleet_env_steps, 0)
@@ -115,7 +115,8 @@ class ActorService:
         m = self.metrics
         self.m_version = m.gauge("weights_version", "Weights version this actor acts with.")
         self.m_stale = m.gauge("weights_staleness", "Versions this actor was behind when it last synced.")
-        self.m_epsilon = m.gauge("actor_epsilon", "Exploration epsilon of this actor (Ape-X).")
+        self.m_exploration = m.gauge("actor_exploration", "The policy's exploration figures for this actor, by name"
+                                     " (what its explore() returns).", ("figure",))
         self.m_inserted = m.counter("actor_transitions_sent", "Transitions handed to the replay client.")
         self.m_wait = m.counter("actor_weights_wait_seconds", "Seconds spent waiting for weights.")
         self.m_age = m.gauge("actor_weights_age_seconds",
@@ -141,14 +142,14 @@ class ActorService:
     def _explore(self) -> None:
         """The policy's exploration for this actor's index, the fleet's size and env steps now.
 
-        While what it returns keeps changing (a schedule runs: epsilon decay), the loop asks again
+        While what it returns keeps changing (a schedule runs), the loop asks again
         every step; once it holds still, only heartbeats ask (the fleet's size may change).
         """
         before = self.exploration
         self.exploration = self.policy.explore(self.index, self.num_actors, self.fleet_env_steps())
         self._scheduling = self.exploration != before
-        if "epsilon" in self.exploration:
-            self.m_epsilon.set(self.exploration["epsilon"])
+        for name, value in self.exploration.items():
+            self.m_exploration.labels(name).set(value)
 
     # -- weights ----------------------------------------------------------------
     def _take(self, got: tuple[int, dict[str, np.ndarray]] | None) -> bool:

@@ -1,6 +1,6 @@
 """The actor as a gradient worker (A3C, HogWild): act, compute gradients, push them, pull weights.
 
-For an algorithm that trains through workers (``AlgorithmModule.make_worker``) there is no
+For an algorithm that trains through workers (its Builder's ``make_worker``) there is no
 replay and no learner: each actor steps its vector env with the weights it pulled, hands every
 rollout the adder completes to the algorithm's ``gradients``, pushes them to the paramserver's
 shards (common/clients/gradient_pusher.py), which apply them with their own optimizer, and pulls
@@ -56,7 +56,6 @@ class WorkerService:
         self._stopping = False
         torch.set_num_threads(cfg.actor.torch_threads)
         self.algo = algorithms.get(cfg.algorithm.name)
-        assert self.algo.make_worker is not None
         self.links = FleetLinks(cfg, actor_id, role="actor")
         self.index = self.links.welcome.index
         obs_space, act_space = probe_env(cfg)
@@ -220,7 +219,7 @@ class WorkerService:
                     workers = max(1, welcome.num_actors, welcome.index + 1)
                     self._fleet = (welcome.fleet_env_steps, self.env_steps, workers)
                 last_beat = time.monotonic()
-            if self.env_steps % (50 * cfg.env.num_envs) == 0:  # an epsilon schedule moves with the fleet's steps
+            if self.env_steps % (50 * cfg.env.num_envs) == 0:  # an exploration schedule moves with the fleet's steps
                 fleet, own, workers = self._fleet
                 self.exploration = self.worker.explore(self.index, workers, fleet + (self.env_steps - own) * workers)
 

@@ -39,7 +39,6 @@ from common import algorithms
 from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
 from common.algorithms.data_parallel import CollectiveError, GradientAverager, broadcast_learner
 from common.algorithms.device import resolve_device
-from common.algorithms.rounds import round_of
 from common.clients.version_probe import VersionProbe
 from common.clients.weights_publisher import WeightsPublisher
 from common.config import Experiment, dump
@@ -76,9 +75,10 @@ class LearnerService:
         self.group = ranks.join_answering_health(cfg, resolve_device(cfg.learner.device)) if cfg.learners > 1 \
             else None
         self.rank = self.group.rank if self.group is not None else 0
+        self.averager = GradientAverager() if self.group is not None else None
         self.core = self.algo.make_learner(
             ranks.per_rank_config(cfg.algorithm, cfg.learners), obs_space, act_space, device=cfg.learner.device,
-            seed=cfg.seed,
+            seed=cfg.seed, averager=self.averager,
         )
         self.metrics = ServiceMetrics("learner", self.rank)
         self._define_metrics()
@@ -92,9 +92,8 @@ class LearnerService:
             self.version = int(state["version"])
             log.info("learner: resumed from %s at update %d, version %d", self.ckpt, self.core.num_updates,
                      self.version)
-        if self.group is not None:
-            self.core.dp = GradientAverager()
-            broadcast_learner(self.core, self.core.dp)
+        if self.group is not None and self.averager is not None:
+            broadcast_learner(self.core, self.averager)
             self.m_world.set(self.group.world)
         mix = ImaginedMix(cfg, self.core.data.batch_items, obs_space, act_space, self.metrics) \
             if cfg.planning.enabled else None
@@ -276,10 +275,9 @@ class LearnerService:
                 self.publish(self.version + 1, retry=False)
             self._maybe_checkpoint()
             self.ensure_published()
-            dp = self.core.dp
-            if dp is not None and dp.seconds:
-                self.m_allreduce.inc(dp.seconds)
-                dp.seconds = 0.0
+            if self.averager is not None and self.averager.seconds:
+                self.m_allreduce.inc(self.averager.seconds)
+                self.averager.seconds = 0.0
 
     def _run_barrier(self) -> None:
         while not self._stopping:
@@ -292,8 +290,8 @@ class LearnerService:
                 self.ensure_published()
                 continue
             self.m_barrier.inc(time.monotonic() - start)
-            rnd = round_of(self.core.data, self.cfg.learner.updates_per_round, actors * self.cfg.env.num_envs,
-                           self.cfg.actor.steps_per_round)
+            rnd = self.algo.make_round(self.core, self.cfg.learner.updates_per_round, actors * self.cfg.env.num_envs,
+                                       self.cfg.actor.steps_per_round)
             done = self.trainer.run_round(rnd)
             if self._stopping:
                 break

@@ -78,7 +78,7 @@ class Trainer:
         """One sampled batch (None if none came within timeout_s); waits and reconnects counted."""
         start = time.monotonic()
         try:
-            batch = self.sampler.sample(beta=self.core.beta(), timeout_s=timeout_s)
+            batch = self.sampler.sample(**self.core.sample_args(), timeout_s=timeout_s)
         except CommTimeout:
             batch = None
         self.m_wait.inc(time.monotonic() - start)
@@ -139,7 +139,7 @@ class Trainer:
     def update_once(self, timeout_s: float) -> bool:
         """One learn call on one sampled batch; False if no batch came within timeout_s (or all was stale)."""
         if self.mix is not None and self.mix.due():
-            imagined = self.mix.take(self.core.beta())
+            imagined = self.mix.take(self.core.sample_args())
             if imagined is not None:
                 self.mix.count("imagined", len(imagined.keys))
                 return self.learn(imagined.data, imagined.weights, imagined, self.mix.sampler)

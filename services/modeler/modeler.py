@@ -1,9 +1,9 @@
-"""The modeler: parallel Dyna-Q's world-model learner.
+"""The modeler: parallel Dyna-Q's model learner.
 
 It samples the learner's real table (samples the rate limiter neither holds nor
 counts: the Q-learner's samples-per-insert budget is untouched), trains the
-world model (common/planning/world_model.py) on every item but the held-out
-split, and publishes it to the paramserver under ``world_model`` every
+dynamics model (common/planning/dynamics.py) on every item but the held-out
+split, and publishes it to the paramserver under its model name (``PLANNING_MODEL``) every
 ``planning.model.publish_every`` updates, with its validation error, which
 planners and the learner read as the gate. At most
 ``planning.model.updates_per_s`` updates a second: the model needs far fewer
@@ -29,10 +29,10 @@ from common.clients.replay_sample import SampleClient
 from common.clients.weights_publisher import WeightsPublisher
 from common.clients.weights_reader import WeightsReader
 from common.config import Experiment
-from common.config.planning import WORLD_MODEL
+from common.config.planning import PLANNING_MODEL
 from common.envs import probe_env
 from common.metrics import ServiceMetrics
-from common.planning.world_model import ModelMismatch, WorldModelLearner
+from common.planning.dynamics import DynamicsLearner, ModelMismatch
 from common.runtime import FatalError, StartupError
 from common.security import client_curve
 from common.wire.errors import CommTimeout, RemoteError
@@ -50,7 +50,7 @@ class ModelerService:
         torch.set_num_threads(mc.torch_threads)
         obs_space, act_space = probe_env(cfg)
         try:
-            self.core = WorldModelLearner(mc, obs_space, act_space, device=cfg.learner.device, seed=cfg.seed)
+            self.core = DynamicsLearner(mc, obs_space, act_space, device=cfg.learner.device, seed=cfg.seed)
         except ModelMismatch as exc:
             raise StartupError(f"planning.enabled with env.id={cfg.env.id!r}: {exc}") from None
         self.version = 0
@@ -63,8 +63,8 @@ class ModelerService:
         curve = client_curve(cfg, "modeler")
         self.sampler = SampleClient(cfg.network.replay, "modeler", cfg.learner.table, mc.batch_size, in_flight=1,
                                     seed=cfg.seed, curve=curve, rate_limited=False)
-        self.publisher = WeightsPublisher(cfg.network.paramserver, "modeler", curve=curve, model=WORLD_MODEL)
-        self.reader = WeightsReader(cfg.network.paramserver, "modeler", curve=curve, model=WORLD_MODEL,
+        self.publisher = WeightsPublisher(cfg.network.paramserver, "modeler", curve=curve, model=PLANNING_MODEL)
+        self.reader = WeightsReader(cfg.network.paramserver, "modeler", curve=curve, model=PLANNING_MODEL,
                                     timeout_s=cfg.network.timeout_s)
         self.metrics = ServiceMetrics("modeler", 0)
         m = self.metrics

@@ -33,9 +33,9 @@ from common.clients.weights_reader import WeightsReader
 from common.config import Experiment
 from common.envs import acting_policy, probe_env
 from common.metrics import ServiceMetrics
+from common.planning.dynamics import ModelMismatch, model_spaces
 from common.planning.imagined_env import ImaginedEnv
 from common.planning.model_watch import ModelWatch
-from common.planning.world_model import ModelMismatch, model_spaces
 from common.runtime import FatalError, StartupError
 from common.security import client_curve
 from common.wire.errors import CommTimeout, RemoteError

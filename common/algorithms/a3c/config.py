@@ -20,7 +20,7 @@ from common.config.sections import AlgorithmSettings, NonNegFloat, PosFloat, Pos
 class A3CConfig(AlgorithmSettings):
     """A3C: gradient workers push n-step advantage actor-critic gradients to the paramserver shards."""
 
-    #: no replay table: it trains through gradient workers (ALGORITHM.make_worker)
+    #: no replay table: it trains through gradient workers (its Builder's worker)
     table_kinds: ClassVar[tuple[str, ...]] = ()
 
     def trains_with_workers(self) -> bool:

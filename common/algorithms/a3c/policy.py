@@ -32,9 +32,6 @@ class A3CPolicy:
         seed: int = 0,
         act_seed: SeedLike = None,
     ) -> None:
-        from common.algorithms.a3c import check_env
-
-        check_env(cfg, observation_space, action_space)
         self.cfg = cfg
         self.net = seeded_network(cfg, observation_space, action_space, seed)
         arrays = publish_arrays(self.net)

@@ -18,51 +18,46 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.algorithms.contract import DataSpec, Grads, beta_schedule
-from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, resolve_device, to_device, use_bfloat16
+from common.algorithms.contract import DataSpec, Grads
+from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, to_device, use_bfloat16
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.dqn.networks import n_step_target, seeded_q_network
 from common.algorithms.dqn.policy import column
-from common.algorithms.optim import ClippedAdam
+from common.algorithms.learning import LearnerBase
+from common.algorithms.schedules import linear
 from common.algorithms.weights import publish_arrays
 
 if TYPE_CHECKING:
     from common.algorithms.data_parallel import GradientAverager
 
 COLUMNS = ("obs", "action", "reward", "next_obs", "discount")
-CHECKPOINT_FORMAT = 1  # unchanged by the move to compute/apply: same networks, same optimizer
 
 
-class DQNLearner:
+class DQNLearner(LearnerBase):
     """Online + target networks, Adam, and the Ape-X update. No sockets."""
 
-    def __init__(
-        self,
-        cfg: DQNConfig,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        *,
-        device: str | torch.device = "auto",
-        seed: int = 0,
-    ) -> None:
-        self.cfg = cfg
-        self.device = resolve_device(device)
-        self.data = DataSpec(table_kinds=DQNConfig.table_kinds, batch_items=cfg.batch_size, returns_priorities=True,
-                             max_staleness=None, round="updates")
+    algorithm = "dqn"
+    checkpoint_format = 2  # 2: the learner base's layout (optimizers by name)
+
+    def __init__(self, cfg: DQNConfig, observation_space: gym.Space, action_space: gym.Space, *,
+                 device: str | torch.device = "auto", seed: int = 0, averager: GradientAverager | None = None) -> None:
+        super().__init__(cfg, DataSpec(table_kinds=DQNConfig.table_kinds, batch_items=cfg.batch_size,
+                                       returns_priorities=True), device, averager, max_grad_norm=cfg.grad_clip)
         self.online = seeded_q_network(cfg, observation_space, action_space, seed).to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
-        # fused: one kernel for every parameter instead of a dozen small ops each (CPU and CUDA)
-        self.adam = ClippedAdam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.add_optimizer("q", self.online.parameters(), cfg.lr, cfg.adam_eps)
         self._online_params: list[torch.Tensor] = list(self.online.parameters())
         self._target_params: list[torch.Tensor] = list(self.target.parameters())
         self.bf16 = use_bfloat16(cfg.update_dtype, self.device)
-        self.num_updates = 0
-        self.dp: GradientAverager | None = None  # set for data-parallel learning (common/algorithms/data_parallel.py)
 
-    def beta(self, updates: int | None = None) -> float:
-        """The importance exponent to sample with at ``updates`` (default: now)."""
+    def importance_exponent(self, updates: int | None = None) -> float:
+        """Prioritized replay's importance-sampling exponent at ``updates`` (default: now): linear from
+        ``beta_start`` to 1 over ``beta_updates`` updates."""
         n = self.num_updates if updates is None else updates
-        return beta_schedule(n, self.cfg.beta_start, self.cfg.beta_updates)
+        return linear(self.cfg.beta_start, 1.0, n, self.cfg.beta_updates)
+
+    def sample_args(self) -> dict[str, Any]:
+        return {"beta": self.importance_exponent()}
 
     def compute_gradients(
         self, batch: Mapping[str, ArrayLike], weights: ArrayLike | None = None
@@ -96,21 +91,8 @@ class DQNLearner:
         priorities = (td_abs + cfg.priority_eps).double().cpu().numpy()
         return {"q": grads}, metrics, priorities
 
-    def apply_gradients(self, grads: Grads) -> None:
-        """Clip by global norm (as clip_grad_norm_), one Adam step, then the target network follows."""
-        self.adam.step(grads["q"], self.cfg.grad_clip)
-        self.num_updates += 1
+    def after_update(self) -> None:
         self.follow_target()
-
-    def learn(
-        self, batch: Mapping[str, ArrayLike], weights: ArrayLike | None = None
-    ) -> tuple[dict[str, float], np.ndarray]:
-        """One gradient step on a sampled batch; returns its figures and the new priorities."""
-        grads, metrics, priorities = self.compute_gradients(batch, weights)
-        if self.dp is not None:  # data parallel: every rank applies the mean over the group
-            grads = self.dp.average(grads)
-        self.apply_gradients(grads)
-        return metrics, priorities
 
     def follow_target(self) -> None:
         """The target network follows the online one: Polyak ``tau``, or a hard copy every ``target_period``."""
@@ -124,27 +106,9 @@ class DQNLearner:
         """CPU float32 copies of the online state_dict, to publish."""
         return publish_arrays(self.online)
 
-    def state(self) -> dict[str, Any]:
-        """A checkpoint of plain tensors, dicts, lists and numbers (loads with weights_only=True).
+    def own_state(self) -> dict[str, Any]:
+        return {"online": cpu_copy(self.online.state_dict()), "target": cpu_copy(self.target.state_dict())}
 
-        Tensors are CPU copies, so the checkpoint can be written while training goes on.
-        """
-        return {
-            "algorithm": "dqn",
-            "format": CHECKPOINT_FORMAT,
-            "num_updates": self.num_updates,
-            "online": cpu_copy(self.online.state_dict()),
-            "target": cpu_copy(self.target.state_dict()),
-            "optimizer": cpu_copy(self.adam.state_dict()),
-        }
-
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        if state.get("algorithm") != "dqn" or state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(
-                f"not a DQN checkpoint of format {CHECKPOINT_FORMAT}: algorithm="
-                f"{state.get('algorithm')!r}, format={state.get('format')!r}"
-            )
+    def load_own_state(self, state: Mapping[str, Any]) -> None:
         self.online.load_state_dict(state["online"])
         self.target.load_state_dict(state["target"])
-        self.adam.load_state_dict(state["optimizer"])
-        self.num_updates = int(state["num_updates"])

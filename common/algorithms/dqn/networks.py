@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from common.algorithms.cnn import NatureCNN
-from common.algorithms.dqn import check_env
+from common.algorithms.dqn.builder import check_env
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.mlp import float32_head
 from common.algorithms.torsos import choose_torso

@@ -17,6 +17,7 @@ from common.algorithms.contract import Columns, SeedLike
 from common.algorithms.device import resolve_device, to_device, use_bfloat16
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.dqn.networks import n_step_target, numpy_q, seeded_q_network
+from common.algorithms.schedules import linear
 from common.algorithms.weights import load_arrays
 
 NUMPY_ROWS = 64  # DQNPolicy.q_values: numpy up to this many rows, torch above
@@ -32,20 +33,11 @@ def apex_epsilon(index: int, num_actors: int, eps: float = 0.4, alpha: float = 7
     return float(eps ** (1.0 + alpha * index / (num_actors - 1)))
 
 
-def scheduled_epsilon(final: float, fleet_env_steps: int, start: float, decay_steps: int | None) -> float:
-    """Linear from ``start`` at fleet step 0 to ``final`` (the actor's Ape-X value) at ``decay_steps``.
-
-    ``decay_steps`` None: ``final`` throughout (the constant per-actor epsilons of the paper).
-    """
-    if not decay_steps or fleet_env_steps >= decay_steps:
-        return final
-    return float(start + (final - start) * max(0, fleet_env_steps) / decay_steps)
-
-
 def actor_epsilon(cfg: DQNConfig, index: int, num_actors: int, fleet_env_steps: int = 0) -> float:
     """The epsilon of actor ``index`` of ``num_actors`` when the fleet has taken ``fleet_env_steps``."""
     final = apex_epsilon(index, num_actors, cfg.epsilon, cfg.epsilon_alpha)
-    return scheduled_epsilon(final, fleet_env_steps, cfg.epsilon_start, cfg.epsilon_decay_steps)
+    # linear from epsilon_start at fleet step 0 to the actor's Ape-X value at epsilon_decay_steps (None: that value)
+    return linear(cfg.epsilon_start, final, fleet_env_steps, cfg.epsilon_decay_steps)
 
 
 def column(batch: Mapping[str, Any], key: str) -> Any:

@@ -28,56 +28,41 @@ import numpy as np
 import torch
 
 from common.algorithms.contract import DataSpec, Grads
-from common.algorithms.device import cpu_copy, resolve_device
-from common.algorithms.optim import ClippedAdam
+from common.algorithms.device import cpu_copy
+from common.algorithms.learning import LearnerBase
 from common.algorithms.ppo.config import PPOConfig
 from common.algorithms.ppo.losses import clipped_surrogate, gae, normalize_advantage, normalize_chunks, value_loss
 from common.algorithms.ppo.networks import PPOCnnNetworks, RunningMeanStd, seeded_networks
+from common.algorithms.schedules import linear
 
 if TYPE_CHECKING:
     from common.algorithms.data_parallel import GradientAverager
 
-CHECKPOINT_FORMAT = 2  # 2: actor and critic hidden layers stacked (TwinMLP)
 SEGMENT_COLUMNS = ("obs", "action", "reward", "terminated", "truncated", "final_obs", "logp", "bootstrap_obs")
 MINIBATCH_COLUMNS = ("obs", "action", "logp", "advantage", "return", "old_value")
 FIGURES = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")  # per minibatch, averaged
 
 
-class PPOLearner:
+class PPOLearner(LearnerBase):
     """Actor and critic networks, one Adam, observation statistics. No sockets."""
 
-    def __init__(
-        self,
-        cfg: PPOConfig,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        *,
-        device: str | torch.device = "auto",
-        seed: int = 0,
-    ) -> None:
-        from common.algorithms.ppo import check_env
+    algorithm = "ppo"
+    checkpoint_format = 3  # 2: actor and critic hidden layers stacked (TwinMLP); 3: the learner base's layout
 
-        check_env(cfg, observation_space, action_space)
-        self.cfg = cfg
-        self.device = resolve_device(device)
-        self.data = DataSpec(table_kinds=PPOConfig.table_kinds, batch_items=cfg.batch_segments,
-                             returns_priorities=False, max_staleness=cfg.max_staleness, round="every_item",
-                             item_steps=cfg.segment_length)
+    def __init__(self, cfg: PPOConfig, observation_space: gym.Space, action_space: gym.Space, *,
+                 device: str | torch.device = "auto", seed: int = 0, averager: GradientAverager | None = None) -> None:
+        super().__init__(cfg, DataSpec(table_kinds=PPOConfig.table_kinds, batch_items=cfg.batch_segments,
+                                       returns_priorities=False, max_staleness=cfg.max_staleness, round="every_item",
+                                       item_steps=cfg.segment_length), device, averager, cfg.max_grad_norm)
         self.net = seeded_networks(cfg, observation_space, action_space, seed).to(self.device)
         self.images = isinstance(self.net, PPOCnnNetworks)
         self._params = list(self.net.parameters())
-        self.adam = ClippedAdam(self._params, lr=cfg.lr, eps=cfg.adam_eps)
+        self.add_optimizer("policy", self._params, cfg.lr, cfg.adam_eps)
         assert observation_space.shape is not None
         self.obs_rms = RunningMeanStd(tuple(observation_space.shape), cfg.obs_clip) if cfg.obs_norm else None
         self.rng = np.random.default_rng([seed, 2])  # minibatch order
-        self.num_updates = 0  # optimizer steps
-        self.dp: GradientAverager | None = None  # set for data-parallel learning (common/algorithms/data_parallel.py)
         self.env_steps = 0  # env steps in the segments trained on (drives annealing)
         self.progress_left = 1.0  # 1 - env_steps / anneal_env_steps, fixed for a learn call
-
-    def beta(self) -> None:
-        """Segments come from a queue: no importance sampling."""
-        return None
 
     # -- one batch of segments ----------------------------------------------
 
@@ -93,7 +78,7 @@ class PPOLearner:
         S, T = obs.shape[:2]
         shape = obs.shape[2:] if self.images else (-1,)  # images stay uint8 frames; the rest flat float32
         if self.obs_rms is not None:
-            if self.dp is None:
+            if self.averager is None:
                 self.obs_rms.update(obs.reshape(S * T, -1))
             else:  # the statistics of every rank's observations: all ranks normalise alike
                 self.obs_rms.update_sums(*self._group_sums(obs.reshape(S * T, -1)))
@@ -122,8 +107,7 @@ class PPOLearner:
     def learn(self, batch: Mapping[str, Any], weights: Any = None) -> tuple[dict[str, float], None]:
         """GAE, then ``epochs`` passes over the batch in shuffled minibatches; returns mean figures."""
         cfg = self.cfg
-        if cfg.anneal_env_steps is not None:
-            self.progress_left = max(0.0, 1.0 - self.env_steps / cfg.anneal_env_steps)
+        self.progress_left = linear(1.0, 0.0, self.env_steps, cfg.anneal_env_steps) if cfg.anneal_env_steps else 1.0
         rows = self.prepare(batch)
         n = len(rows["advantage"])
         # a round whose actor count changed at run time (compose --scale) may not split evenly: its last
@@ -135,19 +119,17 @@ class PPOLearner:
             order = torch.as_tensor(self.rng.permutation(n), device=self.device)
             epoch = {key: value[order] for key, value in rows.items()}
             if cfg.normalize_advantage:
-                epoch["advantage"] = (normalize_chunks(epoch["advantage"], size) if self.dp is None
+                epoch["advantage"] = (normalize_chunks(epoch["advantage"], size) if self.averager is None
                                       else self._normalize_over_group(epoch["advantage"], size))
             for start in range(0, n, size):
                 grads, step_figures = self._gradients(
                     {key: value[start:start + size] for key, value in epoch.items()}, normalized=True)
-                if self.dp is not None:  # data parallel: every rank applies the mean over the group
-                    grads = self.dp.average(grads)
-                self.apply_gradients(grads)
+                self.apply_gradients(self.average(grads))  # data parallel: the mean over the group
                 totals += step_figures
         steps = cfg.epochs * -(-n // cfg.minibatch_size)
-        self.env_steps += n * (self.dp.world if self.dp is not None else 1)  # the global batch's
+        self.env_steps += n * self.world  # the global batch's
         figures = dict(zip(FIGURES, (totals / steps).tolist(), strict=True))
-        figures.update(lr=self._lr(), clip_range=self._clip(), env_steps_trained=float(self.env_steps),
+        figures.update(lr=self.lr("policy"), clip_range=self._clip(), env_steps_trained=float(self.env_steps),
                        value_drift=float(np.abs(np.asarray(batch["value"], np.float32).reshape(-1)
                                                 - rows["old_value"].cpu().numpy()).mean()) if "value" in batch
                        else 0.0)
@@ -187,12 +169,8 @@ class PPOLearner:
             figures = torch.stack([loss, policy_loss, v_loss, entropy_mean, approx_kl, clip_fraction])
         return {"policy": grads}, figures
 
-    def apply_gradients(self, grads: Grads) -> None:
-        """Global-norm clip (max_grad_norm), the annealed lr, one Adam step."""
-        self.adam.step(grads["policy"], self.cfg.max_grad_norm, self._lr())
-        self.num_updates += 1
-
-    def _lr(self) -> float:
+    def lr(self, optimizer: str) -> float:
+        """The annealed learning rate."""
         return self.cfg.lr * (self.progress_left if self.cfg.anneal_lr else 1.0)
 
     def _clip(self) -> float:
@@ -200,7 +178,6 @@ class PPOLearner:
 
     def _normalize_over_group(self, advantage: torch.Tensor, size: int) -> torch.Tensor:
         """:func:`normalize_chunks` with each minibatch's mean and std over every rank's share of it."""
-        assert self.dp is not None
         n = len(advantage)
         chunk = torch.arange(n, device=advantage.device) // size
         chunks = -(-n // size)
@@ -208,7 +185,7 @@ class PPOLearner:
         count = torch.bincount(chunk, minlength=chunks).double()
         total = torch.zeros(chunks, dtype=torch.float64, device=a.device).index_add_(0, chunk, a)
         squares = torch.zeros(chunks, dtype=torch.float64, device=a.device).index_add_(0, chunk, a * a)
-        self.dp.sum([count, total, squares])
+        self.group_sum([count, total, squares])
         mean = total / count
         std = ((squares - count * mean * mean).clamp(min=0) / (count - 1).clamp(min=1)).sqrt()
         normalized = ((a - mean[chunk]) / (std[chunk] + 1e-8)).to(advantage.dtype)
@@ -216,11 +193,10 @@ class PPOLearner:
 
     def _group_sums(self, x: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         """Count, sum and sum of squares of ``x``'s rows over every rank of the group."""
-        assert self.dp is not None
         x = np.asarray(x, np.float64)
         sums = [torch.tensor([float(len(x))], dtype=torch.float64), torch.from_numpy(x.sum(axis=0)),
                 torch.from_numpy((x * x).sum(axis=0))]
-        self.dp.sum(sums)
+        self.group_sum(sums)
         return float(sums[0][0]), sums[1].numpy(), sums[2].numpy()
 
     def _obs(self, column: Any) -> np.ndarray:
@@ -243,29 +219,18 @@ class PPOLearner:
             arrays.update(self.obs_rms.arrays())
         return arrays
 
-    def state(self) -> dict[str, Any]:
+    def own_state(self) -> dict[str, Any]:
         rms = self.obs_rms
         return {
-            "algorithm": "ppo",
-            "format": CHECKPOINT_FORMAT,
-            "num_updates": self.num_updates,
             "env_steps": self.env_steps,
             "net": cpu_copy(self.net.state_dict()),
-            "optimizer": cpu_copy(self.adam.state_dict()),
             "obs_norm": None if rms is None else {"mean": torch.from_numpy(rms.mean.copy()),
                                                   "var": torch.from_numpy(rms.var.copy()), "count": rms.count},
             "rng": self.rng.bit_generator.state,
         }
 
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        if state.get("algorithm") != "ppo" or state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(
-                f"not a PPO checkpoint of format {CHECKPOINT_FORMAT}: algorithm="
-                f"{state.get('algorithm')!r}, format={state.get('format')!r}"
-            )
+    def load_own_state(self, state: Mapping[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
-        self.adam.load_state_dict(state["optimizer"])
-        self.num_updates = int(state["num_updates"])
         self.env_steps = int(state["env_steps"])
         if self.obs_rms is not None and state.get("obs_norm") is not None:
             self.obs_rms.mean = state["obs_norm"]["mean"].numpy().copy()

@@ -38,9 +38,6 @@ class PPOPolicy:
         seed: int = 0,
         act_seed: SeedLike = None,
     ) -> None:
-        from common.algorithms.ppo import check_env
-
-        check_env(cfg, observation_space, action_space)
         self.cfg = cfg
         net = seeded_networks(cfg, observation_space, action_space, seed)
         self.discrete = net.discrete

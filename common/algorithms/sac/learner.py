@@ -26,42 +26,33 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from common.algorithms.contract import DataSpec, Grads, beta_schedule
-from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, resolve_device, to_device, use_bfloat16
-from common.algorithms.optim import ClippedAdam
+from common.algorithms.contract import DataSpec, Grads
+from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, to_device, use_bfloat16
+from common.algorithms.learning import LearnerBase
 from common.algorithms.sac.config import SACConfig
 from common.algorithms.sac.networks import ActionScale, dims, seeded_networks, squashed_sample
+from common.algorithms.schedules import linear
 from common.algorithms.weights import publish_arrays
 
 if TYPE_CHECKING:
     from common.algorithms.data_parallel import GradientAverager
 
 COLUMNS = ("obs", "action", "reward", "next_obs", "discount")
-CHECKPOINT_FORMAT = 1
 PRIORITY_EPS = 1e-6
 FIGURES = ("critic_loss", "actor_loss", "alpha", "entropy", "q_mean")
 
 
-class SACLearner:
+class SACLearner(LearnerBase):
     """Actor, twin critics and their targets, three Adams, the temperature. No sockets."""
 
-    def __init__(
-        self,
-        cfg: SACConfig,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        *,
-        device: str | torch.device = "auto",
-        seed: int = 0,
-    ) -> None:
-        from common.algorithms.sac import check_env
+    algorithm = "sac"
+    checkpoint_format = 2  # 2: the learner base's layout; the generator's state saved device-free
 
-        check_env(cfg, observation_space, action_space)
+    def __init__(self, cfg: SACConfig, observation_space: gym.Space, action_space: gym.Space, *,
+                 device: str | torch.device = "auto", seed: int = 0, averager: GradientAverager | None = None) -> None:
         assert isinstance(action_space, gym.spaces.Box)
-        self.cfg = cfg
-        self.device = resolve_device(device)
-        self.data = DataSpec(table_kinds=SACConfig.table_kinds, batch_items=cfg.batch_size, returns_priorities=True,
-                             max_staleness=None, round="updates")
+        super().__init__(cfg, DataSpec(table_kinds=SACConfig.table_kinds, batch_items=cfg.batch_size,
+                                       returns_priorities=True), device, averager, max_grad_norm=cfg.grad_clip)
         self.nets = seeded_networks(cfg, observation_space, action_space, seed).to(self.device)
         self.scale = ActionScale(action_space)
         self.act_dim = dims(observation_space, action_space)[1]
@@ -72,17 +63,16 @@ class SACLearner:
         self._actor: list[torch.Tensor] = list(self.nets.actor.parameters())
         self._critic: list[torch.Tensor] = list(self.nets.critic.parameters())
         self._target: list[torch.Tensor] = list(self.nets.critic_target.parameters())
-        self.adams = {"critic": ClippedAdam(self._critic, lr=cfg.lr), "actor": ClippedAdam(self._actor, lr=cfg.lr)}
+        self.add_optimizer("critic", self._critic, cfg.lr)
+        self.add_optimizer("actor", self._actor, cfg.lr)
         if self.auto_alpha:
-            self.adams["alpha"] = ClippedAdam([self.log_alpha], lr=cfg.lr)
+            self.add_optimizer("alpha", [self.log_alpha], cfg.lr)
         self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)  # the actor's samples
         self.bf16 = use_bfloat16(cfg.update_dtype, self.device)
-        self.num_updates = 0
-        self.dp: GradientAverager | None = None  # set for data-parallel learning (common/algorithms/data_parallel.py)
 
-    def beta(self) -> float:
+    def sample_args(self) -> dict[str, Any]:
         """Prioritized tables: the importance exponent now (uniform tables ignore it)."""
-        return beta_schedule(self.num_updates, self.cfg.beta_start, self.cfg.beta_updates)
+        return {"beta": linear(self.cfg.beta_start, 1.0, self.num_updates, self.cfg.beta_updates)}
 
     def _sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """a ~ pi(. | obs) in [-1, 1] and its log-prob, from the learner's own generator."""
@@ -133,45 +123,21 @@ class SACLearner:
             figures = torch.stack([critic_loss, actor_loss, alpha, entropy, q1.mean()]).cpu()
         return grads, dict(zip(FIGURES, figures.tolist(), strict=True)), priorities.double().cpu().numpy()
 
-    def apply_gradients(self, grads: Grads) -> None:
-        """One Adam step per network (clipped to grad_clip), then the target critics follow."""
-        for name, adam in self.adams.items():
-            adam.step(grads[name], self.cfg.grad_clip)
+    def after_update(self) -> None:
+        """The target critics follow (Polyak tau)."""
         with torch.no_grad():
             torch._foreach_lerp_(self._target, self._critic, self.cfg.tau)
-        self.num_updates += 1
-
-    def learn(self, batch: Mapping[str, ArrayLike], weights: ArrayLike | None = None
-              ) -> tuple[dict[str, float], np.ndarray]:
-        grads, figures, priorities = self.compute_gradients(batch, weights)
-        if self.dp is not None:  # data parallel: every rank applies the mean over the group
-            grads = self.dp.average(grads)
-        self.apply_gradients(grads)
-        return figures, priorities
 
     def weights(self) -> dict[str, np.ndarray]:
         """Only the actor: what acting needs (``actor.{0,2,..}.weight``/``.bias``)."""
         return publish_arrays(self.nets.actor, "actor.")
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "algorithm": "sac",
-            "format": CHECKPOINT_FORMAT,
-            "num_updates": self.num_updates,
-            "nets": cpu_copy(self.nets.state_dict()),
-            "optimizers": {name: cpu_copy(adam.state_dict()) for name, adam in self.adams.items()},
-            "log_alpha": float(self.log_alpha.detach()),
-            "generator": self.gen.get_state().cpu(),
-        }
+    def own_state(self) -> dict[str, Any]:
+        return {"nets": cpu_copy(self.nets.state_dict()), "log_alpha": float(self.log_alpha.detach()),
+                "generator": self.gen.get_state().cpu()}
 
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        if state.get("algorithm") != "sac" or state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"not a SAC checkpoint of format {CHECKPOINT_FORMAT}: algorithm="
-                             f"{state.get('algorithm')!r}, format={state.get('format')!r}")
+    def load_own_state(self, state: Mapping[str, Any]) -> None:
         self.nets.load_state_dict(state["nets"])
-        for name, adam in self.adams.items():
-            adam.load_state_dict(state["optimizers"][name])
         with torch.no_grad():
             self.log_alpha.fill_(float(state["log_alpha"]))
         self.gen.set_state(state["generator"])
-        self.num_updates = int(state["num_updates"])

@@ -33,9 +33,6 @@ class SACPolicy:
         seed: int = 0,
         act_seed: SeedLike = None,
     ) -> None:
-        from common.algorithms.sac import check_env
-
-        check_env(cfg, observation_space, action_space)
         assert isinstance(action_space, gym.spaces.Box)
         self.cfg = cfg
         self.act_dim = dims(observation_space, action_space)[1]

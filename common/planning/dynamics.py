@@ -62,7 +62,7 @@ def holdout_mask(keys: np.ndarray, fraction: float) -> np.ndarray:
     return mixed.astype(np.float64) / float(1 << 24) < fraction
 
 
-class WorldModelNet(nn.Module):
+class DynamicsNet(nn.Module):
     obs_mean: torch.Tensor  # normalisation statistics: buffers, published with the weights
     obs_std: torch.Tensor
     delta_mean: torch.Tensor
@@ -98,12 +98,12 @@ class WorldModelNet(nn.Module):
         return next_obs.numpy(), reward.numpy().astype(np.float32), (logit > 0).numpy()
 
 
-def make_world_model(cfg: WorldModelConfig, obs_space: gym.Space[Any], act_space: gym.Space[Any]) -> WorldModelNet:
+def make_dynamics_model(cfg: WorldModelConfig, obs_space: gym.Space[Any], act_space: gym.Space[Any]) -> DynamicsNet:
     obs_dim, act_dim, discrete = model_spaces(obs_space, act_space)
-    return WorldModelNet(obs_dim, act_dim, discrete, list(cfg.hidden))
+    return DynamicsNet(obs_dim, act_dim, discrete, list(cfg.hidden))
 
 
-def load_world_model(net: WorldModelNet, arrays: Mapping[str, np.ndarray]) -> float:
+def load_dynamics_model(net: DynamicsNet, arrays: Mapping[str, np.ndarray]) -> float:
     """Copy published arrays into ``net``; return their validation error. ModelMismatch if they do not fit."""
     arrays = dict(arrays)
     val = arrays.pop(VAL_ERROR, None)
@@ -118,15 +118,15 @@ def _unit(std: torch.Tensor) -> torch.Tensor:
     return torch.where(std < TINY_STD, torch.ones_like(std), std)
 
 
-class WorldModelLearner:
-    """Trains a :class:`WorldModelNet` on sampled real transitions; no sockets."""
+class DynamicsLearner:
+    """Trains a :class:`DynamicsNet` on sampled real transitions; no sockets."""
 
     def __init__(self, cfg: WorldModelConfig, obs_space: gym.Space[Any], act_space: gym.Space[Any],
                  device: str = "auto", seed: int = 0) -> None:
         torch.manual_seed(seed)
         self.cfg = cfg
         self.device = resolve_device(device)
-        self.net = make_world_model(cfg, obs_space, act_space).to(self.device)
+        self.net = make_dynamics_model(cfg, obs_space, act_space).to(self.device)
         self.opt = ClippedAdam(self.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.num_updates = 0
         self.val_error = float("inf")

@@ -1,0 +1,127 @@
+"""The learner base: what every algorithm's learner shares, written once.
+
+An algorithm's learner subclasses :class:`LearnerBase` and writes its networks, its loss
+(:meth:`LearnerBase.compute_gradients`: batch -> gradients, figures, priorities) and, where it has
+them, what follows a step (target networks: :meth:`LearnerBase.after_update`), its learning-rate
+schedule (:meth:`LearnerBase.lr`) and the state of its own beyond networks and optimizers. The base
+owns the rest:
+
+- named optimizers (:meth:`add_optimizer`, one :class:`~common.algorithms.optim.ClippedAdam` each),
+  stepped by :meth:`apply_gradients` with the global-norm clip and the learning rate now;
+- data-parallel learning: a :class:`~common.algorithms.data_parallel.GradientAverager` handed to the
+  constructor (``averager``; None: one learner) averages gradients between compute and apply
+  (:meth:`average`) and sums cross-rank statistics (:meth:`group_sum`); :attr:`world` is the
+  group's size;
+- the update counter, and checkpoints: :meth:`state` / :meth:`load_state` write and check the
+  algorithm's name and checkpoint format version, the counter and every optimizer's state around
+  the algorithm's own (:meth:`own_state` / :meth:`load_own_state`).
+
+``learn`` is compute -> average -> apply; an algorithm whose learn call takes many steps (PPO's
+epochs of minibatches) writes its own from the same three parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from common.algorithms.contract import DataSpec, Grads
+from common.algorithms.device import cpu_copy, resolve_device
+from common.algorithms.optim import ClippedAdam
+
+if TYPE_CHECKING:
+    from common.algorithms.data_parallel import GradientAverager
+
+
+class LearnerBase:
+    """Optimizers, clipping, data-parallel averaging, counters and checkpoints of a learner. No sockets."""
+
+    algorithm: ClassVar[str]  # the registry name, written into checkpoints
+    checkpoint_format: ClassVar[int]  # bumped when the checkpoint's layout changes
+
+    def __init__(self, cfg: Any, data: DataSpec, device: str | torch.device = "auto",
+                 averager: GradientAverager | None = None, max_grad_norm: float | None = None) -> None:
+        self.cfg = cfg
+        self.data = data
+        self.device = resolve_device(device)
+        self.averager = averager
+        self.max_grad_norm = max_grad_norm
+        self.optimizers: dict[str, ClippedAdam] = {}
+        self.num_updates = 0
+
+    # -- optimizers and the update ------------------------------------------------
+    def add_optimizer(self, name: str, params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8) -> ClippedAdam:
+        """An Adam over ``params``, stepped by :meth:`apply_gradients` with ``grads[name]``."""
+        self.optimizers[name] = ClippedAdam(params, lr=lr, eps=eps)
+        return self.optimizers[name]
+
+    @property
+    def world(self) -> int:
+        """Learners in this learner's data-parallel group (1 without one)."""
+        return 1 if self.averager is None else self.averager.world
+
+    def compute_gradients(self, batch: Mapping[str, Any], weights: Any = None
+                          ) -> tuple[Grads, dict[str, float], np.ndarray | None]:
+        """The algorithm's loss on ``batch``: its gradients by optimizer name, figures, priorities or None."""
+        raise NotImplementedError
+
+    def average(self, grads: Grads) -> Grads:
+        """The mean of ``grads`` over the data-parallel group (as they are with one learner)."""
+        return grads if self.averager is None else self.averager.average(grads)
+
+    def group_sum(self, tensors: list[torch.Tensor]) -> None:
+        """Sum each of ``tensors`` over the group, in place (statistics every rank must agree on)."""
+        if self.averager is not None:
+            self.averager.sum(tensors)
+
+    def apply_gradients(self, grads: Grads) -> None:
+        """Every optimizer one step on its gradients (clipped to ``max_grad_norm``, at :meth:`lr`), then
+        :meth:`after_update`."""
+        for name, optimizer in self.optimizers.items():
+            optimizer.step(grads[name], self.max_grad_norm, self.lr(name))
+        self.num_updates += 1
+        self.after_update()
+
+    def learn(self, batch: Mapping[str, Any], weights: Any = None) -> tuple[dict[str, float], np.ndarray | None]:
+        """One update on one sampled batch: compute, average over the group, apply."""
+        grads, figures, priorities = self.compute_gradients(batch, weights)
+        self.apply_gradients(self.average(grads))
+        return figures, priorities
+
+    def lr(self, optimizer: str) -> float | None:
+        """The learning rate of ``optimizer`` now; None: the one it was made with."""
+        return None
+
+    def after_update(self) -> None:
+        """What follows every step (target networks)."""
+
+    def sample_args(self) -> dict[str, Any]:
+        """Fields of the next sample request its table needs from it now; {} for none."""
+        return {}
+
+    # -- checkpoints --------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """A checkpoint of plain tensors, dicts, lists and numbers (loads with weights_only=True).
+
+        Tensors are CPU copies, so the checkpoint can be written while training goes on."""
+        return {"algorithm": self.algorithm, "format": self.checkpoint_format, "num_updates": self.num_updates,
+                "optimizers": {name: cpu_copy(opt.state_dict()) for name, opt in self.optimizers.items()},
+                **self.own_state()}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("algorithm") != self.algorithm or state.get("format") != self.checkpoint_format:
+            raise ValueError(f"not a {self.algorithm.upper()} checkpoint of format {self.checkpoint_format}: algorithm="
+                             f"{state.get('algorithm')!r}, format={state.get('format')!r}")
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        self.num_updates = int(state["num_updates"])
+        self.load_own_state(state)
+
+    def own_state(self) -> dict[str, Any]:
+        """The algorithm's part of the checkpoint: networks, statistics, generators."""
+        return {}
+
+    def load_own_state(self, state: Mapping[str, Any]) -> None: ...
