@@ -62,7 +62,7 @@ def test_frames_publish_goes_to_readers_without_copy_and_stays_intact() -> None:
                     got = r.wait(version, 10.0)
                     assert got is not None and got[0] == version
                     kept.append(got)
-            assert server.default_model.held[0].frames, "a frames publish is held as views of its frames"
+            assert server.weights.default.held[0].frames, "a frames publish is held as views of its frames"
             assert server.weights_copy and not any(server.weights_copy), server.weights_copy
             # versions 1..3 are long dropped by the shard: what readers hold of them is intact
             for version, tensors in kept:
@@ -88,7 +88,7 @@ def test_shared_memory_publish_is_copied_into_frames_replies() -> None:
                 got = reader.wait(version, 10.0)
                 assert got is not None and got[0] == version
                 assert all(float(a.min()) == float(a.max()) == version for a in got[1].values())
-            assert server.shm is not None and server.default_model.held[0].frames is False
+            assert server.shm.enabled and server.weights.default.held[0].frames is False
             assert server.weights_copy and all(server.weights_copy), server.weights_copy
         finally:
             pub.close()
@@ -110,7 +110,7 @@ def test_gradient_versions_are_copied() -> None:
             assert ack.type == "gradients_ack" and ack["applied"], ack.body
             got = reader.wait(1, 10.0)
             assert got is not None and got[0] == 1
-            assert server.default_model.held[0].frames is False
+            assert server.weights.default.held[0].frames is False
             assert server.weights_copy[-1] is True
         finally:
             pub.close()

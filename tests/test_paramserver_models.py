@@ -20,7 +20,7 @@ from common.wire.decoder import decode
 from common.wire.errors import CommTimeout, RemoteError
 from common.wire.schema import DEFAULT_MODEL
 from common.wire.transport import free_tcp_port, make_socket
-from services.paramserver.models import MAX_NAMED_MODELS
+from services.paramserver.weights_store import MAX_NAMED_MODELS
 from tests.paramserver_procs import ShardProcesses
 
 

@@ -17,7 +17,7 @@ from common.wire.codec import Message
 from common.wire.connection import Connection
 from common.wire.errors import CommTimeout, RemoteError
 from common.wire.transport import free_tcp_port
-from services.paramserver.coordination import MAX_PARKED_BARRIERS
+from services.paramserver.barrier import MAX_PARKED_BARRIERS
 from services.paramserver.registry import Registry
 from services.paramserver.shard import ShardServer
 from tests.paramserver_procs import ShardProcesses, serving

@@ -14,7 +14,7 @@ import zmq
 from common.clients.weights_publisher import WeightsPublisher
 from common.clients.weights_reader import WeightsReader
 from common.tensor_shards import Layout
-from common.wire.codec import Message
+from common.wire.codec import PROTOCOL_VERSION, Message
 from common.wire.connection import Connection
 from common.wire.errors import RemoteError
 from common.wire.transport import make_socket
@@ -105,7 +105,8 @@ def test_bad_messages_get_errors_and_the_shard_keeps_serving(shards: ShardProces
     # Garbage on the wire: undecodable frames, an unknown type, a field of the wrong kind.
     sock = make_socket(zmq.DEALER, connect=addrs[0])
     sock.send_multipart([b"\xc1garbage"])
-    header = {"v": 1, "type": "wait", "sender": "x", "seq": 7, "arrays": [], "body": {"min_version": "soon"}}
+    header = {"v": PROTOCOL_VERSION, "type": "wait", "sender": "x", "seq": 7, "arrays": [],
+              "body": {"min_version": "soon"}}
     sock.send_multipart([msgpack.packb(header)])
     sock.send_multipart([msgpack.packb({**header, "type": "frobnicate"})])
     sock.send_multipart([msgpack.packb({**header, "type": "hello", "body": {"actor_id": "x", "role": "ghost"}})])

@@ -6,6 +6,7 @@ import glob
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from common.metrics import ServiceMetrics
 from common.wire.codec import Message
 from common.wire.connection import Connection
 from common.wire.transport import free_tcp_port
-from services.paramserver.shard import Held, ShardServer
+from services.paramserver.shard import ShardServer
 from tests.paramserver_procs import ShardProcesses, serving
 
 
@@ -123,8 +124,8 @@ def test_map_arrays_trusts_nothing(desc: object) -> None:
         os.unlink(path)
 
 
-def shard_server(cls: type[ShardServer] = ShardServer, **kw: Any) -> ShardServer:
-    return cls(ServiceMetrics("paramserver", 0), f"tcp://127.0.0.1:{free_tcp_port()}", 0, 1, 5.0, **kw)
+def shard_server(**kw: Any) -> ShardServer:
+    return ShardServer(ServiceMetrics("paramserver", 0), f"tcp://127.0.0.1:{free_tcp_port()}", 0, 1, 5.0, **kw)
 
 
 def parked(address: str) -> int:
@@ -138,7 +139,7 @@ def test_a_failing_shm_write_serves_frames_to_parked_and_later_readers(
     shm_dir = tmp_path / "shm"
     shm_dir.mkdir()
     server = shard_server(shm_dir=str(shm_dir))
-    assert server.shm is not None
+    assert server.shm.enabled
     shutil.rmtree(shm_dir)  # from now on every shared-memory write fails with an OSError, as on a full /dev/shm
     with serving(server):
         addr = server.endpoint
@@ -168,15 +169,18 @@ def test_a_failing_shm_write_serves_frames_to_parked_and_later_readers(
         pub.close()
 
 
-class BrokenExportShard(ShardServer):
-    """A shard whose shared-memory path fails with an unexpected error (answered ``internal``)."""
+class BrokenExporter(shmlib.ShmExporter):
+    """Shared memory that fails with an unexpected error (answered ``internal``)."""
 
-    def _export(self, held: Held) -> dict[str, Any] | None:
+    def export(self, version: int, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
         raise RuntimeError("shared memory is broken on this shard")
 
 
 def test_reader_falls_back_to_frames_when_a_shm_request_fails() -> None:
-    with serving(shard_server(BrokenExportShard)) as server:
+    broken = shard_server()
+    broken.shm.close()
+    broken.shm.exporter = BrokenExporter(0)
+    with serving(broken) as server:
         addr = server.endpoint
         pub = WeightsPublisher([addr])
         pub.publish(1, model(1))

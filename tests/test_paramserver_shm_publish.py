@@ -56,7 +56,8 @@ def errors(server: ShardServer, reason: str) -> float:
 
 def test_the_shard_takes_the_file_over_and_serves_it_to_both_kinds_of_reader() -> None:
     with serving(shard_server()) as server:
-        assert server.shm is not None
+        exporter = server.shm.exporter
+        assert exporter is not None
         pub = WeightsPublisher([server.endpoint])
         via_shm = WeightsReader([server.endpoint], "shm-reader")
         via_frames = WeightsReader([server.endpoint], "frame-reader", shm=False)
@@ -65,13 +66,13 @@ def test_the_shard_takes_the_file_over_and_serves_it_to_both_kinds_of_reader() -
             assert pub.use_shm == [True]
             # The publisher's file became the shard's version file: only the next spare is left.
             assert pub_files(pub) == spare_files(pub)
-            path = server.shm.files[version][0]
-            assert path.startswith(server.shm.base) and os.path.exists(path)
+            path = exporter.files[version][0]
+            assert path.startswith(exporter.base) and os.path.exists(path)
             v1, a = via_shm.wait(version, 10.0)
             v2, b = via_frames.wait(version, 10.0)
             assert v1 == v2 == version and same(a, version) and same(b, version)
             assert all(not arr.flags.writeable for arr in a.values())
-        assert sorted(server.shm.files) == [2, 3]  # the file of version 1 went with the version
+        assert sorted(exporter.files) == [2, 3]  # the file of version 1 went with the version
         # A retry of the newest version is acked and its new file removed; other contents are refused.
         pub.publish(3, model(3))
         assert pub_files(pub) == spare_files(pub)
@@ -137,7 +138,8 @@ def test_bad_shared_memory_publishes_get_errors_and_the_shard_keeps_serving() ->
 
 def test_files_of_dropped_versions_are_reused_only_once_no_reader_maps_them() -> None:
     with serving(shard_server()) as server:
-        assert server.shm is not None
+        exporter = server.shm.exporter
+        assert exporter is not None
         pub = WeightsPublisher([server.endpoint])
         reader = WeightsReader([server.endpoint], "shm-reader")
         kept: dict[int, dict[str, np.ndarray]] = {}  # versions this reader goes on mapping
@@ -146,7 +148,7 @@ def test_files_of_dropped_versions_are_reused_only_once_no_reader_maps_them() ->
             pub.publish(version, model(version))
             got, arrays = reader.wait(version, 10.0)
             assert got == version and same(arrays, version)
-            inodes[version] = os.stat(server.shm.files[version][0]).st_ino
+            inodes[version] = os.stat(exporter.files[version][0]).st_ino
             if version in (2, 3):
                 kept[version] = arrays
             del arrays
@@ -158,7 +160,7 @@ def test_files_of_dropped_versions_are_reused_only_once_no_reader_maps_them() ->
         assert inodes[3] not in [inodes[v] for v in range(4, 13)]
         # A reclaimed name is gone: a reader that looks for an old version's file is told to ask again.
         with pytest.raises(shmlib.ShmGone):
-            shmlib.map_arrays({"path": f"{server.shm.base}-v5", "probe": server.shm.probe, "arrays": []})
+            shmlib.map_arrays({"path": f"{exporter.base}-v5", "probe": exporter.probe, "arrays": []})
         for c in (reader, pub):
             c.close()
 

@@ -207,6 +207,11 @@ class GradientsConfig(Strict):
     alpha: Annotated[float, Field(ge=0, lt=1)] = Field(0.99, description="rmsprop: squared-gradient decay")
     eps: PosFloat = Field(1e-8, description="adam, rmsprop: added to the denominator")
     momentum: Annotated[float, Field(ge=0, lt=1)] = Field(0.0, description="sgd, rmsprop: momentum")
+
+    @property
+    def moment_decays(self) -> tuple[float, float]:
+        """adam: the decay rates of the first and second moments (Adam's ``betas``)."""
+        return self.betas
     max_staleness: Annotated[int, Field(ge=0)] = Field(
         8, description="async: a push computed on weights more than this many versions older than the shard's"
         " newest is refused (stale_gradients) and counted")

@@ -65,8 +65,8 @@ class ParamServerService:
 
     def health(self) -> dict[str, Any]:
         s = self.server
-        out: dict[str, Any] = {"ok": not s.stopping, "shard": self.shard, "versions": list(s.versions),
-                               "waits_parked": len(s.waits)}
+        out: dict[str, Any] = {"ok": not s.stopping, "shard": self.shard, "versions": s.weights.versions,
+                               "waits_parked": len(s.long_polls)}
         if s.registry is not None:
             out["live_actors"] = s.registry.num_actors
         return out

@@ -53,6 +53,8 @@ class Registry:
         self.liveness_s = liveness_s
         self.clock = clock
         self.members: dict[str, Member] = {}
+        # bumped whenever someone joins or leaves: the barrier looks again only when it moved
+        self.changes = 0
         # env steps each actor id reported; kept after it leaves so the fleet total never drops
         self._steps: dict[str, int] = {}
         self._steps_before_restart: dict[str, int] = {}
@@ -111,6 +113,7 @@ class Registry:
         index = self._free_index() if role == "actor" else -1
         member = Member(actor_id, role, index, now, version)
         self.members[actor_id] = member
+        self.changes += 1
         return member, True
 
     def touch(self, actor_id: str) -> None:
@@ -120,12 +123,17 @@ class Registry:
             member.last_seen = self.clock()
 
     def leave(self, actor_id: str) -> Member | None:
-        return self.members.pop(actor_id, None)
+        member = self.members.pop(actor_id, None)
+        if member is not None:
+            self.changes += 1
+        return member
 
     def expire(self) -> list[Member]:
         """Remove and return the members silent for longer than the liveness timeout."""
         deadline = self.clock() - self.liveness_s
         gone = [m for m in self.members.values() if m.last_seen < deadline]
+        if gone:
+            self.changes += 1
         for m in gone:
             del self.members[m.actor_id]
             log.warning(

@@ -76,7 +76,7 @@ class ShardOptimizer:
         c, s, tmp, denom = self.cfg, self.state, self._tmp, self._denom
         self.steps += 1
         if c.optimizer == "adam":
-            b1, b2 = c.betas
+            b1, b2 = c.moment_decays
             m, v = s["exp_avg"], s["exp_avg_sq"]
             m *= b1
             np.multiply(g, 1 - b1, out=tmp)
