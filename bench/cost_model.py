@@ -91,6 +91,7 @@ def components() -> dict[str, float]:
 
     from common import algorithms
     from common import config as config_mod
+    from common.algorithms.importance import importance_weights
     from common.envs import acting_policy, make_vector_env
     from common.wire.codec import Message, encode
     from common.wire.decoder import decode
@@ -132,19 +133,19 @@ def components() -> dict[str, float]:
     insert_s = per_call(insert, 2000) / 64
 
     def sample() -> None:
-        s = table.sample(256, 0.4)
-        arrays = {"key": s.keys, "probability": s.probability, "weight": s.weight, **s.data}
+        s = table.sample(256)
+        arrays = {"key": s.keys, "probability": s.probability, **s.data}
         encode(Message("batch", {"ref_seq": 1, "table": "main", "shard": 0, "table_size": table.size}, arrays))
 
     sample_s = per_call(sample, 500)
-    s0 = table.sample(256, 0.4)
+    s0 = table.sample(256)
     head = {"ref_seq": 1, "table": "main", "shard": 0, "table_size": table.size}
     reply = [bytes(f) for f in encode(Message("batch", head, {"key": s0.keys, "probability": s0.probability,
-                                                              "weight": s0.weight, **s0.data}))]
+                                                              **s0.data}))]
     keys, prios = s0.keys, np.ones(256, np.float32)
 
-    def learner_io() -> None:  # what the learner does per update beside learn(): decode, priorities back
-        decode(reply)
+    def learner_io() -> None:  # what the learner does per update beside learn(): decode, weights, priorities back
+        importance_weights(decode(reply).arrays["probability"], 0.4)
         encode(Message("priorities", {"table": "main"}, {"key": keys, "priority": prios}))
 
     learner_io_s = per_call(learner_io, 500)

@@ -42,6 +42,8 @@ import msgpack
 import numpy as np
 import zmq
 
+from common.wire.codec import PROTOCOL_VERSION
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "cartpole-dqn.yaml"
 BATCH = 64
@@ -102,7 +104,7 @@ def hostile_main(replay: str, params: str, stop_at: float, victims: list[str]) -
     n = 0
     while time.monotonic() < stop_at:
         n += 1
-        head = {"v": 1, "type": "insert", "sender": "", "seq": int(rng.integers(0, 1 << 62)),
+        head = {"v": PROTOCOL_VERSION, "type": "insert", "sender": "", "seq": int(rng.integers(0, 1 << 62)),
                 "body": {"table": "main"}, "arrays": arrays}
         kind = n % 6
         try:
@@ -123,7 +125,8 @@ def hostile_main(replay: str, params: str, stop_at: float, victims: list[str]) -
             elif kind == 4 and n % 60 == 4:  # an oversized single frame, now and then
                 socks[0].send_multipart([msgpack.packb(head), big.data], copy=False)
             else:  # a publish to the paramserver that breaks the partition
-                socks[1].send_multipart([msgpack.packb({"v": 1, "type": "publish", "sender": "h", "seq": n,
+                socks[1].send_multipart([msgpack.packb({"v": PROTOCOL_VERSION, "type": "publish", "sender": "h",
+                                                        "seq": n,
                                                         "body": {"version": n, "layout": "x", "num_shards": 1},
                                                         "arrays": [["w", "float32", [4]]]}), b"\x00" * 16])
         except zmq.Again:
@@ -151,12 +154,12 @@ def run_writers(address: str, writers: int, phase: int, seconds: float) -> dict[
 def stored(run_dir: Path, writers: int) -> tuple[dict[tuple[str, int], int], int]:
     """(sender, seq) -> items of every insert in the log, and how many of the writers' transitions it
     holds twice (the hostile's own batches, writer 99, are accepted inserts of its own: not counted)."""
-    from services.replay.storage import read_segment
+    from services.replay.storage import read_log_file
 
     inserts: dict[tuple[str, int], int] = {}
     seen: Counter[tuple[int, int]] = Counter()
     for path in sorted(run_dir.rglob("wal-*.log")):
-        for header, arrays in read_segment(path):
+        for header, arrays in read_log_file(path):
             if header.get("op") == "insert":
                 inserts[(header["sender"], int(header["seq"]))] = len(arrays["idx"])
                 mine = arrays["writer"] < writers

@@ -142,7 +142,7 @@ def updates_per_s(mode: str, data: dict[str, np.ndarray], seconds: float, thread
             n, start = 0, time.monotonic()
             while time.monotonic() - start < seconds:
                 batch = client.sample(timeout_s=60)
-                _, priorities = learner.learn(batch.data, batch.weights)
+                _, priorities = learner.learn(batch.data, learner.weigh(batch.probability))
                 if priorities is not None:
                     client.update_priorities(batch, priorities)
                 n += 1

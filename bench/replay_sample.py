@@ -3,10 +3,10 @@
     .venv/bin/python -m bench.replay_sample [--quick]
 
 In-process: a PrioritizedTable of 1M CartPole transitions (alpha 0.6), one
-cycle = ``sample(256, beta=0.4)`` then ``update_priorities`` of those keys.
+cycle = ``sample(256)`` then ``update_priorities`` of those keys.
 Over the socket: a replay server process holding the same table (filled
 through InsertClient), and a SampleClient with 4 requests in flight; one
-cycle = ``sample(beta=0.4)`` then ``update_priorities`` (fire and forget,
+cycle = ``sample()`` then ``update_priorities`` (fire and forget,
 acks counted). The in-process figure is the ceiling of the socket one.
 
 Last line: JSON with ``inproc_cycles_per_s``, ``socket_cycles_per_s`` and
@@ -46,7 +46,7 @@ def inproc(seconds: float) -> float:
     n = 0
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        s = table.sample(BATCH, beta=0.4)
+        s = table.sample(BATCH)
         table.update_priorities(s.keys, rng.random(BATCH) + 0.01)
         n += 1
     return n / (time.perf_counter() - t0)
@@ -82,11 +82,11 @@ def over_socket(seconds: float, in_flight: int) -> tuple[float, dict[str, Any]]:
         ic.flush(60)
     sc = SampleClient([addr], "learner", "main", BATCH, in_flight=in_flight, seed=0)
     for _ in range(20):  # warm up
-        sc.update_priorities(sc.sample(beta=0.4, timeout_s=30), rng.random(BATCH) + 0.01)
+        sc.update_priorities(sc.sample(timeout_s=30), rng.random(BATCH) + 0.01)
     n = 0
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        b = sc.sample(beta=0.4, timeout_s=30)
+        b = sc.sample(timeout_s=30)
         sc.update_priorities(b, rng.random(BATCH) + 0.01)
         n += 1
     rate = n / (time.perf_counter() - t0)

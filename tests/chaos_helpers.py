@@ -19,7 +19,7 @@ from cli.launcher import Fleet, Member, make_run_dir, plan
 from common import config as config_mod
 from common.config import Experiment
 from services.replay.main import shard_dir
-from services.replay.storage import read_segment
+from services.replay.storage import read_log_file
 from tests.fleet_helpers import wait_for
 
 
@@ -69,7 +69,7 @@ def stored(cfg: Experiment, shard: int = 0) -> dict[tuple[str, int], int]:
     """
     out: dict[tuple[str, int], int] = {}
     for path in sorted(shard_dir(cfg, shard).glob("wal-*.log")):
-        for header, arrays in read_segment(path):
+        for header, arrays in read_log_file(path):
             if header.get("op") == "insert":
                 n = len(next(iter(a for k, a in arrays.items() if k != "__priority__")))
                 out[(header["sender"], int(header["seq"]))] = n

@@ -27,7 +27,7 @@ import msgpack
 import numpy as np
 
 from common.tensor_shards import Layout, tensor_specs
-from common.wire.codec import Message, ProtocolError, encode
+from common.wire.codec import PROTOCOL_VERSION, Message, ProtocolError, encode
 from common.wire.decoder import decode
 
 #: error reasons a server does not count as protocol errors: a fuzz message must never get one
@@ -56,7 +56,7 @@ def valid(service: str) -> list[Message]:
     if service == "replay":
         return [
             Message("insert", {"table": "main", "window_start": 1}, rows(4)),
-            Message("sample", {"table": "main", "batch_size": 8, "beta": 0.4}),
+            Message("sample", {"table": "main", "batch_size": 8, "beta": 0.4}),  # beta: protocol 1's, ignored
             Message("priorities", {"table": "main"}, {"key": np.arange(4, dtype=np.uint64),
                                                       "priority": np.ones(4)}),
             Message("info"),
@@ -78,11 +78,11 @@ def refused(service: str) -> list[Message]:
     if service == "replay":
         return [
             Message("insert", {"table": "nope"}, rows(4)),
-            Message("insert", {"table": "main"}, {**rows(4), "weight": np.ones(4)}),  # reserved column
+            Message("insert", {"table": "main"}, {**rows(4), "probability": np.ones(4)}),  # reserved column
             Message("insert", {"table": "main"}, {**rows(4), "priority": np.ones(3)}),  # wrong length
             Message("sample", {"table": "main", "batch_size": 0}),
             Message("sample", {"table": "nope", "batch_size": 8}),
-            Message("sample", {"table": "main", "batch_size": 8, "beta": -1.0}),
+            Message("sample", {"table": "main", "batch_size": 65_537}),
             Message("priorities", {"table": "main"}, {"key": np.arange(4, dtype=np.uint64),
                                                       "priority": np.ones(3)}),
             Message("publish", {"version": 1, "num_shards": 1, "layout": "x", "tensors": []}),
@@ -208,7 +208,7 @@ class Fuzzer:
     def _random_header(self) -> Frames:
         value = _random_value(self.rng)
         if self.rng.random() < 0.5:  # an envelope around random content reaches deeper checks
-            value = {"v": 1, "type": str(self._seed()[0].type), "sender": "fuzz", "seq": 1,
+            value = {"v": PROTOCOL_VERSION, "type": str(self._seed()[0].type), "sender": "fuzz", "seq": 1,
                      "arrays": [], "body": value if isinstance(value, dict) else {"x": value}}
         return [msgpack.packb(value, use_bin_type=True)]
 

@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.clients.registry import Welcome
 from services.actor.actor import fleet_size
-from services.replay.storage import read_segment
+from services.replay.storage import read_log_file
 from tests import netns
 from tests.fleet_helpers import CONFIGS, ROOT
 
@@ -154,7 +154,7 @@ class Fleet:
         An actor sends as "<actor id>/<random token>" (one token per process; none restarts here)."""
         out: dict[str, Counter[int]] = {}
         for seg in sorted((self.run_dir / "replay" / "shard-0").glob("wal-*.log")):
-            for header, _ in read_segment(seg):
+            for header, _ in read_log_file(seg):
                 if header["op"] == "insert":
                     out.setdefault(header["sender"].split("/")[0], Counter())[int(header["seq"])] += 1
         return out

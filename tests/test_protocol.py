@@ -144,7 +144,7 @@ def test_deep_nesting_and_ext_types_are_refused() -> None:
     for _ in range(40):
         deep = [deep]
     assert reason_of([header(body={"x": deep})]) == "bad_field"
-    ext = msgpack.packb({"v": 1, "type": "info", "sender": msgpack.ExtType(5, b"zz"), "seq": 1})
+    ext = msgpack.packb({"v": PROTOCOL_VERSION, "type": "info", "sender": msgpack.ExtType(5, b"zz"), "seq": 1})
     assert reason_of([ext]) == "bad_msgpack"
     very_deep = b"\x91" * 30_000 + b"\x01"  # 30k nested one-element arrays
     assert reason_of([very_deep]) in ("bad_msgpack", "bad_header")

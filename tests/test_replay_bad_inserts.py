@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from common.clients.replay_insert import InsertClient
-from common.wire.codec import Limits, Message, encode
+from common.wire.codec import PROTOCOL_VERSION, Limits, Message, encode
 from common.wire.decoder import decode
 from common.wire.transport import make_socket
 from tests.replay_helpers import ask, replay_config, serving, transitions
@@ -81,9 +81,10 @@ def test_bad_inserts_get_errors_and_the_server_goes_on(packed: bool) -> None:
                 hostile.close(linger=0)
             # garbage frames
             assert request(sock, [b"\x00garbage"])["reason"] in ("bad_msgpack", "bad_header")
-            assert request(sock, [msgpack.packb({"v": 1, "type": "insert"})])["reason"] == "missing_field"
-            header = msgpack.packb({"v": 1, "type": "insert", "sender": "x", "seq": 5, "body": {"table": "main"},
-                                    "arrays": [["obs", "float32", [4, 4]]]})
+            bare = msgpack.packb({"v": PROTOCOL_VERSION, "type": "insert"})
+            assert request(sock, [bare])["reason"] == "missing_field"
+            header = msgpack.packb({"v": PROTOCOL_VERSION, "type": "insert", "sender": "x", "seq": 5,
+                                    "body": {"table": "main"}, "arrays": [["obs", "float32", [4, 4]]]})
             assert request(sock, [header, b"short"])["reason"] == "frame_length_mismatch"
             assert request(sock, [msgpack.packb({**msgpack.unpackb(header), "v": 7})])["reason"] == \
                 "version_mismatch"
@@ -139,7 +140,7 @@ def test_error_ref_seq_is_the_seq_whenever_the_header_had_one() -> None:
     with serving(replay_config(capacity=100), limits=Limits(max_message_bytes=1 << 20)) as server:
         sock = make_socket(zmq.DEALER, connect=server.endpoint)
         try:
-            header = {"v": 1, "type": "insert", "sender": "x", "seq": 41, "body": {"table": "main"},
+            header = {"v": PROTOCOL_VERSION, "type": "insert", "sender": "x", "seq": 41, "body": {"table": "main"},
                       "arrays": [["obs", "float32", [4, 4]]]}
             cases = [
                 ([msgpack.packb(header), b"short"], "frame_length_mismatch", 41),

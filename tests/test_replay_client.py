@@ -1,4 +1,4 @@
-"""The replay clients: resend back-off and reconnection, importance weights, buffer copies."""
+"""The replay clients: resend back-off and reconnection, sampling probabilities, buffer copies."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from common.algorithms.importance import importance_weights
 from common.clients.replay_insert import InsertClient
 from common.clients.replay_sample import SampleClient
 from common.wire.codec import Message, encode
 from common.wire.decoder import decode
 from common.wire.inserts import InsertEncoder
 from common.wire.transport import free_tcp_port
-from services.replay.tables import importance_weights
 from tests.replay_helpers import replay_config, serving, transitions
 
 # spi 1, min size 10, window 20: two batches of 10 are stored, the next ones are held
@@ -78,28 +78,25 @@ def test_a_reconnection_resends_the_window_at_once() -> None:
             np.testing.assert_array_equal(np.sort(server.tables["main"].columns["idx"][:20]), np.arange(20, 40))
 
 
-def test_the_servers_weights_come_back_unchanged_for_the_beta_of_their_request() -> None:
+def test_a_batch_carries_the_probabilities_the_learner_weighs_it_by() -> None:
+    """Replay sends each item's sampling probability and the table's size, no weights: the learner
+    weighs a batch with its own exponent when it learns it (a batch asked for ahead of time included)."""
     cfg = replay_config(kind="prioritized", capacity=200, alpha=1.0)
+    priority = np.linspace(0.1, 10.0, 200)
     with serving(cfg) as server:
         with InsertClient(server.endpoint, "actor") as ic:
-            ic.insert("main", transitions(0, 0, 200), np.linspace(0.1, 10.0, 200))
+            ic.insert("main", transitions(0, 0, 200), priority)
             ic.flush(10)
-        with SampleClient([server.endpoint], "learner", "main", 32, in_flight=2, beta=0.4) as sc:
+        with SampleClient([server.endpoint], "learner", "main", 32, in_flight=2) as sc:
             for _ in range(3):
-                b = sc.sample(beta=0.4, timeout_s=10)
-                assert b.beta == 0.4
-                np.testing.assert_allclose(b.weights, importance_weights(b.probabilities, b.table_size, 0.4),
-                                           rtol=1e-5)
-                assert not b.weights.flags.writeable  # a view of the received frame: not computed here
-            betas = []
-            for _ in range(6):
-                b = sc.sample(beta=0.7, timeout_s=10)
-                betas.append(b.beta)
-                np.testing.assert_allclose(b.weights, importance_weights(b.probabilities, b.table_size, b.beta),
-                                           rtol=1e-5)
-            # requests sent ahead with beta 0.4 keep its weights (at most in_flight of them); then 0.7
-            assert betas[-1] == 0.7 and betas.count(0.4) <= 2 and set(betas) <= {0.4, 0.7}
-            assert betas == sorted(betas)
+                b = sc.sample(timeout_s=10)
+                assert b.table_size == 200 and set(b.data) == set(transitions(0, 0, 1))  # no weight column
+                np.testing.assert_allclose(b.probability, priority[b.data["idx"]] / priority.sum())
+                assert not b.probability.flags.writeable  # a view of the received frame
+                for exponent in (0.4, 0.7):  # whatever the learner's exponent is now
+                    expected = (b.table_size * b.probability) ** -exponent
+                    np.testing.assert_allclose(importance_weights(b.probability, exponent),
+                                               expected / expected.max(), rtol=1e-5)
 
 
 def test_the_clients_import_nothing_of_the_services() -> None:

@@ -21,7 +21,7 @@ from common.wire.decoder import decode
 from common.wire.errors import CommTimeout
 from common.wire.transport import make_socket
 from services.replay.server import ReplayServer
-from services.replay.storage import SNAPSHOT, read_segment, read_snapshot
+from services.replay.storage import SNAPSHOT, read_log_file, read_snapshot
 from tests.replay_helpers import PYTHON, ROOT, ReplayProcess, ask, replay_config, serving, transitions
 
 TABLE = "replay.tables=[{name: main, kind: prioritized, capacity: 100000, min_size: 1, columns: first_insert}]"
@@ -121,12 +121,12 @@ def test_torn_wal_tail_is_ignored(tmp_path: Path) -> None:
                 ic.insert("main", transitions(0, b * 10, 10))
             ic.flush(5)
         assert server.wal is not None and server.wal.syncs >= 1
-    segments = sorted(tmp_path.glob("wal-*.log"))
-    assert segments
-    # a crash mid-write: half a record at the end of the newest non-empty segment
-    seg = [s for s in segments if s.stat().st_size > 0][-1]
-    data = seg.read_bytes()
-    seg.write_bytes(data + data[: len(data) // 3])
+    log_files = sorted(tmp_path.glob("wal-*.log"))
+    assert log_files
+    # a crash mid-write: half a record at the end of the newest non-empty log file
+    log_file = [s for s in log_files if s.stat().st_size > 0][-1]
+    data = log_file.read_bytes()
+    log_file.write_bytes(data + data[: len(data) // 3])
     (tmp_path / SNAPSHOT).unlink(missing_ok=True)
     with serving(cfg, directory=tmp_path) as server:
         t = server.tables["main"]
@@ -146,7 +146,7 @@ def test_queue_batch_leaves_only_after_its_pop_is_on_disk(tmp_path: Path) -> Non
         server.handle_frames(server.sock.recv_multipart(copy=False))
 
     def pops_on_disk() -> int:
-        return sum(h["op"] == "pop" for seg in sorted(tmp_path.glob("wal-*.log")) for h, _ in read_segment(seg))
+        return sum(h["op"] == "pop" for path in sorted(tmp_path.glob("wal-*.log")) for h, _ in read_log_file(path))
 
     try:
         sock.send_multipart(encode(Message("insert", {"table": "main"}, transitions(0, 0, 10), "actor", 1)))
@@ -197,8 +197,8 @@ def test_a_failed_wal_fsync_stops_replay_without_acking_and_a_restart_loses_noth
         assert "final snapshot" not in log_text and "Traceback" not in log_text, log_text
         # the record that fsync covered is cut off: a restart does not read it back from the page
         # cache (and ack its resend as a duplicate while it may not be on disk)
-        segments = sorted((tmp_path / "replay" / "shard-0").glob("wal-*.log"))
-        logged = [h["seq"] for seg in segments for h, _ in read_segment(seg) if h["op"] == "insert"]
+        log_files = sorted((tmp_path / "replay" / "shard-0").glob("wal-*.log"))
+        logged = [h["seq"] for log_file in log_files for h, _ in read_log_file(log_file) if h["op"] == "insert"]
         assert len(logged) == 5, logged
         restarted = ReplayProcess(tmp_path, port=failing.port, sets=sets).start()
         restarted.wait_log("running")

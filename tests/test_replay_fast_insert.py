@@ -60,7 +60,7 @@ def test_fast_path_refuses_and_dedups_as_the_full_path() -> None:
         try:
             for seq in (1, 2):  # the full path: the layout is learnt at its second insert
                 assert request(sock, frames(seq))["stored"] == 4
-            assert server.fast_inserts == 0 and len(server.fast) == 1
+            assert server.fast_inserts == 0 and len(server.fast_path.layouts) == 1
             assert request(sock, frames(3))["stored"] == 4
             assert server.fast_inserts == 1
             dup = request(sock, frames(2))
@@ -115,7 +115,8 @@ def test_writers_of_other_sizes_each_keep_their_fast_paths_and_ever_new_sizes_le
                 a.flush(10), b.flush(10), c.flush(10), d.flush(10)
             # a and b: all but their first two; c: all but the first two of each size; d: none
             assert server.fast_inserts == 8 + 8 + 6
-            assert len(server.fast) == 3 and len(server.fast[next(iter(server.fast))]) == 1
+            layouts = server.fast_path.layouts
+            assert len(layouts) == 3 and len(layouts[next(iter(layouts))]) == 1
         t = server.tables["main"]
         assert t.size == 80 + 160 + 55 + 55
         cols = {k: v[:t.size] for k, v in t.columns.items()}

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import zmq
 
+from common.algorithms.importance import importance_weights
 from common.clients.replay_insert import InsertClient
 from common.clients.replay_sample import SampleClient
 from common.config import TableConfig
@@ -39,7 +40,7 @@ def test_held_samples_are_capped_busy_and_their_timeout_is_capped() -> None:
             assert (reply.type, reply["reason"], reply["ref_seq"]) == ("error", "busy", 4)
         finally:
             sock.close(linger=0)
-        held = list(server.held_samples["main"])
+        held = list(server.held.samples["main"])
         assert len(held) == 3  # the first three are held (the table is below min_size)
         waits = [h.deadline - h.since for h in held]
         # no timeout_ms, and a huge one, both wait at most 10 minutes; a short one keeps its own
@@ -76,7 +77,7 @@ def test_inserts_beyond_the_held_cap_are_dropped_unacked_and_counted() -> None:
                 assert decode(sock.recv_multipart())["ref_seq"] == seq
             info = ask(server.endpoint, Message("info", {}))  # served after the five inserts
             assert info["stats"]["tables"]["main"]["held_inserts"] == 2
-            assert server.m_dropped._value.get() == 1
+            assert server.replay_metrics.dropped._value.get() == 1
             assert not sock.poll(200)  # held ones wait, the dropped one is never answered
         finally:
             sock.close(linger=0)
@@ -102,16 +103,19 @@ def test_priorities_above_the_maximum_are_refused() -> None:
 
 @pytest.mark.parametrize("alpha", [1.0, 30.0])
 def test_extreme_priorities_keep_the_tree_finite_and_weights_defined(alpha: float) -> None:
+    """The probabilities a sample returns stay finite and positive, and so the learner's importance
+    weights from them stay finite in [0, 1] for any exponent up to 100."""
     t = PrioritizedTable(TableConfig(name="t", kind="prioritized", capacity=64, alpha=alpha, min_size=1),
                          np.random.default_rng(0))
     prio = np.concatenate([np.full(32, MAX_PRIORITY), np.full(32, 1e-300)])
     t.insert(transitions(0, 0, 64), prio)
     t.update_priorities(np.arange(8, dtype=np.uint64), np.full(8, MAX_PRIORITY))
     assert np.isfinite(t.tree.total) and t.tree.total > 0
-    for beta in (0.4, 1.0, 100.0):
-        s = t.sample(256, beta)
-        assert np.all(np.isfinite(s.probability)) and np.all(s.probability > 0)
-        assert np.all(np.isfinite(s.weight)) and s.weight.max() == 1.0 and s.weight.min() >= 0
+    s = t.sample(256)
+    assert np.all(np.isfinite(s.probability)) and np.all(s.probability > 0)
+    for exponent in (0.4, 1.0, 100.0):
+        w = importance_weights(s.probability, exponent)
+        assert np.all(np.isfinite(w)) and w.max() == 1.0 and w.min() >= 0
 
 
 
@@ -128,14 +132,14 @@ def test_held_inserts_are_capped_in_bytes_too() -> None:
                 cols = {**t, "obs": np.zeros((10, wide), np.float32), "next_obs": np.zeros((10, wide), np.float32)}
                 sock.send_multipart(encode(Message("insert", {"table": "main"}, cols, sender="big", seq=seq)))
             deadline = time.monotonic() + 20  # 30 MiB on its way through one socket: wait for all six
-            while (server.tables["main"].size // 10 + len(server.held_inserts["main"])
-                   + server.m_dropped._value.get() < 6 and time.monotonic() < deadline):
+            while (server.tables["main"].size // 10 + len(server.held.inserts["main"])
+                   + server.replay_metrics.dropped._value.get() < 6 and time.monotonic() < deadline):
                 time.sleep(0.05)
             info = ask(server.endpoint, Message("info", {}))
             stored = server.tables["main"].size // 10  # the limiter's window: stored and acked
             assert stored >= 2
             assert info["stats"]["tables"]["main"]["held_inserts"] == 2  # ~10.5 MiB held, under 12
-            assert server.m_dropped._value.get() == 6 - stored - 2  # one more held would pass 12 MiB
-            assert 10 << 20 < server.held_bytes <= 12 << 20
+            assert server.replay_metrics.dropped._value.get() == 6 - stored - 2  # one more held would pass 12 MiB
+            assert 10 << 20 < server.held.bytes <= 12 << 20
         finally:
             sock.close(linger=0)

@@ -115,7 +115,7 @@ def test_held_sample_times_out_then_is_released_by_inserts() -> None:
         with SampleClient([ep], "learner2", "main", 8, in_flight=2) as sc, InsertClient(ep, "a") as ic:
             sc._top_up()  # two requests now held by the limiter
             deadline = time.monotonic() + 5
-            held = server.held_samples["main"]
+            held = server.held.samples["main"]
             while sum(h.peer.sender == "learner2" for h in list(held)) < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert sum(h.peer.sender == "learner2" for h in list(held)) == 2
@@ -146,7 +146,7 @@ def test_actors_ahead_are_held_until_the_learner_samples() -> None:
                 sc.sample(timeout_s=5)
                 ic.flush(5)
             assert server.tables["main"].size == 50
-            assert server.m_wait.labels("insert")._value.get() > 0.3
+            assert server.replay_metrics.wait.labels("insert")._value.get() > 0.3
             idx = np.sort(server.tables["main"].columns["idx"][:50])
             np.testing.assert_array_equal(idx, np.arange(50))  # each once, despite the resends
 
@@ -165,9 +165,9 @@ def test_the_default_window_stops_an_actor_ahead_after_max_unacked_held_inserts(
                 ic.insert("main", transitions(0, 10 * (2 + window), 10), timeout_s=0.5)  # back-pressure
             assert ic.acked == 2 and ic.unacked == window
             deadline = time.monotonic() + 5
-            while len(server.held_inserts["main"]) < window and time.monotonic() < deadline:
+            while len(server.held.inserts["main"]) < window and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert len(server.held_inserts["main"]) == window
+            assert len(server.held.inserts["main"]) == window
             assert server.tables["main"].size == 20  # held inserts are not stored
             with SampleClient([ep], "learner", "main", 10, in_flight=1) as sc:
                 for _ in range(window):  # each batch sampled lets one held insert in

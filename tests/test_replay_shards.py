@@ -35,7 +35,7 @@ def test_sample_client_spreads_over_shards_and_routes_priorities_back() -> None:
         with SampleClient([s0.endpoint, s1.endpoint], "learner", "main", 32, in_flight=2, seed=3) as sc:
             shards = []
             for _ in range(400):
-                b = sc.sample(beta=0.5, timeout_s=10)
+                b = sc.sample(timeout_s=10)
                 assert (b.data["writer"] == b.shard).all()  # the batch came from the shard it names
                 shards.append(b.shard)
                 sc.update_priorities(b, np.full(len(b.keys), 2.0))

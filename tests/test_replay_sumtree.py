@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from common.algorithms.importance import importance_weights
 from common.config import TableConfig
 from services.replay.columnar import TableError
-from services.replay.priorities import importance_weights
 from services.replay.sumtree import SumTree
 from services.replay.tables import PrioritizedTable, QueueTable, UniformTable
 
@@ -118,25 +118,27 @@ def test_prioritized_table_distribution_with_alpha_after_updates_and_eviction() 
     want = want / want.sum()
     counts = np.zeros(30)
     for _ in range(100):
-        s = t.sample(1000, beta=0.5)
+        s = t.sample(1000)
         np.testing.assert_array_equal(s.data["idx"], s.keys.astype(np.int64))  # keys name their data
         np.testing.assert_allclose(s.probability, want[s.keys.astype(np.int64) - 10])
         counts += np.bincount(s.keys.astype(np.int64) - 10, minlength=30)
     assert chi_square(counts, want) < chi2_critical(29)
 
 
-def test_importance_weights_formula() -> None:
+def test_probabilities_give_the_learners_importance_weights() -> None:
+    """The table returns P(i); the learner's weights from them are (N * P(i)) ** -beta over the batch max."""
     t = table("prioritized", capacity=16, alpha=1.0)
     t.insert(batch(16), np.arange(1, 17, dtype=np.float64))
-    s = t.sample(64, beta=0.4)
+    s = t.sample(64)
+    assert not hasattr(s, "weight")  # replay computes no weights
     p = (s.keys.astype(np.float64) + 1) / np.arange(1, 17).sum()
     np.testing.assert_allclose(s.probability, p)
     w = (16 * p) ** -0.4
-    np.testing.assert_allclose(s.weight, w / w.max(), rtol=1e-6)
-    assert s.weight.max() == pytest.approx(1.0)
+    learner_weights = importance_weights(s.probability, 0.4)
+    np.testing.assert_allclose(learner_weights, w / w.max(), rtol=1e-6)
+    assert learner_weights.max() == pytest.approx(1.0)
     # the largest weight belongs to the least likely item in the batch
-    assert s.weight[np.argmin(s.probability)] == pytest.approx(1.0)
-    np.testing.assert_array_equal(importance_weights(p, 16, 0.0), np.ones_like(p))
+    assert learner_weights[np.argmin(s.probability)] == pytest.approx(1.0)
 
 
 def test_uniform_and_queue_tables() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from common.algorithms.importance import importance_weights
 from common.clients.replay_insert import InsertClient
 from common.clients.replay_sample import SampleClient
 from common.wire.codec import Message, encode
@@ -84,13 +85,13 @@ def test_an_unlimited_sample_waits_for_min_size_and_times_out_like_any_other() -
         with SampleClient([ep], "model", "main", 8, in_flight=1, rate_limited=False) as sc:
             sc._top_up()  # one request, held: the table is empty
             deadline = time.monotonic() + 5
-            while not server.held_unlimited["main"] and time.monotonic() < deadline:
+            while not server.held.unlimited["main"] and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert len(server.held_unlimited["main"]) == 1 and not server.held_samples["main"]
+            assert len(server.held.unlimited["main"]) == 1 and not server.held.samples["main"]
             assert ask(ep, Message("info", {}), sender="info")["stats"]["tables"]["main"]["held_samples"] == 1
             fill(server, 9)
             time.sleep(0.2)
-            assert len(server.held_unlimited["main"]) == 1  # 9 < min_size: still held
+            assert len(server.held.unlimited["main"]) == 1  # 9 < min_size: still held
             fill(server, 1, start=9, sender="actor2")
             batch = sc.sample(timeout_s=5)
             assert batch.table_size == 10 and len(batch.keys) == 8
@@ -108,16 +109,16 @@ def test_an_unlimited_sample_does_not_wait_behind_a_held_one() -> None:
             msg.sender, msg.seq = "learner", 2
             learner.send_multipart(encode(msg))
             deadline = time.monotonic() + 5
-            while not server.held_samples["main"] and time.monotonic() < deadline:
+            while not server.held.samples["main"] and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert len(server.held_samples["main"]) == 1
+            assert len(server.held.samples["main"]) == 1
             assert ask(ep, sample(rate_limited=False), sender="model").type == "batch"
-            assert len(server.held_samples["main"]) == 1  # the learner's is still held
+            assert len(server.held.samples["main"]) == 1  # the learner's is still held
         finally:
             learner.close(linger=0)
 
 
-def test_weights_and_priorities_are_as_usual() -> None:
+def test_probabilities_and_priorities_are_as_usual() -> None:
     cfg = replay_config(kind="prioritized", alpha=1.0, min_size=10, samples_per_insert=1.0, error_buffer=20.0)
     with serving(cfg) as server:
         ep = server.endpoint
@@ -126,13 +127,14 @@ def test_weights_and_priorities_are_as_usual() -> None:
         prio = np.where(keys == 3, 11.0, 1.0)  # item 3: probability 11 / 20, the others 1 / 20
         ack = ask(ep, Message("priorities", {"table": "main"}, {"key": keys, "priority": prio}))
         assert ack["updated"] == 10
+        # beta (protocol 1's importance exponent): an unknown field now, ignored
         reply = ask(ep, sample(n=256, beta=1.0, rate_limited=False), sender="model")
-        assert reply.type == "batch"
-        drawn, p, w = reply.arrays["key"], reply.arrays["probability"], reply.arrays["weight"]
+        assert reply.type == "batch" and "weight" not in reply.arrays  # importance weights are the learner's
+        drawn, p = reply.arrays["key"], reply.arrays["probability"]
         np.testing.assert_allclose(p, np.where(drawn == 3, 11 / 20, 1 / 20))
         assert 0.4 < np.mean(drawn == 3) < 0.7  # drawn by priority
-        expected = (10 * p) ** -1.0
-        np.testing.assert_allclose(w, expected / expected.max(), rtol=1e-6)  # importance weights for beta 1
+        expected = (reply["table_size"] * p) ** -1.0
+        np.testing.assert_allclose(importance_weights(p, 1.0), expected / expected.max(), rtol=1e-6)
         # and its keys take priority updates as any sample's do
         ack = ask(ep, Message("priorities", {"table": "main"}, {"key": drawn[:1], "priority": np.ones(1)}), seq=2)
         assert ack["updated"] == 1

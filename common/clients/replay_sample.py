@@ -5,13 +5,10 @@ No thread: replies are processed inside the caller's calls (``sample``,
 raises :class:`~common.wire.errors.CommTimeout`.
 
 Keeps ``in_flight`` sample requests outstanding per shard so a batch is
-usually waiting when the learner asks. Importance weights are computed once,
-by the server, for the ``beta`` the request carried: a request sent ahead of
-time keeps the beta of its day, so right after ``sample(beta)`` changes beta
-up to ``in_flight`` batches per shard still carry weights for the previous
-one (``SampleBatch.beta`` says which). Beta anneals slowly (a small step per
-update), so the difference is a rounding error of the schedule, and the
-client need not know how the server computes weights.
+usually waiting when the learner asks. A batch carries each item's sampling
+probability (``SampleBatch.probability``) and the table's size; importance
+weights are the learner's, computed from ``probability`` with its own exponent
+when it learns (``Learner.weigh``): replay knows no algorithm's knobs.
 A shard that answers ``busy`` (too many samples held) is not asked again for
 ``busy_backoff_s``. ``sample()``
 draws a shard with probability proportional to the size of its table (so
@@ -48,11 +45,9 @@ class SampleBatch:
     shard: int
     table: str
     keys: np.ndarray
-    probabilities: np.ndarray
-    weights: np.ndarray
+    probability: np.ndarray  # float64: each item's sampling probability when it was drawn
     data: dict[str, np.ndarray]
     table_size: int
-    beta: float | None = None  # the beta ``weights`` are for
 
 
 @dataclass
@@ -60,7 +55,7 @@ class _Shard:
     index: int
     address: str
     connection: Connection
-    in_flight: dict[int, tuple[float, float | None]] = field(default_factory=dict)  # seq -> (sent at, beta)
+    in_flight: dict[int, float] = field(default_factory=dict)  # seq -> sent at
     ready: deque[SampleBatch] = field(default_factory=deque)
     size: int = 0
     last_reply: float = field(default_factory=time.monotonic)
@@ -79,7 +74,6 @@ class SampleClient:
         request_timeout_s: float = 30.0,
         stall_s: float = 1.0,
         busy_backoff_s: float = 1.0,
-        beta: float | None = None,
         seed: int | None = None,
         curve: CurveConfig | None = None,
         hwm: int = DEFAULT_HWM,
@@ -102,7 +96,6 @@ class SampleClient:
         self.request_timeout_s = request_timeout_s
         self.stall_s = stall_s
         self.busy_backoff_s = busy_backoff_s
-        self.beta = beta
         self.limits = limits
         self.rng = np.random.default_rng(seed)
         # handshakes watched: a new one means the shard restarted or came back (its held requests died)
@@ -136,7 +129,7 @@ class SampleClient:
     def _top_up(self) -> None:
         now = time.monotonic()
         for s in self.shards:
-            for seq, (sent, _) in list(s.in_flight.items()):
+            for seq, sent in list(s.in_flight.items()):
                 if now - sent > self.request_timeout_s + 5.0:  # the server lost it (restart): ask again
                     del s.in_flight[seq]
                     self.reissued += 1
@@ -156,15 +149,12 @@ class SampleClient:
     def _request(self, shard: _Shard, now: float) -> bool:
         body: dict[str, Any] = {"table": self.table, "batch_size": self.batch_size,
                                 "timeout_ms": int(self.request_timeout_s * 1000)}
-        beta = None if self.beta is None else float(self.beta)
-        if beta is not None:
-            body["beta"] = beta
         if not self.rate_limited:  # only then: the requests of a rate-limited client stay as they were
             body["rate_limited"] = False
         msg = Message("sample", body)
         if not self._send(shard, msg):
             return False
-        shard.in_flight[msg.seq] = (now, beta)
+        shard.in_flight[msg.seq] = now
         return True
 
     def ask_for(self, batches: int | None) -> None:
@@ -202,20 +192,14 @@ class SampleClient:
     def _outstanding(self) -> int:
         return sum(len(s.in_flight) + len(s.ready) for s in self.shards)
 
-    def sample(self, beta: float | None = None, timeout_s: float = 30.0) -> SampleBatch:
-        """One batch from one shard, with the server's importance weights.
-
-        ``beta`` (when given) goes with the requests sent from now on; a batch
-        asked for ahead of time carries the weights for the beta of then
-        (``batch.beta``): beta anneals slowly, see the module's docstring.
+    def sample(self, timeout_s: float = 30.0) -> SampleBatch:
+        """One batch from one shard, with each item's sampling probability.
 
         The shard is drawn with probability proportional to its table size
         (as last reported), and its batch awaited; a shard that has not
         answered for ``stall_s`` while another has a batch ready is passed
         over (it is down, or its rate limiter holds the learner).
         """
-        if beta is not None:
-            self.beta = beta
         deadline = time.monotonic() + timeout_s
         self._top_up()
         self._poll(0)
@@ -307,14 +291,12 @@ class SampleClient:
         ref = msg.get("ref_seq")
         shard.last_reply = time.monotonic()
         if msg.type == "batch":
-            request = shard.in_flight.pop(ref, None)
-            if request is None:
+            if shard.in_flight.pop(ref, None) is None:
                 return  # a reply to a request given up on: drop it
             a = msg.arrays
-            data = {k: v for k, v in a.items() if k not in ("key", "probability", "weight")}
+            data = {k: v for k, v in a.items() if k not in ("key", "probability")}
             shard.size = int(msg["table_size"])
-            shard.ready.append(SampleBatch(shard.index, msg["table"], a["key"], a["probability"], a["weight"],
-                                           data, shard.size, request[1]))
+            shard.ready.append(SampleBatch(shard.index, msg["table"], a["key"], a["probability"], data, shard.size))
         elif msg.type == "priorities_ack":
             self.priorities_acked += 1
             self.keys_updated += int(msg["updated"])

@@ -27,7 +27,7 @@ import numpy as np
 
 from common.wire.schema import MESSAGES
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: sample.beta and batch.weight removed (importance weights are the learner's)
 
 #: in a packed message, every array starts at a multiple of this many bytes of the payload frame
 PACK_ALIGN = 8

@@ -114,12 +114,11 @@ _SPECS = [
     MessageSpec("sample", "Ask for a batch; held while the rate limiter says wait.", {
         "table": _f("str", "table name"),
         "batch_size": _f("int", "number of items"),
-        "beta": _f("float", "importance-weight exponent (prioritized tables)", False),
         "timeout_ms": _f("int", "give up after this long; error reason 'timeout'", False, TIMEOUT_RANGE),
         "rate_limited": _f("bool", "false: served once the table holds min_size items, and not counted by the"
                            " rate limiter (a second consumer); default true", False),
     }),
-    MessageSpec("batch", "The reply to sample: data columns plus key, probability, weight.", {
+    MessageSpec("batch", "The reply to sample: data columns plus key and probability.", {
         "ref_seq": _f("int", "seq of the sample request"),
         "table": _f("str", "table name"),
         "shard": _f("int", "shard that served it"),
@@ -127,7 +126,6 @@ _SPECS = [
     }, {
         "key": _KEY,
         "probability": ArraySpec(("float64",), 1, True, "sampling probability of each item"),
-        "weight": ArraySpec(("float32",), 1, True, "normalised importance weight of each item"),
     }, open_arrays=True),
     MessageSpec("priorities", "Set new priorities for sampled keys.", {
         "table": _f("str", "table name"),

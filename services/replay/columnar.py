@@ -66,7 +66,6 @@ PackedPlan = list[tuple[memoryview, int, int]]
 class Sampled:
     keys: np.ndarray  # uint64
     probability: np.ndarray  # float64
-    weight: np.ndarray  # float32
     data: dict[str, np.ndarray]
 
 
@@ -283,9 +282,9 @@ class Table:
         """May a sample the limiter does not count (``rate_limited: false``) go? Once min_size is held."""
         return self.size >= max(1, self.limiter.min_size)
 
-    def sample(self, batch_size: int, beta: float | None = None, *, counted: bool = True) -> Sampled:
+    def sample(self, batch_size: int, *, counted: bool = True) -> Sampled:
         """``counted=False``: the limiter does not count these items (``sampled_items`` still does)."""
-        keys, prob, weight = self._select(batch_size, beta)
+        keys, prob = self._select(batch_size)
         slots = self._slots(keys)
         data = {name: col[slots] for name, col in self.columns.items()}
         if self.frames is not None:
@@ -293,9 +292,10 @@ class Table:
         self.sampled_items += len(keys)
         if counted:
             self.limiter.sampled(len(keys))
-        return Sampled(keys, prob, weight, data)
+        return Sampled(keys, prob, data)
 
-    def _select(self, batch_size: int, beta: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _select(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The keys of a sample and each one's probability of being drawn."""
         raise NotImplementedError
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:

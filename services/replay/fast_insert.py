@@ -19,12 +19,16 @@ import numpy as np
 
 from common.wire.codec import DTYPES
 from common.wire.decoder import PackedLayout
+from common.wire.dedup import Dedup
 from common.wire.errors import RequestError
 from common.wire.inserts import insert_header_prefix, read_insert_tail
 from common.wire.server import Peer
+from services.replay.burst_replies import BurstReplies
 from services.replay.columnar import PackedPlan, Table, TableError
-from services.replay.held_requests import HeldRequestServer
+from services.replay.held_requests import HeldRequests
+from services.replay.insert_writer import InsertWriter
 from services.replay.priorities import check_priorities
+from services.replay.replier import Replier
 
 log = logging.getLogger(__name__)
 
@@ -49,61 +53,81 @@ class FastInsert:
     priority: tuple[np.dtype[Any], int] | None  # its dtype and offset in the payload
 
 
-class FastInsertServer(HeldRequestServer):
-    """A :class:`HeldRequestServer` that takes the usual inserts of a connection from their frames.
+@dataclass(frozen=True)
+class StoredPacked:
+    """A packed insert the full path stored, that asked for merged acks: what its layout is learnt from."""
 
-    Its state is set up by :class:`services.replay.server.ReplayServer`; ``on_insert`` sets
-    ``_stored_packed`` after storing a packed insert that asked for merged acks."""
+    table: Table
+    layout: PackedLayout
+    n: int
+    peer: Peer
+    window_start: int | None
 
-    # by ROUTER identity, then payload bytes: the usual inserts of that connection, taken without a full decode
-    fast: dict[bytes, dict[int, FastInsert]]
-    fast_inserts: int  # inserts stored by _insert_fast
-    _learn_failed: bool
-    # by identity: the layouts of the connection's last inserts that took the full path; a layout
-    # is learnt the second time it is seen (a sender whose N is new at every insert learns nothing)
-    _full_layouts: dict[bytes, list[PackedLayout]]
-    _stored_packed: tuple[Table, PackedLayout, int, Peer, int | None] | None
 
-    def handle_frames(self, frames: list[Any]) -> None:
-        """An insert of a connection whose last inserts were all alike but for seq and window_start
-        (as InsertClient sends them) is stored from its frames by :meth:`_insert_fast`; any other
-        message, and any insert that path does not take, is decoded and handled in full."""
-        if len(frames) == 3:
-            identity = frames[0].bytes
-            layouts = self.fast.get(identity)
-            fast = layouts.get(len(frames[2])) if layouts is not None else None
-            if fast is not None:
-                try:
-                    if self._insert_fast(fast, identity, frames):
-                        return
-                except Exception as exc:  # answered as the full path does
-                    tail = read_insert_tail(frames[1].bytes, len(fast.prefix))
-                    peer = Peer(identity, tail[1] if tail is not None else -1, fast.sender)
-                    if isinstance(exc, RequestError):  # e.g. wal_failed: the wal's disk is full
-                        self.reply_error(peer, exc.reason, exc.detail, count=exc.count)
-                        return
-                    self.fast.pop(identity, None)
-                    log.exception("%s: insert failed", self.name)
-                    self.reply_error(peer, "internal", f"{type(exc).__name__}: {exc}")
-                    return
-        self._stored_packed = None
-        super().handle_frames(frames)
-        if self._stored_packed is not None and len(frames) == 3:
-            try:
-                self._learn_fast(frames)
-            except Exception:  # a layout the fast path cannot take: its inserts keep the full path
-                self._stored_packed = None
-                if not self._learn_failed:  # once: the same layout would fail at every insert
-                    self._learn_failed = True
-                    log.exception("%s: insert layout not memoised (its inserts take the full path)", self.name)
+class FastInsertPath:
+    """Owns what is remembered of each connection's usual inserts and takes those inserts from their
+    frames: the server's loop offers it every message first (:meth:`take`), and shows it every packed
+    insert the full path stored (:meth:`remember`, then :meth:`learn` once the message is handled)."""
 
-    def _learn_fast(self, frames: list[Any]) -> None:
-        """After a packed insert passed the full decode and was stored: remember its header's bytes
-        up to window_start, if they are in InsertEncoder's form, for the next ones."""
-        stored = self._stored_packed
-        self._stored_packed = None
-        assert stored is not None
-        table, layout, n, peer, ws = stored
+    def __init__(self, loop: Replier, dedup: Dedup, held: HeldRequests, writer: InsertWriter,
+                 replies: BurstReplies, logged: bool) -> None:
+        self.loop = loop
+        self.dedup = dedup
+        self.held = held
+        self.writer = writer
+        self.replies = replies
+        self.logged = logged  # wal: an insert goes through the log, which takes arrays
+        # by ROUTER identity, then payload bytes: that connection's usual inserts
+        self.layouts: dict[bytes, dict[int, FastInsert]] = {}
+        self.inserts = 0  # inserts stored by this path
+        self._learn_failed = False
+        # by identity: the layouts of the connection's last inserts that took the full path; a layout
+        # is learnt the second time it is seen (a sender whose N is new at every insert learns nothing)
+        self._full_layouts: dict[bytes, list[PackedLayout]] = {}
+        self._stored: StoredPacked | None = None  # of the message being handled
+
+    def take(self, frames: list[Any]) -> bool:
+        """Store ``frames`` if they are an insert of a known layout of their connection (True, answered
+        as the full path would); False, with nothing done, for any message this path does not take."""
+        if len(frames) != 3:
+            return False
+        identity = frames[0].bytes
+        layouts = self.layouts.get(identity)
+        fast = layouts.get(len(frames[2])) if layouts is not None else None
+        if fast is None:
+            return False
+        try:
+            return self._insert(fast, identity, frames)
+        except Exception as exc:  # answered as the full path does
+            tail = read_insert_tail(frames[1].bytes, len(fast.prefix))
+            peer = Peer(identity, tail[1] if tail is not None else -1, fast.sender)
+            if isinstance(exc, RequestError):  # e.g. wal_failed: the wal's disk is full
+                self.loop.reply_error(peer, exc.reason, exc.detail, count=exc.count)
+                return True
+            self.layouts.pop(identity, None)
+            log.exception("%s: insert failed", self.loop.name)
+            self.loop.reply_error(peer, "internal", f"{type(exc).__name__}: {exc}")
+            return True
+
+    def remember(self, stored: StoredPacked) -> None:
+        """The full path stored this packed insert of the message being handled (merge_acks asked)."""
+        self._stored = stored
+
+    def learn(self, frames: list[Any]) -> None:
+        """After the full path handled ``frames``: learn their layout if it stored them packed."""
+        stored, self._stored = self._stored, None
+        if stored is None or len(frames) != 3:
+            return
+        try:
+            self._learn(stored, frames)
+        except Exception:  # a layout this path cannot take: its inserts keep the full path
+            if not self._learn_failed:  # once: the same layout would fail at every insert
+                self._learn_failed = True
+                log.exception("%s: insert layout not memoised (its inserts take the full path)", self.loop.name)
+
+    def _learn(self, stored: StoredPacked, frames: list[Any]) -> None:
+        """Remember the header's bytes up to window_start, if they are in InsertEncoder's form."""
+        table, layout, n, peer, ws = stored.table, stored.layout, stored.n, stored.peer, stored.window_start
         if table.frames is not None:  # shared frames are looked up: no copy plan (Table.packed_plan)
             return
         identity = frames[0].bytes
@@ -123,7 +147,7 @@ class FastInsertServer(HeldRequestServer):
                 return
             descriptors.append([name, dtype.name, list(shape)])
         header = frames[1].bytes
-        owner = self.owner_suffix(frames)
+        owner = self.loop.owner_suffix(frames)
         prefix = insert_header_prefix(table.name, peer.sender[:len(peer.sender) - len(owner)], descriptors)
         if not header.startswith(prefix) or read_insert_tail(header, len(prefix)) != (ws, peer.seq):
             return
@@ -131,36 +155,39 @@ class FastInsertServer(HeldRequestServer):
         if plan is None:
             return
         priority = next(((dtype, offset) for name, dtype, _, offset in items if name == "priority"), None)
-        layouts = self.fast.get(identity)
+        layouts = self.layouts.get(identity)
         if layouts is None:
-            if len(self.fast) >= MAX_FAST_PEERS:
-                self.fast.clear()
-            layouts = self.fast[identity] = {}
+            if len(self.layouts) >= MAX_FAST_PEERS:
+                self.layouts.clear()
+            layouts = self.layouts[identity] = {}
         if len(layouts) >= MAX_LAYOUTS:
             layouts.clear()
         layouts[nbytes] = FastInsert(prefix, table, table.generation, n, nbytes, peer.sender, owner, plan, items,
                                      priority)
 
-    def _insert_fast(self, fast: FastInsert, identity: bytes, frames: list[Any]) -> bool:
+    def _insert(self, fast: FastInsert, identity: bytes, frames: list[Any]) -> bool:
         """Store an insert whose header is ``fast.prefix`` and two ints and whose payload has the
         size of that layout; False (nothing done) for anything else: a duplicate, a held insert,
         a bad priority, another header, ... all take the full path."""
         header, payload = frames[1].bytes, frames[2]
         table = fast.table
         prefix = fast.prefix
+        loop = self.loop
+        limits = loop.limits
         if (len(payload) != fast.nbytes or not header.startswith(prefix) or table.generation != fast.generation
-                or len(header) > self.limits.max_header_bytes
-                or len(header) + fast.nbytes > self.limits.max_message_bytes
-                or (self.bind_senders and self.owner_suffix(frames) != fast.owner)):
+                or len(header) > limits.max_header_bytes
+                or len(header) + fast.nbytes > limits.max_message_bytes
+                or (loop.bind_senders and loop.owner_suffix(frames) != fast.owner)):
             return False
         tail = read_insert_tail(header, len(prefix))
         if tail is None or tail[0] < 0:  # a window_start out of range: the full decoder refuses it
             return False
         ws, seq = tail
         sender, n = fast.sender, fast.n
-        if (self.dedup.refusal(sender, seq) is not None or self.dedup.seen(sender, seq)
-                or (self.held_keys and (sender, seq) in self.held_keys)
-                or self.held_inserts[table.name] or not table.can_insert(n)):
+        dedup, held = self.dedup, self.held
+        if (dedup.refusal(sender, seq) is not None or dedup.seen(sender, seq)
+                or (held.keys and (sender, seq) in held.keys)
+                or held.inserts[table.name] or not table.can_insert(n)):
             return False
         priority = None
         if fast.priority is not None:
@@ -170,16 +197,17 @@ class FastInsertServer(HeldRequestServer):
                 check_priorities(priority)
             except TableError:
                 return False
-        self.count("insert", "in", len(header) + fast.nbytes)
-        if self.wal is None:
+        loop.count("insert", "in", len(header) + fast.nbytes)
+        if not self.logged:
             table.insert_packed(fast.plan, payload, n, priority)
-            self._stored(table, identity, seq, sender, ws, n, True)
+            dedup.add(sender, seq, ws)
+            self.replies.ack_stored(table.name, identity, seq, sender, n, True)
         else:  # the log takes arrays
             view = memoryview(payload).toreadonly()
             arrays = {name: np.ndarray(shape, dtype, view, offset)
                       for name, dtype, shape, offset in fast.items if name != "priority"}
-            self._commit(table, Peer(identity, seq, sender), arrays, priority, ws, n, True)
-        self.fast_inserts += 1
-        if self.held_samples[table.name] or self.held_unlimited[table.name]:
-            self._pump(table)
+            self.writer.commit(table, Peer(identity, seq, sender), arrays, priority, ws, n, True)
+        self.inserts += 1
+        if held.samples[table.name] or held.unlimited[table.name]:
+            held.pump(table)
         return True

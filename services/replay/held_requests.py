@@ -25,38 +25,30 @@ Rate limiting holds requests instead of refusing them:
   and its items are not counted by the limiter: the limiter's state is as if
   it had not been asked.
 
-With ``wal`` durability every stored insert is appended to the log, and the
-acks of a burst of messages are sent only after the log is fsync'ed
-(:meth:`HeldRequestServer.flush_acks`, which the loop's tick runs after every
-burst). Batches of queue tables are held back the same way until the log
-holding their pop is fsync'ed, so a batch the learner got is never served
-again after a crash. The inserts of a burst that asked for it
-(``merge_acks``, as InsertClient does) are acked with one message per sender:
-a message per ack costs the server a send and the sender a receive and a
-decode each, which was a fifth of the cost of an insert.
+What is stored or served when the limiter lets it go is acked (or sent) with
+the burst's other replies: :mod:`services.replay.burst_replies`.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from common.wire.codec import Message, encode_header
-from common.wire.dedup import Dedup
 from common.wire.errors import RequestError
-from common.wire.server import Peer, Server
+from common.wire.server import Peer
 from services.replay.columnar import Table
-from services.replay.storage import WalError, WriteAheadLog
-from services.replay.tables import QueueTable
+from services.replay.insert_writer import InsertWriter
+from services.replay.metrics import ReplayMetrics
+from services.replay.replier import Replier
+from services.replay.sample_responder import SampleResponder
 
 MAX_HELD_INSERTS = 10_000  # per table; beyond, inserts are dropped unacked and the client resends
 MAX_HELD_BYTES = 256 << 20  # all tables: the arrays held inserts keep alive; beyond, dropped the same way
 MAX_HELD_SAMPLES = 1_000  # per table; beyond, samples are refused with reason 'busy'
-ACKS_PER_MESSAGE = 200  # inserts one ack message answers at most (a header list holds at most 256 items)
 
 
 @dataclass
@@ -75,56 +67,69 @@ class HeldInsert:
 class HeldSample:
     peer: Peer
     batch_size: int
-    beta: float | None
     deadline: float
     since: float
     rate_limited: bool = True  # False: waits for min_size only, not counted by the limiter
 
 
-class HeldRequestServer(Server):
-    """A server that holds the inserts and samples its tables' limiters do not admit yet, stores
-    and serves them when they may go, and sends the acks (and queue batches) of each burst together.
+class HeldRequests:
+    """Owns the requests the tables' rate limiters hold: per table a FIFO of inserts, of samples,
+    and of samples sent with ``rate_limited: false``; the (sender, seq) and bytes of the held inserts.
+    Stores and answers them (through ``writer`` and ``responder``) when the limiter lets them go."""
 
-    Its state is set up by :class:`services.replay.server.ReplayServer`."""
+    def __init__(self, tables: Iterable[str], writer: InsertWriter, responder: SampleResponder, loop: Replier,
+                 metrics: ReplayMetrics, *, max_inserts: int = MAX_HELD_INSERTS,
+                 max_samples: int = MAX_HELD_SAMPLES, max_bytes: int = MAX_HELD_BYTES) -> None:
+        names = list(tables)
+        self.writer = writer
+        self.responder = responder
+        self.loop = loop
+        self.metrics = metrics
+        self.max_inserts = max_inserts
+        self.max_samples = max_samples
+        self.max_bytes = max_bytes
+        self.inserts: dict[str, deque[HeldInsert]] = {n: deque() for n in names}
+        self.keys: set[tuple[str, int]] = set()  # (sender, seq) of every held insert: its resends are dropped
+        self.bytes = 0  # of every held insert's arrays
+        self.samples: dict[str, deque[HeldSample]] = {n: deque() for n in names}
+        self.unlimited: dict[str, deque[HeldSample]] = {n: deque() for n in names}  # rate_limited false
 
-    tables: dict[str, Table]
-    dedup: Dedup
-    wal: WriteAheadLog | None
-    shard: int
-    held_inserts: dict[str, deque[HeldInsert]]
-    held_bytes: int
-    held_keys: set[tuple[str, int]]
-    held_samples: dict[str, deque[HeldSample]]
-    held_unlimited: dict[str, deque[HeldSample]]  # samples sent with rate_limited false
-    deferred: list[tuple[Peer, list[Any], str]]
-    acks: dict[Any, tuple[Peer, list[tuple[int, int, bool]]]]
-    _inserted: dict[str, int]
-    _m_inserts: dict[str, Any]
-    _m_wait_insert: Any
-    m_samples: Any
-    m_wait: Any
-    m_wal_failed: Any
+    def held_inserts(self) -> int:
+        return sum(map(len, self.inserts.values()))
 
-    def _defer(self, peer: Peer, msg: Message) -> None:
-        # Acks (and queue batches under wal) go out together after each burst of messages
-        # (tick), for wal after the burst's fsync; replies sent back to back also wake
-        # ZeroMQ's I/O thread less often. They are encoded now so that the sends are back to back.
-        self.deferred.append((peer, self.reply_frames(peer, msg), msg.type))
+    def held_samples(self, table: str | None = None) -> int:
+        if table is not None:
+            return len(self.samples[table]) + len(self.unlimited[table])
+        return sum(map(len, (*self.samples.values(), *self.unlimited.values())))
 
-    def _defer_ack(self, identity: bytes, seq: int, sender: str, stored: int, duplicate: bool, merge: bool) -> None:
-        # inserts that asked for merged acks share one ack per sender and burst; others get one each
-        # (a Peer, where the ack goes, only for the first of them: the fast path makes none)
-        key = identity if merge else (identity, seq)
-        pending = self.acks.get(key)
-        if pending is None:
-            self.acks[key] = (Peer(identity, seq, sender), [(seq, stored, duplicate)])
-        else:
-            pending[1].append((seq, stored, duplicate))
+    def hold_insert(self, table: Table, peer: Peer, arrays: dict[str, np.ndarray], priority: np.ndarray | None,
+                    window_start: int | None, n: int, merge_acks: bool) -> None:
+        """Queue a checked insert behind the table's held ones, or drop it unacked (counted in
+        replay_inserts_dropped) if too many, or too many bytes, are held: its sender resends it."""
+        held = self.inserts[table.name]
+        nbytes = sum(a.nbytes for a in arrays.values()) + (priority.nbytes if priority is not None else 0)
+        if len(held) >= self.max_inserts or self.bytes + nbytes > self.max_bytes:
+            self.metrics.dropped.inc()
+            return
+        held.append(HeldInsert(peer, arrays, priority, window_start, n, time.monotonic(), merge_acks, nbytes))
+        self.bytes += nbytes
+        self.keys.add((peer.sender, peer.seq))
+        self.pump(table)
 
-    # -- the limiter's queues -------------------------------------------------
-    def _pump(self, table: Table) -> None:
-        """Store held inserts and serve held samples while the limiter lets them go."""
-        inserts, samples = self.held_inserts[table.name], self.held_samples[table.name]
+    def hold_sample(self, table: Table, peer: Peer, batch_size: int, timeout_s: float, rate_limited: bool) -> None:
+        """Queue a sample (answered by :meth:`pump` as soon as it may go), or refuse it ``busy``."""
+        held, unlimited = self.samples[table.name], self.unlimited[table.name]
+        if len(held) + len(unlimited) >= self.max_samples:
+            raise RequestError("busy", f"{len(held) + len(unlimited)} samples already held on table "
+                                       f"{table.name!r}; at most {self.max_samples}")
+        now = time.monotonic()
+        sample = HeldSample(peer, batch_size, now + timeout_s, now, rate_limited)
+        (held if rate_limited else unlimited).append(sample)
+        self.pump(table)
+
+    def pump(self, table: Table) -> None:
+        """Store held inserts and answer held samples while the limiter lets them go."""
+        inserts, samples = self.inserts[table.name], self.samples[table.name]
         progress = True
         while progress:
             progress = False
@@ -132,86 +137,40 @@ class HeldRequestServer(Server):
                 self._store(table, inserts.popleft())
                 progress = True
             while samples and table.can_sample():
-                self._serve(table, samples.popleft())
+                self._answer(table, samples.popleft())
                 progress = True
-        unlimited = self.held_unlimited[table.name]  # change nothing the limiter counts: served last
+        unlimited = self.unlimited[table.name]  # change nothing the limiter counts: answered last
         while unlimited and table.can_sample_unlimited():
-            self._serve(table, unlimited.popleft())
+            self._answer(table, unlimited.popleft())
 
     def _store(self, table: Table, h: HeldInsert) -> None:
-        self.held_keys.discard((h.peer.sender, h.peer.seq))
-        self.held_bytes -= h.nbytes
+        self.keys.discard((h.peer.sender, h.peer.seq))
+        self.bytes -= h.nbytes
         try:
-            self._commit(table, h.peer, h.arrays, h.priority, h.window_start, h.n, h.merge_acks)
+            self.writer.commit(table, h.peer, h.arrays, h.priority, h.window_start, h.n, h.merge_acks)
         except RequestError as exc:  # wal_failed: its sender is told, not whoever's request pumped it
-            self.reply_error(h.peer, exc.reason, exc.detail, count=exc.count)
-        self._m_wait_insert.inc(time.monotonic() - h.since)
+            self.loop.reply_error(h.peer, exc.reason, exc.detail, count=exc.count)
+        self.metrics.wait_insert.inc(time.monotonic() - h.since)
 
-    def _commit(self, table: Table, peer: Peer, arrays: dict[str, np.ndarray], priority: np.ndarray | None,
-                window_start: int | None, n: int, merge_acks: bool) -> None:
-        """Log a checked insert (wal), store it, remember its (sender, seq) and queue its ack.
+    def _answer(self, table: Table, h: HeldSample) -> None:
+        self.responder.answer(table, h.peer, h.batch_size, h.rate_limited, h.since)
 
-        Logged first: an insert the log refuses (disk full) is not stored either, so its resend
-        is stored once; the sender is answered ``wal_failed`` (RequestError)."""
-        if self.wal is not None:
-            logged = arrays if priority is None else {**arrays, "__priority__": priority}
-            try:
-                self.wal.append_insert(table.name, table.next_key, logged, peer.sender, peer.seq, window_start)
-            except WalError as exc:  # counted in replay_wal_failures, not as a protocol error
-                self.m_wal_failed.labels("insert").inc()
-                raise RequestError("wal_failed", f"insert not stored: {exc}; nothing of it was stored, "
-                                                 "send it again later", count=False) from None
-        table.insert(arrays, priority, n)
-        self._stored(table, peer.identity, peer.seq, peer.sender, window_start, n, merge_acks)
+    def expire(self, now: float) -> None:
+        """Answer ``timeout`` to every held sample past its deadline (not a protocol error: expected)."""
+        for held in (*self.samples.values(), *self.unlimited.values()):
+            if held and any(h.deadline <= now for h in held):
+                keep: deque[HeldSample] = deque()
+                for h in held:
+                    if h.deadline <= now:
+                        self.metrics.wait_sample.inc(now - h.since)
+                        self.loop.reply_error(h.peer, "timeout", "the rate limiter held this sample past its "
+                                              "timeout_ms", count=False)
+                    else:
+                        keep.append(h)
+                held.clear()
+                held.extend(keep)
 
-    def _stored(self, table: Table, identity: bytes, seq: int, sender: str, window_start: int | None, n: int,
-                merge_acks: bool) -> None:
-        """After an insert is stored (and logged): remember its (sender, seq), count it, queue its ack."""
-        self.dedup.add(sender, seq, window_start)
-        self._inserted[table.name] += n
-        self._defer_ack(identity, seq, sender, n, False, merge_acks)
-
-    def _serve(self, table: Table, h: HeldSample) -> None:
-        size = table.size
-        popped = self.wal is not None and isinstance(table, QueueTable)
-        if popped:
-            # the pop goes on disk before the items leave the queue; the log refusing it (disk full)
-            # leaves them queued and the learner is told to ask again
-            assert self.wal is not None
-            try:
-                self.wal.append_pop(table.name, table.oldest_key + min(h.batch_size, size))
-            except WalError as exc:
-                self.m_wal_failed.labels("pop").inc()
-                self.reply_error(h.peer, "wal_failed", f"sample not served: {exc}; the items stay queued, ask again "
-                                                       "later", count=False)
-                return
-        s = table.sample(h.batch_size, h.beta, counted=h.rate_limited)
-        self.m_samples.labels(table.name).inc(len(s.keys))
-        self.m_wait.labels("sample").inc(time.monotonic() - h.since)
-        arrays = {"key": s.keys, "probability": s.probability, "weight": s.weight, **s.data}
-        body = {"table": table.name, "shard": self.shard, "table_size": size}
-        batch = Message("batch", body, arrays)
-        if popped:  # sent with the burst's acks, after the fsync of its pop
-            self._defer(h.peer, batch)
-        else:
-            self.reply(h.peer, batch)
-
-    def flush_acks(self) -> None:
-        """Send the acks (and queue batches) of this burst (wal: after fsync'ing what it appended)."""
-        for name, n in self._inserted.items():  # counted before the acks go: an acked insert is counted
-            if n:
-                self._m_inserts[name].inc(n)
-                self._inserted[name] = 0
-        if self.wal is not None:
-            self.wal.sync()
-        acks, self.acks = self.acks, {}
-        for peer, items in acks.values():  # one ack message per sender and burst
-            for i in range(0, len(items), ACKS_PER_MESSAGE):
-                (seq, stored, duplicate), *more = items[i:i + ACKS_PER_MESSAGE]
-                body: dict[str, Any] = {"stored": stored, "duplicate": duplicate, "ref_seq": seq}
-                if more:
-                    body["more"] = more  # [seq, stored, duplicate] of each further insert
-                self.send_frames(peer, [encode_header("ack", body, self.name, next(self.seq))], "ack")
-        replies, self.deferred = self.deferred, []
-        for peer, frames, mtype in replies:
-            self.send_frames(peer, frames, mtype)
+    def export(self) -> None:
+        """Set rate_limiter_held to what is held now."""
+        self.metrics.held_inserts.set(self.held_inserts())
+        self.metrics.held_samples.set(self.held_samples())

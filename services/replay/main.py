@@ -88,7 +88,7 @@ class ReplayService:
             finally:
                 wal = self.server.wal
                 if wal is None or not wal.sync_failed:  # else nothing since the last good fsync may be acked
-                    self.server.flush_acks()
+                    self.server.replies.flush()
                     if self.cfg.replay.durability != "memory":
                         t0 = time.monotonic()
                         self.server.snapshot(wait=True)
@@ -108,9 +108,7 @@ class ReplayService:
             "ok": not self.server.stopping,
             "shard": self.shard,
             "tables": {n: t.size for n, t in self.server.tables.items()},
-            "held": {"insert": sum(len(q) for q in self.server.held_inserts.values()),
-                     "sample": sum(len(q) for q in (*self.server.held_samples.values(),
-                                                     *self.server.held_unlimited.values()))},
+            "held": {"insert": self.server.held.held_inserts(), "sample": self.server.held.held_samples()},
             "durability": self.cfg.replay.durability,
         }
 

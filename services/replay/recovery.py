@@ -2,8 +2,8 @@
 
 A snapshot copies every table (and the senders' last seqs) in the loop thread
 and is written in a thread by :class:`~services.replay.storage.Snapshotter`;
-the log segments it covers are dropped once it is on disk. Recovery loads the
-snapshot, then replays the log from the first segment the snapshot does not
+the log files it covers are dropped once it is on disk. Recovery loads the
+snapshot, then replays the log from the first file the snapshot does not
 cover.
 """
 
@@ -24,12 +24,66 @@ from services.replay.tables import QueueTable
 
 log = logging.getLogger(__name__)
 
+COVERED = "wal_file"  # the snapshot index's key: the last log file the snapshot covers
+
+
+class Recovery:
+    """Owns a shard's snapshots: their writer, when the last one started, and when the next is due;
+    restores the tables and dedup it is handed from the snapshot and the log (``wal``) at start."""
+
+    def __init__(self, directory: Path | None, durability: str, every_s: float, wal: WriteAheadLog | None,
+                 shard: int, tables: dict[str, Table], dedup: Dedup, snapshot_seconds: Any) -> None:
+        if durability != "memory" and directory is None:
+            raise ValueError(f"durability={durability} needs a directory")
+        self.directory = directory
+        self.durability = durability
+        self.every_s = every_s
+        self.wal = wal
+        self.shard = shard
+        self.tables = tables
+        self.dedup = dedup
+        self._snapshot_seconds = snapshot_seconds  # the replay_snapshot_seconds gauge
+        self.snapshotter = Snapshotter(directory / SNAPSHOT) if directory is not None else None
+        self.last_snapshot = time.monotonic()
+
+    @property
+    def snapshots(self) -> int:
+        return self.snapshotter.count if self.snapshotter is not None else 0
+
+    def due(self, now: float) -> bool:
+        """Time for a periodic snapshot (never with ``memory`` durability, nor while one is written)."""
+        return (self.durability != "memory" and now - self.last_snapshot >= self.every_s
+                and self.snapshotter is not None and not self.snapshotter.busy)
+
+    def snapshot(self, wait: bool = False) -> None:
+        """Copy every table now (in the caller's thread: the loop's); write the copy in a thread."""
+        if self.snapshotter is None:
+            return
+        self.snapshotter.wait()
+        self.last_snapshot = time.monotonic()
+        start_snapshot(self.snapshotter, self.wal, self.shard, self.tables, self.dedup)
+        if wait:
+            self.snapshotter.wait()
+        self._snapshot_seconds.set(self.snapshotter.last_seconds)
+
+    def restore(self) -> int:
+        """Load the snapshot and replay the log; returns the items restored."""
+        if self.directory is None or self.durability == "memory":
+            return 0
+        restore_tables(self.directory, self.wal, self.shard, self.tables, self.dedup)
+        return sum(t.size for t in self.tables.values())
+
+    def wait(self) -> None:
+        """Until the snapshot being written (if any) is on disk."""
+        if self.snapshotter is not None:
+            self.snapshotter.wait()
+
 
 def start_snapshot(snapshotter: Snapshotter, wal: WriteAheadLog | None, shard: int, tables: dict[str, Table],
                    dedup: Dedup) -> None:
     """Copy every table now (in the caller's thread); ``snapshotter`` writes the copy in a thread."""
     covered = wal.rotate() if wal is not None else 0
-    index: dict[str, Any] = {"format": 1, "shard": shard, "time": time.time(), "wal_segment": covered,
+    index: dict[str, Any] = {"format": 1, "shard": shard, "time": time.time(), COVERED: covered,
                              "dedup": dedup.state(), "tables": {}}
     arrays: dict[str, np.ndarray] = {}
     for name, t in tables.items():
@@ -55,9 +109,9 @@ def restore_tables(directory: Path, wal: WriteAheadLog | None, shard: int, table
             prefix = f"{name}/"
             table.restore(meta, {k[len(prefix):]: a for k, a in arrays.items() if k.startswith(prefix)})
         dedup.restore(index.get("dedup", {}))
-        covered = int(index.get("wal_segment", 0))
+        covered = int(index.get(COVERED, covered_by_older_index(index)))
     if wal is not None:
-        for header, arrays in wal.replay(covered, wal.segment):
+        for header, arrays in wal.replay(covered, wal.log_file):
             apply_record(tables, dedup, header, arrays)
     for t in tables.values():
         if not isinstance(t, QueueTable):  # a queue's pops are logged; other samples are not
@@ -84,3 +138,9 @@ def apply_record(tables: dict[str, Table], dedup: Dedup, header: dict[str, Any],
             table.next_key, table.size = key, 0
         table.insert(arrays, priority)
     dedup.add(header["sender"], int(header["seq"]), header.get("ws"))
+
+
+def covered_by_older_index(index: dict[str, Any]) -> int:
+    """The last log file an index written before ``COVERED`` was named so says it covers: its one
+    other ``wal_*`` key (0 if none), so an older snapshot restores without replaying what it holds."""
+    return next((int(v) for k, v in index.items() if k.startswith("wal_") and k != COVERED), 0)

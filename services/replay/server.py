@@ -1,14 +1,22 @@
-"""The replay server: a ROUTER loop over tables, with held inserts and held samples.
+"""The replay server: a ROUTER loop over tables, composed of parts that each own their state.
 
-What the server does is in layers, each a module:
+The loop (:class:`common.wire.server.Server`) decodes and dispatches; the
+handlers here check requests and hand them to the parts, which the server
+builds and wires explicitly:
 
-- :mod:`services.replay.held_requests`: what the rate limiter holds (inserts
-  and samples), storing and serving them when they may go, and the acks and
-  queue batches sent after each burst (after its fsync with ``wal``);
-- :mod:`services.replay.fast_insert`: the usual inserts of a connection
-  stored from their frames, without a full decode;
-- this module: the request handlers, the metrics, the timers, and wiring
-  snapshots and recovery (:mod:`services.replay.recovery`).
+- :class:`~services.replay.burst_replies.BurstReplies`: the acks and held-back
+  queue batches of a burst, sent after it (after its fsync with ``wal``);
+- :class:`~services.replay.insert_writer.InsertWriter`: a checked insert into
+  the log, its table and dedup, its ack queued;
+- :class:`~services.replay.sample_responder.SampleResponder`: a sample the
+  limiter let go, answered with a batch;
+- :class:`~services.replay.held_requests.HeldRequests`: what the rate limiter
+  holds (inserts and samples), stored and answered when it may go;
+- :class:`~services.replay.fast_insert.FastInsertPath`: the usual inserts of
+  a connection stored from their frames, without a full decode;
+- :class:`~services.replay.recovery.Recovery`: snapshots and the restore from
+  the snapshot and the log;
+- :class:`~common.wire.dedup.Dedup`: which (sender, seq) are stored.
 
 A sample's ``timeout_ms`` is capped at ``MAX_SAMPLE_TIMEOUT_MS`` (10 minutes),
 which is also the wait of a sample without one.
@@ -21,9 +29,7 @@ log is fsync'ed.
 
 from __future__ import annotations
 
-import logging
 import time
-from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -34,33 +40,28 @@ import zmq
 from common.config import ReplayConfig
 from common.metrics import ServiceMetrics
 from common.wire.codec import DEFAULT_LIMITS, Limits, Message
-from common.wire.decoder import PackedLayout
 from common.wire.dedup import Dedup
 from common.wire.errors import RequestError
-from common.wire.server import Peer
+from common.wire.server import Peer, Server
 from common.wire.transport import DEFAULT_HWM, CurveConfig
+from services.replay.burst_replies import BurstReplies
 from services.replay.columnar import MAX_SAMPLE_BATCH, Table, TableError
-from services.replay.fast_insert import FastInsert, FastInsertServer
-from services.replay.held_requests import (
-    MAX_HELD_BYTES,
-    MAX_HELD_INSERTS,
-    MAX_HELD_SAMPLES,
-    HeldInsert,
-    HeldSample,
-)
+from services.replay.fast_insert import FastInsertPath, StoredPacked
+from services.replay.held_requests import MAX_HELD_BYTES, MAX_HELD_INSERTS, MAX_HELD_SAMPLES, HeldRequests
+from services.replay.insert_writer import InsertWriter
+from services.replay.metrics import ReplayMetrics
 from services.replay.priorities import check_priorities
-from services.replay.recovery import restore_tables, start_snapshot
-from services.replay.storage import SNAPSHOT, Snapshotter, WriteAheadLog
+from services.replay.recovery import Recovery
+from services.replay.sample_responder import SampleResponder
+from services.replay.storage import WriteAheadLog
 from services.replay.tables import QueueTable, make_table
 
-log = logging.getLogger(__name__)
-
-RESERVED = ("key", "probability", "weight", "priority")
+RESERVED = ("key", "probability", "priority")
 MAX_SAMPLE_TIMEOUT_MS = 600_000  # a held sample waits at most this long (also without timeout_ms)
 
 
-class ReplayServer(FastInsertServer):
-    """A replay shard: its tables, the request handlers, metrics and timers, and its durability."""
+class ReplayServer(Server):
+    """A replay shard: its tables and dedup, the request handlers, and the parts they hand requests to."""
 
     def __init__(
         self,
@@ -79,70 +80,47 @@ class ReplayServer(FastInsertServer):
         max_held_samples: int = MAX_HELD_SAMPLES,
         max_held_bytes: int = MAX_HELD_BYTES,
     ) -> None:
+        self.dir = Path(directory) if directory is not None else None
+        if cfg.durability != "memory" and self.dir is None:  # before the socket is bound: nothing to close
+            raise ValueError(f"durability={cfg.durability} needs a directory")
         super().__init__(metrics, bind, limits=limits, curve=curve, hwm=hwm, ctx=ctx)
         self.cfg = cfg
-        self.max_held_inserts = max_held_inserts
-        self.max_held_samples = max_held_samples
-        self.max_held_bytes = max_held_bytes
-        self.held_bytes = 0
         self.shard = shard
+        self.durability = cfg.durability
         rng = np.random.default_rng(seed)
         self.tables: dict[str, Table] = {t.name: make_table(t, rng) for t in cfg.tables}
         self.dedup = Dedup()
-        self.held_inserts: dict[str, deque[HeldInsert]] = {n: deque() for n in self.tables}
-        self.held_keys: set[tuple[str, int]] = set()
-        self.held_samples: dict[str, deque[HeldSample]] = {n: deque() for n in self.tables}
-        self.held_unlimited: dict[str, deque[HeldSample]] = {n: deque() for n in self.tables}
-        # sent after the burst (with wal, after its fsync): queue batches, and acks by sender
-        # identity (merge_acks) or by (identity, seq)
-        self.deferred: list[tuple[Peer, list[Any], str]] = []
-        # by ROUTER identity, then payload bytes: that connection's usual inserts, taken without a full decode
-        self.fast: dict[bytes, dict[int, FastInsert]] = {}
-        self.fast_inserts = 0  # inserts stored by _insert_fast
-        self._learn_failed = False
-        # by identity: the layouts of the connection's last inserts that took the full path; a layout
-        # is learnt the second time it is seen (fast_insert.py)
-        self._full_layouts: dict[bytes, list[PackedLayout]] = {}
-        self._stored_packed: tuple[Table, PackedLayout, int, Peer, int | None] | None = None
-        self.acks: dict[Any, tuple[Peer, list[tuple[int, int, bool]]]] = {}
-        self.duplicates = 0
-        self.durability = cfg.durability
-        self.dir = Path(directory) if directory is not None else None
-        if self.durability != "memory" and self.dir is None:
-            raise ValueError(f"durability={self.durability} needs a directory")
-        self.snapshotter = Snapshotter(self.dir / SNAPSHOT) if self.dir is not None else None
+        self.duplicates = 0  # insert messages already stored or held, dropped
+        self.replay_metrics = m = ReplayMetrics(metrics, self.tables)
         self.wal = WriteAheadLog(self.dir) if self.durability == "wal" and self.dir is not None else None
-        self.last_snapshot = time.monotonic()
-        m = metrics
-        self.m_size = m.gauge("replay_size", "Items in each table.", ("table",))
-        self.m_inserts = m.counter("replay_inserts", "Items stored, by table.", ("table",))
-        self.m_samples = m.counter("replay_samples", "Items sampled, by table.", ("table",))
-        self.m_dups = m.counter("replay_duplicates", "Duplicate insert messages dropped, by table.", ("table",))
-        self.m_ignored = m.counter("replay_priority_updates_ignored", "Priority updates for evicted keys.",
-                                   ("table",))
-        self.m_wait = m.counter("rate_limiter_wait_seconds", "Seconds requests were held by the rate limiter.",
-                                ("side",))
-        self.m_held = m.gauge("rate_limiter_held", "Requests held by the rate limiter now.", ("side",))
-        self.m_dropped = m.counter("replay_inserts_dropped",
-                                   "Inserts dropped unacked: too many held, or too many bytes held.")
-        self.m_snap = m.gauge("replay_snapshot_seconds", "Seconds the last snapshot took to write.")
-        self.m_wal_failed = m.counter("replay_wal_failures", "Records the write-ahead log could not take (disk "
-                                      "full): inserts refused and queue pops not served, by op.", ("op",))
-        for op in ("insert", "pop"):
-            self.m_wal_failed.labels(op)  # exported at 0 from the start
-        for name in self.tables:
-            self.m_size.labels(name).set(0)
-        self._m_inserts = {name: self.m_inserts.labels(name) for name in self.tables}
-        self._inserted = dict.fromkeys(self.tables, 0)  # items stored since tick() added them to m_inserts
-        self._m_size = {name: self.m_size.labels(name) for name in self.tables}  # tick sets them after every burst
-        self._m_held_inserts, self._m_held_samples = self.m_held.labels("insert"), self.m_held.labels("sample")
-        self._m_wait_insert = self.m_wait.labels("insert")
-        for side in ("insert", "sample"):
-            self.m_wait.labels(side).inc(0)
+        self.replies = BurstReplies(self, self.wal, m.table_inserts)
+        self.writer = InsertWriter(self.wal, self.dedup, self.replies, m.wal_failed_insert)
+        self.responder = SampleResponder(self, self.wal, self.replies, shard, m)
+        self.held = HeldRequests(self.tables, self.writer, self.responder, self, m, max_inserts=max_held_inserts,
+                                 max_samples=max_held_samples, max_bytes=max_held_bytes)
+        self.fast_path = FastInsertPath(self, self.dedup, self.held, self.writer, self.replies,
+                                        logged=self.wal is not None)
+        self.recovery = Recovery(self.dir, self.durability, cfg.checkpoint_every_s, self.wal, shard, self.tables,
+                                 self.dedup, m.snapshot_seconds)
         self.route("insert", self.on_insert)
         self.route("sample", self.on_sample)
         self.route("priorities", self.on_priorities)
         self.route("info", self.on_info)
+
+    @property
+    def fast_inserts(self) -> int:
+        """Inserts stored from their frames (in ``info``'s stats)."""
+        return self.fast_path.inserts
+
+    # -- the loop -------------------------------------------------------------
+    def handle_frames(self, frames: list[Any]) -> None:
+        """The fast path takes the usual inserts of a connection; any other message, and any insert
+        it does not take, is decoded and handled in full, then shown to it to learn from."""
+        fast_path = self.fast_path
+        if fast_path.take(frames):
+            return
+        super().handle_frames(frames)
+        fast_path.learn(frames)
 
     # -- handlers -------------------------------------------------------------
     def _table(self, name: str) -> Table:
@@ -177,27 +155,20 @@ class ReplayServer(FastInsertServer):
         if self.dedup.seen(sender, seq):
             self._duplicate(table, peer, acked=True, merge=merge)
             return
-        if self.held_keys and (sender, seq) in self.held_keys:
+        held = self.held
+        if held.keys and (sender, seq) in held.keys:
             self._duplicate(table, peer, acked=False, merge=merge)
             return
         ws = msg.body.get("window_start")
         ws = ws if isinstance(ws, int) else None
-        held = self.held_inserts[table.name]
-        if not held and table.can_insert(n):  # nothing queued ahead and the limiter admits it: store now
-            self._commit(table, peer, arrays, priority, ws, n, merge)
+        if not held.inserts[table.name] and table.can_insert(n):  # nothing queued ahead, the limiter admits it
+            self.writer.commit(table, peer, arrays, priority, ws, n, merge)
             if layout is not None and merge:
-                self._stored_packed = (table, layout, n, peer, ws)
-            if self.held_samples[table.name] or self.held_unlimited[table.name]:
-                self._pump(table)
+                self.fast_path.remember(StoredPacked(table, layout, n, peer, ws))
+            if held.samples[table.name] or held.unlimited[table.name]:
+                held.pump(table)
             return
-        nbytes = sum(a.nbytes for a in arrays.values()) + (priority.nbytes if priority is not None else 0)
-        if len(held) >= self.max_held_inserts or self.held_bytes + nbytes > self.max_held_bytes:
-            self.m_dropped.inc()
-            return
-        held.append(HeldInsert(peer, arrays, priority, ws, n, time.monotonic(), merge, nbytes))
-        self.held_bytes += nbytes
-        self.held_keys.add((sender, seq))
-        self._pump(table)
+        held.hold_insert(table, peer, arrays, priority, ws, n, merge)
 
     def _check_batch(self, table: Table, arrays: dict[str, np.ndarray]) -> int:
         for name in arrays:
@@ -210,31 +181,22 @@ class ReplayServer(FastInsertServer):
 
     def _duplicate(self, table: Table, peer: Peer, acked: bool, merge: bool) -> None:
         self.duplicates += 1
-        self.m_dups.labels(table.name).inc()
+        self.replay_metrics.duplicates.labels(table.name).inc()
         if acked:
-            self._defer_ack(peer.identity, peer.seq, peer.sender, 0, True, merge)
+            self.replies.ack_duplicate(peer.identity, peer.seq, peer.sender, merge)
 
     def on_sample(self, peer: Peer, msg: Message) -> None:
         table = self._table(msg["table"])
         bs = msg["batch_size"]
         if not 1 <= bs <= MAX_SAMPLE_BATCH:
             raise RequestError("bad_request", f"batch_size={bs}; allowed: 1..{MAX_SAMPLE_BATCH}")
-        beta = msg.get("beta")
-        if beta is not None and not 0 <= beta <= 100:
-            raise RequestError("bad_request", f"beta={beta}; allowed: 0..100")
         limited = msg.get("rate_limited") is not False
         if not limited and isinstance(table, QueueTable):
             raise RequestError("bad_request", f"rate_limited=false on queue table {table.name!r}: its items are "
                                               "removed when sampled; allowed: only on uniform and prioritized tables")
-        held, unlimited = self.held_samples[table.name], self.held_unlimited[table.name]
-        if len(held) + len(unlimited) >= self.max_held_samples:
-            raise RequestError("busy", f"{len(held) + len(unlimited)} samples already held on table "
-                                       f"{table.name!r}; at most {self.max_held_samples}")
         timeout_ms = msg.get("timeout_ms")
         timeout_ms = MAX_SAMPLE_TIMEOUT_MS if timeout_ms is None else min(timeout_ms, MAX_SAMPLE_TIMEOUT_MS)
-        now = time.monotonic()
-        (held if limited else unlimited).append(HeldSample(peer, bs, beta, now + timeout_ms / 1000, now, limited))
-        self._pump(table)
+        self.held.hold_sample(table, peer, bs, timeout_ms / 1000, limited)
 
     def on_priorities(self, peer: Peer, msg: Message) -> None:
         table = self._table(msg["table"])
@@ -247,7 +209,7 @@ class ReplayServer(FastInsertServer):
             raise RequestError(exc.reason, exc.detail) from None
         before = table.ignored_updates
         updated = table.update_priorities(keys, prio.astype(np.float64))
-        self.m_ignored.labels(table.name).inc(table.ignored_updates - before)
+        self.replay_metrics.ignored.labels(table.name).inc(table.ignored_updates - before)
         self.reply(peer, Message("priorities_ack", {"updated": updated}))
 
     def on_info(self, peer: Peer, msg: Message) -> None:
@@ -256,68 +218,46 @@ class ReplayServer(FastInsertServer):
     def stats(self) -> dict[str, Any]:
         tables = {}
         for name, t in self.tables.items():
-            tables[name] = {**t.stats(), "held_inserts": len(self.held_inserts[name]),
-                            "held_samples": len(self.held_samples[name]) + len(self.held_unlimited[name])}
+            tables[name] = {**t.stats(), "held_inserts": len(self.held.inserts[name]),
+                            "held_samples": self.held.held_samples(name)}
         return {
             "tables": tables,
             "duplicates": self.duplicates,
-            "fast_inserts": self.fast_inserts,
+            "fast_inserts": self.fast_path.inserts,
             "senders": len(self.dedup),
             "durability": self.durability,
-            "snapshots": self.snapshotter.count if self.snapshotter else 0,
+            "snapshots": self.recovery.snapshots,
             "wal_syncs": self.wal.syncs if self.wal else 0,
         }
 
     # -- timers ---------------------------------------------------------------
     def tick(self) -> None:
-        self.flush_acks()
+        self.replies.flush()
         now = time.monotonic()
-        for held in (*self.held_samples.values(), *self.held_unlimited.values()):
-            if held and any(h.deadline <= now for h in held):
-                keep: deque[HeldSample] = deque()
-                for h in held:
-                    if h.deadline <= now:
-                        self.m_wait.labels("sample").inc(now - h.since)
-                        self.reply_error(h.peer, "timeout", "the rate limiter held this sample past its timeout_ms",
-                                         count=False)
-                    else:
-                        keep.append(h)
-                held.clear()
-                held.extend(keep)
+        self.held.expire(now)
         for name, t in self.tables.items():
-            self._m_size[name].set(t.size)
-        self._m_held_inserts.set(sum(map(len, self.held_inserts.values())))
-        self._m_held_samples.set(sum(map(len, (*self.held_samples.values(), *self.held_unlimited.values()))))
-        if (self.durability != "memory" and now - self.last_snapshot >= self.cfg.checkpoint_every_s
-                and self.snapshotter is not None and not self.snapshotter.busy):
-            self.snapshot()
+            self.replay_metrics.table_size[name].set(t.size)
+        self.held.export()
+        if self.recovery.due(now):
+            self.recovery.snapshot()
 
     # -- durability -----------------------------------------------------------
     def snapshot(self, wait: bool = False) -> None:
         """Copy every table now (in the loop thread); write the copy in a thread."""
-        if self.snapshotter is None:
-            return
-        self.snapshotter.wait()
-        self.last_snapshot = time.monotonic()
-        start_snapshot(self.snapshotter, self.wal, self.shard, self.tables, self.dedup)
-        if wait:
-            self.snapshotter.wait()
-        self.m_snap.set(self.snapshotter.last_seconds)
+        self.recovery.snapshot(wait)
 
     def restore(self) -> int:
         """Load the snapshot and replay the log; returns the items restored."""
-        if self.dir is None or self.durability == "memory":
-            return 0
-        restore_tables(self.dir, self.wal, self.shard, self.tables, self.dedup)
-        for name, t in self.tables.items():
-            self.m_size.labels(name).set(t.size)
-        return sum(t.size for t in self.tables.values())
+        restored = self.recovery.restore()
+        if restored:
+            for name, t in self.tables.items():
+                self.replay_metrics.table_size[name].set(t.size)
+        return restored
 
     def close(self) -> None:
         for t in self.tables.values():
             t.close()
-        if self.snapshotter is not None:
-            self.snapshotter.wait()
+        self.recovery.wait()
         if self.wal is not None:
             self.wal.close()
         super().close()

@@ -3,18 +3,18 @@
 - Snapshot: one ``snapshot.npz`` (a zip of ``.npy`` files written with
   ``allow_pickle=False``) holding every live item of every table plus a
   msgpack index (table metadata, rate limiter counters, dedup state, and the
-  last WAL segment it covers). Written to a temp file, fsync'ed, renamed over
+  last log file of the WAL it covers). Written to a temp file, fsync'ed, renamed over
   the old one, then the directory is fsync'ed: a crash leaves the old or the
   new snapshot, never half of one. The caller copies the arrays (under its
   lock, i.e. in its loop thread); :class:`Snapshotter` writes them in a
   thread.
-- WAL: segments ``wal-00000001.log``... of records
+- WAL: log files ``wal-00000001.log``... of records
   ``magic | header_len | payload_len | crc32 | msgpack header | raw arrays``.
   The server appends every stored insert (and every queue pop), and calls
   :meth:`WriteAheadLog.sync` (flush + fsync) once per burst of messages,
   before it sends the acks of that burst. A snapshot rotates the log; the
-  segments it covers are deleted once it is on disk. Replay stops at the
-  first torn or corrupt record of a segment (only a tail can be torn, and a
+  files it covers are deleted once it is on disk. Replay stops at the
+  first torn or corrupt record of a file (only a tail can be torn, and a
   torn record was never acked). A record is written with one ``writev``; if
   that fails (disk full, file too large), whatever part of it reached the
   file is cut off again, so the records appended after it stay readable, and
@@ -131,13 +131,13 @@ class WalError(OSError):
 
 
 class WriteAheadLog:
-    """Append-only segments of insert and pop records."""
+    """Append-only log files of insert and pop records."""
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
-        existing = self.segments()
-        self.segment = (existing[-1] if existing else 0) + 1
+        existing = self.files()
+        self.log_file = (existing[-1] if existing else 0) + 1  # the number of the file appended to
         self._open()
         self._dirty = False
         self.syncs = 0
@@ -148,14 +148,15 @@ class WriteAheadLog:
 
     def _open(self) -> None:
         # unbuffered: a record is one writev, and what a failed one left is cut off by size
-        self._fd = os.open(self._path(self.segment), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = os.open(self._path(self.log_file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._size = os.fstat(self._fd).st_size
-        self._synced = self._size  # the segment's size at its last good fsync
+        self._synced = self._size  # the file's size at its last good fsync
 
-    def _path(self, segment: int) -> Path:
-        return self.dir / f"wal-{segment:08d}.log"
+    def _path(self, log_file: int) -> Path:
+        return self.dir / f"wal-{log_file:08d}.log"
 
-    def segments(self) -> list[int]:
+    def files(self) -> list[int]:
+        """The numbers of the log files in the directory, in order."""
         out = []
         for p in self.dir.glob("wal-*.log"):
             try:
@@ -171,7 +172,7 @@ class WriteAheadLog:
         for b in bufs:
             crc = zlib.crc32(b, crc)
         if self._broken is not None:
-            raise WalError(f"write-ahead log {self._path(self.segment).name} refuses appends: {self._broken}")
+            raise WalError(f"write-ahead log {self._path(self.log_file).name} refuses appends: {self._broken}")
         parts: list[Any] = [_REC.pack(_MAGIC, len(head), sum(len(b) for b in bufs), crc), head, *bufs]
         total = sum(len(b) for b in parts)
         done = 0
@@ -186,10 +187,10 @@ class WriteAheadLog:
             self._cut(exc)
             if self._refused == 1 or self._refused % 1000 == 0:  # an operator must free space: say so, not per record
                 log.warning("replay wal: %s: %s; records are refused (nothing stored) until it has room (%d so far)",
-                            self._path(self.segment), exc.strerror or exc, self._refused)
-            raise WalError(f"write-ahead log {self._path(self.segment).name}: {exc.strerror or exc}") from exc
+                            self._path(self.log_file), exc.strerror or exc, self._refused)
+            raise WalError(f"write-ahead log {self._path(self.log_file).name}: {exc.strerror or exc}") from exc
         if self._refused:
-            log.warning("replay wal: %s takes records again, after refusing %d", self._path(self.segment),
+            log.warning("replay wal: %s takes records again, after refusing %d", self._path(self.log_file),
                         self._refused)
             self._refused = 0
         self._size += total
@@ -227,7 +228,7 @@ class WriteAheadLog:
         it appended since the last good sync (cut off again, as far as the kernel lets us), and
         should restart from the log."""
         if self._sync_failed is not None:
-            raise WalError(f"write-ahead log {self._path(self.segment).name}: an fsync failed "
+            raise WalError(f"write-ahead log {self._path(self.log_file).name}: an fsync failed "
                            f"({self._sync_failed}); what it covered may not be on disk")
         if not self._dirty:
             return False
@@ -243,8 +244,8 @@ class WriteAheadLog:
                 os.ftruncate(self._fd, self._synced)
             except OSError as cut:
                 log.error("replay wal: %s: records after byte %d could not be cut off (%s)",
-                          self._path(self.segment), self._synced, cut)
-            raise WalError(f"write-ahead log {self._path(self.segment).name}: fsync failed: "
+                          self._path(self.log_file), self._synced, cut)
+            raise WalError(f"write-ahead log {self._path(self.log_file).name}: fsync failed: "
                            f"{self._sync_failed}") from exc
         self._synced = self._size
         self._dirty = False
@@ -252,18 +253,18 @@ class WriteAheadLog:
         return True
 
     def rotate(self) -> int:
-        """Close the current segment (synced) and start the next; returns the closed one."""
+        """Close the current log file (synced) and start the next; returns the closed one."""
         self.sync()
         os.close(self._fd)
-        closed = self.segment
-        self.segment += 1
+        closed = self.log_file
+        self.log_file += 1
         self._open()
         self._broken = None  # a new file: the torn record stays behind in the closed one
         return closed
 
-    def drop_through(self, segment: int) -> None:
-        for s in self.segments():
-            if s <= segment and s != self.segment:
+    def drop_through(self, log_file: int) -> None:
+        for s in self.files():
+            if s <= log_file and s != self.log_file:
                 self._path(s).unlink(missing_ok=True)
 
     def close(self) -> None:
@@ -274,13 +275,13 @@ class WriteAheadLog:
             os.close(self._fd)
 
     def replay(self, after: int, before: int) -> Iterator[tuple[dict[str, Any], dict[str, np.ndarray]]]:
-        """Records of segments in (after, before), in order."""
-        for s in self.segments():
+        """Records of the log files numbered in (after, before), in order."""
+        for s in self.files():
             if after < s < before:
-                yield from read_segment(self._path(s))
+                yield from read_log_file(self._path(s))
 
 
-def read_segment(path: Path) -> Iterator[tuple[dict[str, Any], dict[str, np.ndarray]]]:
+def read_log_file(path: Path) -> Iterator[tuple[dict[str, Any], dict[str, np.ndarray]]]:
     data = path.read_bytes()
     pos = 0
     while pos < len(data):
@@ -306,3 +307,5 @@ def read_segment(path: Path) -> Iterator[tuple[dict[str, Any], dict[str, np.ndar
             off += n
         yield header, arrays
         pos = end
+
+

@@ -6,9 +6,8 @@ and differs in which keys a sample selects and what an insert may wait for.
 - :class:`UniformTable`: ring buffer, oldest evicted, uniform sampling with
   replacement.
 - :class:`PrioritizedTable`: ring buffer with a :class:`SumTree` over
-  ``priority ** alpha``; sampling returns probabilities and importance
-  weights ``(N * P(i)) ** -beta`` normalised by the batch maximum (as Acme's
-  DQN does).
+  ``priority ** alpha``; sampling returns each item's probability (the
+  learner derives its importance weights from them, as Acme's learners do).
 - :class:`QueueTable`: FIFO; each item is sampled once and removed; inserts
   wait while it is full.
 
@@ -28,17 +27,16 @@ import numpy as np
 from common.config import TableConfig
 from services.replay.columnar import Table
 from services.replay.prefault import lazy_zeros
-from services.replay.priorities import importance_weights
 from services.replay.sumtree import SumTree
 
 
 class UniformTable(Table):
     kind = "uniform"
 
-    def _select(self, batch_size: int, beta: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _select(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         offsets = self.rng.integers(0, self.size, batch_size, dtype=np.int64)
         keys = (np.uint64(self.oldest_key) + offsets.astype(np.uint64)).astype(np.uint64)
-        return keys, np.full(batch_size, 1.0 / self.size), np.ones(batch_size, np.float32)
+        return keys, np.full(batch_size, 1.0 / self.size)
 
 
 class PrioritizedTable(Table):
@@ -83,17 +81,17 @@ class PrioritizedTable(Table):
         if n:
             self.max_priority = max(self.max_priority, float(p.max()))
 
-    def _select(self, batch_size: int, beta: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _select(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         try:
             slots, total = self.tree.sample(batch_size, self.rng)
         except ValueError:  # every priority is zero: fall back to uniform
             offsets = self.rng.integers(0, self.size, batch_size, dtype=np.int64)
             keys = np.uint64(self.oldest_key) + offsets.astype(np.uint64)
-            return keys, np.full(batch_size, 1.0 / self.size), np.ones(batch_size, np.float32)
+            return keys, np.full(batch_size, 1.0 / self.size)
         oldest_slot = self.oldest_key % self.capacity
         keys = np.uint64(self.oldest_key) + ((slots - oldest_slot) % self.capacity).astype(np.uint64)
         prob = self.tree.get(slots) / total
-        return keys, prob, importance_weights(prob, self.size, beta)
+        return keys, prob
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
         mask = self.present(keys)
@@ -126,11 +124,11 @@ class QueueTable(Table):
     def can_insert(self, n: int) -> bool:
         return self.size + n <= self.capacity and self.limiter.can_insert(self.size)
 
-    def _select(self, batch_size: int, beta: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _select(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         n = min(batch_size, self.size)
         keys = np.arange(self.oldest_key, self.oldest_key + n, dtype=np.uint64)
         self.size -= n  # each item is sampled once
-        return keys, np.ones(n), np.ones(n, np.float32)
+        return keys, np.ones(n)
 
 
 TABLES: dict[str, type[Table]] = {"uniform": UniformTable, "prioritized": PrioritizedTable, "queue": QueueTable}
