@@ -160,13 +160,14 @@ class SerialRunner:
 
     # -- learning ---------------------------------------------------------------
     def sample(self, batch_items: int) -> Sampled:
-        return self.table.sample(batch_items, **self.learner.sample_args())
+        return self.table.sample(batch_items)
 
     def learn(self, batch: Sampled | dict[str, np.ndarray]) -> None:
         """Drop stale items, learn on the rest, write priorities back (as the learner service does)."""
-        data, weights = (batch.data, batch.weight) if isinstance(batch, Sampled) else (batch, None)
-        if self.table.kind != "prioritized":
-            weights = None
+        data = batch.data if isinstance(batch, Sampled) else batch
+        weights = None  # uniform and queue tables: unweighted
+        if isinstance(batch, Sampled) and self.table.kind == "prioritized":
+            weights = self.learner.weigh(batch.probability)  # the learner's exponent now
         kept, weights, dropped = algorithms.drop_stale(data, self.version, self.learner.data.max_staleness, weights)
         if len(kept["version"]) == 0:
             return

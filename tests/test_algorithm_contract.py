@@ -17,9 +17,10 @@ SMALL: dict[str, dict[str, Any]] = {
     "dqn": {"hidden": [8], "batch_size": 8},
     "ppo": {"hidden": [8], "segment_length": 4, "batch_segments": 2, "minibatch_size": 4, "epochs": 2},
     "sac": {"hidden": [8], "batch_size": 8, "learning_starts": 0},
+    "td3": {"hidden": [8], "batch_size": 8, "learning_starts": 0},
     "a3c": {"hidden": [8], "n_steps": 4},
 }
-ENVS = [("dqn", "CartPole-v1"), ("ppo", "CartPole-v1"), ("ppo", "reach"), ("sac", "reach")]
+ENVS = [("dqn", "CartPole-v1"), ("ppo", "CartPole-v1"), ("ppo", "reach"), ("sac", "reach"), ("td3", "reach")]
 # algorithms that can train through gradient workers, with the settings that make them do
 WORKER_ENVS = [("a3c", "CartPole-v1", {}), ("dqn", "CartPole-v1", {"hogwild": True, "hogwild_start": 8})]
 
@@ -73,7 +74,16 @@ def test_act_add_learn(name: str, env_id: str) -> None:
     metrics, priorities = learner.learn(batch, None)
     assert learner.num_updates > before and all(np.isfinite(v) for v in metrics.values())
     assert (priorities is not None) == learner.data.returns_priorities
-    assert bool(learner.sample_args()) == ("prioritized" in learner.data.table_kinds)
+    # importance weights: the learner's, from a batch's probabilities; only algorithms that sample prioritized
+    n = len(batch["version"])
+    probability = np.linspace(1.0, 4.0, n) / n
+    weights = learner.weigh(probability)
+    assert (weights is not None) == ("prioritized" in learner.data.table_kinds)
+    if weights is not None:
+        assert weights.dtype == np.float32 and weights.shape == (n,) and weights.max() == 1.0 and weights.min() > 0
+        assert weights[0] == 1.0  # the least likely item weighs most
+        np.testing.assert_array_equal(learner.weigh(np.full(n, 1.0 / n)), np.ones(n))  # uniform: as unweighted
+        learner.learn(batch, weights)
 
     # Deterministic acting does not depend on the rng; two policies with one act_seed sample alike.
     policy.load_weights(learner.weights())

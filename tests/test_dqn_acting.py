@@ -26,7 +26,14 @@ def test_apex_epsilon_and_beta() -> None:
     assert linear(0.4, 1.0, 500, 100) == 1.0
     learner = DQNLearner(DQNConfig(beta_start=0.5, beta_updates=10), OBS_SPACE, ACT_SPACE, device="cpu")
     assert learner.importance_exponent() == 0.5 and learner.importance_exponent(5) == pytest.approx(0.75)
-    assert learner.sample_args() == {"beta": 0.5}
+    # the learner weighs a batch with its exponent of when it learns: (N * P(i)) ** -beta over the batch max
+    p = np.array([0.5, 0.25, 0.125, 0.125])
+    expected = (8 * p) ** -0.5
+    np.testing.assert_allclose(learner.weigh(p), expected / expected.max(), rtol=1e-6)
+    learner.num_updates = 5
+    expected = (8 * p) ** -0.75
+    np.testing.assert_allclose(learner.weigh(p), expected / expected.max(), rtol=1e-6)
+    np.testing.assert_array_equal(learner.weigh(np.full(4, 0.25)), np.ones(4, np.float32))  # uniform: exactly 1
 
 
 def test_epsilon_schedule_over_fleet_steps() -> None:

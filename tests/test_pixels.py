@@ -135,10 +135,10 @@ def test_a_short_pong_run_inserts_samples_and_updates_through_every_service(tmp_
 
 
 def test_ppo_acts_and_learns_on_frames_with_one_cnn_under_both_heads() -> None:
+    from common.algorithms.adders.segments import SegmentAdder
     from common.algorithms.ppo.learner import PPOLearner
     from common.algorithms.ppo.networks import PPOCnnNetworks
     from common.algorithms.ppo.policy import PPOPolicy
-    from common.algorithms.ppo.segments import SegmentAdder
 
     cfg = load(str(CONFIGS / "breakout-ppo.yaml"), ["algorithm.segment_length=8", "algorithm.minibatch_size=16",
                                                     "algorithm.batch_segments=4"])

@@ -21,8 +21,9 @@ Learning (the learner service)::
 
     learner = algo.make_learner(cfg, obs_space, act_space, device=..., seed=exp_seed, averager=None)
     learner.data                                      # DataSpec: how to sample for it
-    batch = sample(learner.data.batch_items, **learner.sample_args())
-    batch, weights, dropped = drop_stale(batch, version, learner.data.max_staleness, weights)
+    batch = sample(learner.data.batch_items)          # replay knows no algorithm's knobs
+    weights = learner.weigh(batch.probability)        # importance weights, None: unweighted
+    batch, weights, dropped = drop_stale(batch.data, version, learner.data.max_staleness, weights)
     metrics, priorities = learner.learn(batch, weights)    # built from compute_gradients + apply_gradients
     publish(learner.weights())                        # named float arrays, only what acting needs
 
@@ -143,9 +144,10 @@ class Learner(Protocol):
     num_updates: int  # optimizer steps taken
     device: Any  # torch.device the learner trains on
 
-    def sample_args(self) -> dict[str, Any]:
-        """Fields of the next sample request its table needs from it now (a prioritized table's
-        importance exponent, on the algorithm's schedule); {} for none."""
+    def weigh(self, probability: np.ndarray) -> np.ndarray | None:
+        """Importance weights (float32, one per item) for a batch sampled with these probabilities
+        (replay's ``probability`` column), with the algorithm's exponent now (prioritized replay:
+        :func:`~common.algorithms.importance.importance_weights`); None: learn unweighted."""
         ...
 
     def compute_gradients(

@@ -3,7 +3,8 @@
 An algorithm's learner subclasses :class:`LearnerBase` and writes its networks, its loss
 (:meth:`LearnerBase.compute_gradients`: batch -> gradients, figures, priorities) and, where it has
 them, what follows a step (target networks: :meth:`LearnerBase.after_update`), its learning-rate
-schedule (:meth:`LearnerBase.lr`) and the state of its own beyond networks and optimizers. The base
+schedule (:meth:`LearnerBase.lr`), prioritized replay's importance weights
+(:meth:`LearnerBase.weigh`) and the state of its own beyond networks and optimizers. The base
 owns the rest:
 
 - named optimizers (:meth:`add_optimizer`, one :class:`~common.algorithms.optim.ClippedAdam` each),
@@ -98,9 +99,10 @@ class LearnerBase:
     def after_update(self) -> None:
         """What follows every step (target networks)."""
 
-    def sample_args(self) -> dict[str, Any]:
-        """Fields of the next sample request its table needs from it now; {} for none."""
-        return {}
+    def weigh(self, probability: np.ndarray) -> np.ndarray | None:
+        """Importance weights for a batch sampled with these probabilities (replay's ``probability``
+        column), on the algorithm's schedule now; None: learn unweighted (the base)."""
+        return None
 
     # -- checkpoints --------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
 NumpyLayers = list[tuple[np.ndarray, np.ndarray]]
+T = TypeVar("T")
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
@@ -128,3 +130,18 @@ def numpy_mlp(layers: NumpyLayers, x: np.ndarray, activation: str) -> np.ndarray
             else:
                 np.maximum(h, 0.0, out=h)
     return h
+
+
+def seeded(seed: int, make: Callable[[], T]) -> T:
+    """``make()`` (networks) with torch's RNG seeded by ``seed`` and put back after: a learner and a policy
+    built with the same seed start from the same weights, and nobody else's random stream moves."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return make()
+
+
+def twin_q(critic: TwinMLP, obs: torch.Tensor, action: torch.Tensor,
+           detached: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q1 and Q2 of a twin ``critic`` over (obs, action); ``detached``: gradients reach the action only."""
+    q1, q2 = critic(torch.cat([obs.flatten(1), action], dim=1), detached)
+    return q1.squeeze(1), q2.squeeze(1)

@@ -25,6 +25,7 @@ BUILTIN = (
     "dqn",
     "ppo",
     "sac",
+    "td3",
 )
 _REGISTRY: dict[str, Builder] = {}
 

@@ -59,11 +59,10 @@ class ImaginedMix:
             return True
         return False
 
-    def take(self, sample_args: dict[str, Any]) -> SampleBatch | None:
-        """A due imagined batch (sampled as the learner asks, ``sample_args``), or None if none is ready
-        (then it stays due: at most one more)."""
+    def take(self) -> SampleBatch | None:
+        """A due imagined batch, or None if none is ready (then it stays due: at most one more)."""
         try:
-            return self.sampler.sample(**sample_args, timeout_s=IMAGINED_WAIT_S)
+            return self.sampler.sample(timeout_s=IMAGINED_WAIT_S)
         except (CommTimeout, RemoteError):
             self.credit = min(self.credit + 1.0, MAX_CREDIT)
             return None

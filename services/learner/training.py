@@ -78,7 +78,7 @@ class Trainer:
         """One sampled batch (None if none came within timeout_s); waits and reconnects counted."""
         start = time.monotonic()
         try:
-            batch = self.sampler.sample(**self.core.sample_args(), timeout_s=timeout_s)
+            batch = self.sampler.sample(timeout_s=timeout_s)
         except CommTimeout:
             batch = None
         self.m_wait.inc(time.monotonic() - start)
@@ -139,14 +139,14 @@ class Trainer:
     def update_once(self, timeout_s: float) -> bool:
         """One learn call on one sampled batch; False if no batch came within timeout_s (or all was stale)."""
         if self.mix is not None and self.mix.due():
-            imagined = self.mix.take(self.core.sample_args())
+            imagined = self.mix.take()
             if imagined is not None:
                 self.mix.count("imagined", len(imagined.keys))
-                return self.learn(imagined.data, imagined.weights, imagined, self.mix.sampler)
+                return self.learn(imagined.data, self.core.weigh(imagined.probability), imagined, self.mix.sampler)
         batch = self.take_batch(timeout_s)
         if batch is not None and self.mix is not None:
             self.mix.count("real", len(batch.keys))
-        return batch is not None and self.learn(batch.data, batch.weights, batch)
+        return batch is not None and self.learn(batch.data, self.core.weigh(batch.probability), batch)
 
     def replay_ready(self) -> bool:
         """Some shard at or above the table's min size: it serves while the others hold samples.

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from common.algorithms.a3c.config import A3CConfig
-from common.algorithms.mlp import ACTIVATIONS
+from common.algorithms.mlp import ACTIVATIONS, seeded
 
 
 class SharedActorCritic(nn.Module):
@@ -59,6 +59,4 @@ def torso(inputs: int, hidden: list[int], activation: str) -> nn.Sequential:
 def seeded_network(cfg: A3CConfig, observation_space: gym.Space, action_space: gym.Space,
                    seed: int) -> SharedActorCritic:
     """The network initialised from ``seed`` (every worker the same) without touching the global RNG."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return SharedActorCritic(cfg, observation_space, action_space)
+    return seeded(seed, lambda: SharedActorCritic(cfg, observation_space, action_space))

@@ -11,32 +11,21 @@ from collections.abc import Mapping
 
 import gymnasium as gym
 import numpy as np
-import torch
 
-from common.algorithms.a3c.config import A3CConfig
 from common.algorithms.a3c.networks import seeded_network
-from common.algorithms.contract import Columns, SeedLike
+from common.algorithms.acting import PolicyBase
+from common.algorithms.contract import Columns
 from common.algorithms.weights import check_arrays, publish_arrays
 
 
-class A3CPolicy:
+class A3CPolicy(PolicyBase):
     """``seed`` initialises the network (every worker's starting weights); ``act_seed`` seeds the sampling."""
 
-    def __init__(
-        self,
-        cfg: A3CConfig,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        *,
-        device: str | torch.device = "cpu",
-        seed: int = 0,
-        act_seed: SeedLike = None,
-    ) -> None:
-        self.cfg = cfg
+    def setup(self, observation_space: gym.Space, action_space: gym.Space, seed: int) -> None:
+        cfg = self.cfg
         self.net = seeded_network(cfg, observation_space, action_space, seed)
         arrays = publish_arrays(self.net)
         self._shapes = {key: value.shape for key, value in arrays.items()}
-        self.rng = np.random.default_rng(seed if act_seed is None else act_seed)
         self._use(arrays)
 
     def _use(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -52,9 +41,6 @@ class A3CPolicy:
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         check_arrays(self._shapes, weights)
         self._use(weights)
-
-    def explore(self, actor_index: int, num_actors: int, fleet_env_steps: int) -> dict[str, float]:
-        return {}  # exploration is the policy's own sampling (and the entropy bonus)
 
     def logits(self, obs: np.ndarray) -> np.ndarray:
         h = np.asarray(obs, np.float32).reshape(len(obs), -1)
@@ -76,5 +62,3 @@ class A3CPolicy:
         gumbel = -np.log(-np.log(self.rng.random(logits.shape)))
         return (logits + gumbel).argmax(axis=1).astype(np.int64), {}
 
-    def priorities(self, items: Mapping[str, np.ndarray]) -> np.ndarray | None:
-        return None

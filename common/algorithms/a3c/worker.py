@@ -1,7 +1,7 @@
 """A3C's gradient worker: the n-step advantage actor-critic loss on its own rollouts.
 
 Per rollout of ``n_steps`` steps of every env slot (the segments of
-common/algorithms/ppo/segments.py): values and the policy's log-probs from the
+common/algorithms/adders/segments.py): values and the policy's log-probs from the
 weights the worker acted with, advantages by GAE (lambda 1.0: the n-step returns
 of A3C) bootstrapped from V of the observation after the rollout (of the final
 observation at a time limit; nothing after a termination), then

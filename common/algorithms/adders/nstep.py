@@ -27,15 +27,10 @@ ignored.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from common.algorithms.adders.vector_steps import VectorStepAdder
-
-Columns = dict[str, np.ndarray]
+from common.algorithms.adders.vector_steps import Columns, VectorStep, VectorStepAdder
 
 
 class NStepAdder(VectorStepAdder):
@@ -95,40 +90,23 @@ class NStepAdder(VectorStepAdder):
         super().reset(obs)
         self._head[:] = 0
 
-    def add(
-        self,
-        actions: np.ndarray,
-        extras: Mapping[str, np.ndarray],
-        next_obs: np.ndarray,
-        rewards: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
-        infos: Mapping[str, Any] | None,
-        version: int,
-    ) -> Columns:
-        """Record one vector step; return the transitions it completes (maybe none)."""
-        next_obs, terminated, truncated, valid, done = self._begin(next_obs, terminated, truncated)
-
-        slots = np.flatnonzero(valid)
+    def _record(self, step: VectorStep) -> Columns:
+        """The transitions ``step`` completes (maybe none)."""
+        slots = np.flatnonzero(step.valid)
         head = self._head[slots]
         self._obs[slots, head] = self._current[slots]
-        actions = np.asarray(actions, self.action_dtype)
+        actions = np.asarray(step.actions, self.action_dtype)
         if actions.shape[1:] != self.action_shape:
             raise ValueError(f"actions of shape {actions.shape}; this adder stores actions of shape"
                              f" {self.action_shape} per env slot")
         self._action[slots, head] = actions[slots]
-        self._reward[slots, head] = np.asarray(rewards, np.float64)[slots]
-        self._version[slots, head] = version
+        self._reward[slots, head] = np.asarray(step.rewards, np.float64)[slots]
+        self._version[slots, head] = step.version
         self._head[slots] = (head + 1) % self.n_step
         self._length[slots] += 1
 
-        final_obs = self._final_obs(next_obs, done, infos)
-        columns = self._emit(
-            np.flatnonzero(done | (valid & (self._length == self.n_step))), done, terminated, final_obs
-        )
-
-        self._end(next_obs, done)
-        return columns
+        return self._emit(np.flatnonzero(step.done | (step.valid & (self._length == self.n_step))), step.done,
+                          step.terminated, step.final_obs)
 
     def schema(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Every column of the items :meth:`add` returns: (dtype name, per-item shape)."""

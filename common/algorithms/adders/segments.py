@@ -32,15 +32,12 @@ observation is in ``infos["final_obs"]``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from common.algorithms.adders.vector_steps import VectorStepAdder, stored_obs_dtype
-
-Columns = dict[str, np.ndarray]
+from common.algorithms.adders.vector_steps import Columns, VectorStep, VectorStepAdder, stored_obs_dtype
 
 
 class SegmentAdder(VectorStepAdder):
@@ -84,36 +81,24 @@ class SegmentAdder(VectorStepAdder):
         out["version"] = ("int64", ())
         return out
 
-    def add(
-        self,
-        actions: np.ndarray,
-        extras: Mapping[str, np.ndarray],
-        next_obs: np.ndarray,
-        rewards: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
-        infos: Mapping[str, Any] | None,
-        version: int,
-    ) -> Columns:
-        """Record one vector step; return the segments it completes (zero or more rows)."""
-        next_obs, terminated, truncated, valid, done = self._begin(next_obs, terminated, truncated)
-        final = self._final_obs(next_obs, done, infos)
-
-        slots = np.flatnonzero(valid)
+    def _record(self, step: VectorStep) -> Columns:
+        """The segments ``step`` completes (zero or more rows)."""
+        final, terminated, truncated = step.final_obs, step.terminated, step.truncated
+        slots = np.flatnonzero(step.valid)
         t = self._length[slots]
         cols = self._cols
         cols["obs"][slots, t] = self._current[slots]
-        raw = extras.get("raw_action", actions)
+        raw = step.extras.get("raw_action", step.actions)
         cols["action"][slots, t] = np.asarray(raw)[slots]
-        cols["reward"][slots, t] = np.asarray(rewards, np.float32)[slots]
+        cols["reward"][slots, t] = np.asarray(step.rewards, np.float32)[slots]
         cols["terminated"][slots, t] = terminated[slots]
         cols["truncated"][slots, t] = truncated[slots] & ~terminated[slots]
         cols["final_obs"][slots, t] = np.where((truncated & ~terminated)[slots].reshape(-1, *[1] * len(
             self.obs_shape)), final[slots], 0)
-        for key, value in extras.items():
+        for key, value in step.extras.items():
             if key in cols:
                 cols[key][slots, t] = np.asarray(value)[slots]
-        self._version[slots, t] = version
+        self._version[slots, t] = step.version
         self._length[slots] += 1
 
         full = np.flatnonzero(self._length == self.T)
@@ -121,6 +106,4 @@ class SegmentAdder(VectorStepAdder):
         items["bootstrap_obs"] = final[full].astype(self.obs_dtype, copy=True)
         items["version"] = self._version[full].min(axis=1) if len(full) else np.zeros(0, np.int64)
         self._length[full] = 0
-
-        self._end(next_obs, done)
         return items

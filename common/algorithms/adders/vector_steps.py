@@ -11,6 +11,7 @@ observation and the final one is in ``infos["final_obs"]``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,8 +26,24 @@ def stored_obs_dtype(observation_space: Any) -> np.dtype[Any]:
     return np.dtype(np.uint8) if dtype == np.uint8 else np.dtype(np.float32)
 
 
+@dataclass
+class VectorStep:
+    """One checked vector step, as an adder records it."""
+
+    actions: np.ndarray
+    extras: Mapping[str, np.ndarray]
+    rewards: np.ndarray
+    terminated: np.ndarray  # bool per slot
+    truncated: np.ndarray  # bool per slot
+    valid: np.ndarray  # slots whose step is an env step (NEXT_STEP: not a reset)
+    done: np.ndarray  # valid slots whose episode ended
+    final_obs: np.ndarray  # each slot's observation after the step: the final one where an episode ended
+    version: int
+
+
 class VectorStepAdder:
-    """The base of :class:`~common.algorithms.adders.nstep.NStepAdder` and the PPO segment adder."""
+    """The base of :class:`~common.algorithms.adders.nstep.NStepAdder` and the PPO segment adder: it
+    checks each step and keeps the observations acted on; a subclass records a step (``_record``)."""
 
     def __init__(self, num_envs: int, obs_shape: tuple[int, ...],
                  autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
@@ -56,22 +73,36 @@ class VectorStepAdder:
         self._skip[:] = False
         self._started = True
 
-    def _begin(self, next_obs: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Check a step's arrays; (next_obs, terminated, truncated, valid slots, slots whose episode ended)."""
+    def add(
+        self,
+        actions: np.ndarray,
+        extras: Mapping[str, np.ndarray],
+        next_obs: np.ndarray,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        infos: Mapping[str, Any] | None,
+        version: int,
+    ) -> Columns:
+        """Record one vector step; return the items it completes (zero or more rows)."""
         if not self._started:
             raise RuntimeError(f"{type(self).__name__}.add() before reset(): pass the observations of envs.reset()")
         next_obs = self._check_obs(next_obs)
         terminated = np.asarray(terminated, bool)
         truncated = np.asarray(truncated, bool)
         valid = ~self._skip
-        return next_obs, terminated, truncated, valid, valid & (terminated | truncated)
-
-    def _end(self, next_obs: np.ndarray, done: np.ndarray) -> None:
-        """After a step: its observations are the next ones acted on; NEXT_STEP: ended slots reset next."""
+        done = valid & (terminated | truncated)
+        items = self._record(VectorStep(actions, extras, rewards, terminated, truncated, valid, done,
+                                        self._final_obs(next_obs, done, infos), version))
+        # the step's observations are the next ones acted on; NEXT_STEP: ended slots reset next
         self._current[:] = next_obs
         if self.autoreset_mode is AutoresetMode.NEXT_STEP:
             self._skip = done
+        return items
+
+    def _record(self, step: VectorStep) -> Columns:
+        """Record ``step`` (the observations acted on are ``self._current``); the items it completes."""
+        raise NotImplementedError
 
     def _check_obs(self, obs: np.ndarray) -> np.ndarray:
         obs = np.asarray(obs)

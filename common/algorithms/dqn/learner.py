@@ -23,6 +23,7 @@ from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, to_de
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.dqn.networks import n_step_target, seeded_q_network
 from common.algorithms.dqn.policy import column
+from common.algorithms.importance import importance_weights
 from common.algorithms.learning import LearnerBase
 from common.algorithms.schedules import linear
 from common.algorithms.weights import publish_arrays
@@ -56,16 +57,17 @@ class DQNLearner(LearnerBase):
         n = self.num_updates if updates is None else updates
         return linear(self.cfg.beta_start, 1.0, n, self.cfg.beta_updates)
 
-    def sample_args(self) -> dict[str, Any]:
-        return {"beta": self.importance_exponent()}
+    def weigh(self, probability: np.ndarray) -> np.ndarray:
+        """Importance weights of a batch sampled with ``probability``, for the exponent now."""
+        return importance_weights(probability, self.importance_exponent())
 
     def compute_gradients(
         self, batch: Mapping[str, ArrayLike], weights: ArrayLike | None = None
     ) -> tuple[Grads, dict[str, float], np.ndarray]:
         """Gradients of the (importance-weighted) Huber loss; the step's figures; new priorities.
 
-        ``weights`` are the importance weights from prioritized replay, used as given (the
-        replay normalises them); None means uniform. Grads: {"q": one tensor per parameter}.
+        ``weights`` are the importance weights of prioritized replay (:meth:`weigh`, normalised by
+        the batch's largest), used as given; None means uniform. Grads: {"q": one tensor per parameter}.
         """
         cfg = self.cfg
         b = batch_to_device({key: column(batch, key) for key in COLUMNS}, self.device)

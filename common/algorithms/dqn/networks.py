@@ -16,7 +16,7 @@ from torch import nn
 from common.algorithms.cnn import NatureCNN
 from common.algorithms.dqn.builder import check_env
 from common.algorithms.dqn.config import DQNConfig
-from common.algorithms.mlp import float32_head
+from common.algorithms.mlp import float32_head, seeded
 from common.algorithms.torsos import choose_torso
 
 
@@ -113,9 +113,7 @@ def seeded_q_network(cfg: DQNConfig, observation_space: gym.Space, action_space:
     """The Q-network of ``cfg``, initialised from ``seed`` without disturbing anyone else's torch RNG:
     a learner and a policy built with the same seed start from the same weights."""
     check_env(cfg, observation_space, action_space)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return build_q_network(cfg.hidden, cfg.dueling, observation_space, action_space, cfg.torso)
+    return seeded(seed, lambda: build_q_network(cfg.hidden, cfg.dueling, observation_space, action_space, cfg.torso))
 
 
 def n_step_target(

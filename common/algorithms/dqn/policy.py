@@ -13,8 +13,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from common.algorithms.contract import Columns, SeedLike
-from common.algorithms.device import resolve_device, to_device, use_bfloat16
+from common.algorithms.acting import PolicyBase
+from common.algorithms.contract import Columns
+from common.algorithms.device import to_device, use_bfloat16
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.dqn.networks import n_step_target, numpy_q, seeded_q_network
 from common.algorithms.schedules import linear
@@ -46,7 +47,7 @@ def column(batch: Mapping[str, Any], key: str) -> Any:
     return batch[key]
 
 
-class DQNPolicy:
+class DQNPolicy(PolicyBase):
     """Epsilon-greedy acting on the online network.
 
     ``seed`` initialises the network (the learner's seed: actors start where it starts);
@@ -54,21 +55,10 @@ class DQNPolicy:
     until :meth:`explore` sets it; ``act(deterministic=True)`` is always greedy.
     """
 
-    def __init__(
-        self,
-        cfg: DQNConfig,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        *,
-        device: str | torch.device = "cpu",
-        seed: int = 0,
-        act_seed: SeedLike = None,
-    ) -> None:
-        self.cfg = cfg
-        self.device = resolve_device(device)
+    def setup(self, observation_space: gym.Space, action_space: gym.Space, seed: int) -> None:
+        cfg = self.cfg
         self.net = seeded_q_network(cfg, observation_space, action_space, seed).to(self.device).eval()
         self.num_actions = int(action_space.n)  # type: ignore[attr-defined]
-        self.rng = np.random.default_rng(seed if act_seed is None else act_seed)
         self.epsilon = 0.0
         # a CUDA policy and a CNN act in torch: no host copy to keep
         self._numpy = self.device.type == "cpu" and self.net.is_mlp

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from common.algorithms.cnn import NatureCNN
-from common.algorithms.mlp import TwinMLP, mlp
+from common.algorithms.mlp import TwinMLP, mlp, seeded
 from common.algorithms.ppo.config import PPOConfig
 from common.algorithms.torsos import choose_torso
 from common.algorithms.weights import publish_arrays
@@ -136,9 +136,7 @@ def seeded_networks(cfg: PPOConfig, observation_space: gym.Space, action_space: 
                     seed: int) -> PPONetworks | PPOCnnNetworks:
     """The networks initialised from ``seed`` without disturbing anyone else's torch RNG."""
     cnn = choose_torso(cfg.torso, observation_space, cfg.name, "the env") == "nature_cnn"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return (PPOCnnNetworks if cnn else PPONetworks)(cfg, observation_space, action_space)
+    return seeded(seed, lambda: (PPOCnnNetworks if cnn else PPONetworks)(cfg, observation_space, action_space))
 
 
 class RunningMeanStd:

@@ -15,30 +15,21 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from common.algorithms.contract import Columns, SeedLike
+from common.algorithms.acting import PolicyBase
+from common.algorithms.contract import Columns
 from common.algorithms.device import from_numpy
 from common.algorithms.mlp import numpy_layers, numpy_mlp
-from common.algorithms.ppo.config import PPOConfig
 from common.algorithms.ppo.networks import LOG_2PI, PPOCnnNetworks, normalize, seeded_networks
 from common.algorithms.weights import check_arrays, load_arrays
 
 NORM_KEYS = ("obs_norm.mean", "obs_norm.var", "obs_norm.count")
 
 
-class PPOPolicy:
+class PPOPolicy(PolicyBase):
     """``seed`` initialises the networks (the learner's seed); ``act_seed`` seeds the sampling rng."""
 
-    def __init__(
-        self,
-        cfg: PPOConfig,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        *,
-        device: str | torch.device = "cpu",
-        seed: int = 0,
-        act_seed: SeedLike = None,
-    ) -> None:
-        self.cfg = cfg
+    def setup(self, observation_space: gym.Space, action_space: gym.Space, seed: int) -> None:
+        cfg = self.cfg
         net = seeded_networks(cfg, observation_space, action_space, seed)
         self.discrete = net.discrete
         # images act through the CNN in torch; MLPs in numpy (a fifth of torch's cost per call)
@@ -53,7 +44,6 @@ class PPOPolicy:
         assert observation_space.shape is not None
         shape = tuple(observation_space.shape)
         self.obs_mean, self.obs_var = np.zeros(shape, np.float32), np.ones(shape, np.float32)
-        self.rng = np.random.default_rng(seed if act_seed is None else act_seed)
         self._use(arrays)
 
     def _use(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -83,10 +73,6 @@ class PPOPolicy:
             self.obs_mean = np.array(norm["obs_norm.mean"], np.float32)
             self.obs_var = np.array(norm["obs_norm.var"], np.float32)
         self._use(arrays)
-
-    def explore(self, actor_index: int, num_actors: int, fleet_env_steps: int) -> dict[str, float]:
-        """PPO explores by sampling its own stochastic policy: nothing to set."""
-        return {}
 
     def _forward(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(actor output float64 [B, ...], value float32 [B])."""
@@ -125,6 +111,3 @@ class PPOPolicy:
         return env_action, {"logp": logp.astype(np.float32), "value": value,
                             "raw_action": raw32.reshape(n, *self.action_shape)}
 
-    def priorities(self, items: Mapping[str, np.ndarray]) -> None:
-        """Segments go to a queue table: no priorities."""
-        return None

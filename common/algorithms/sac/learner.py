@@ -28,6 +28,7 @@ import torch
 
 from common.algorithms.contract import DataSpec, Grads
 from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, to_device, use_bfloat16
+from common.algorithms.importance import importance_weights
 from common.algorithms.learning import LearnerBase
 from common.algorithms.sac.config import SACConfig
 from common.algorithms.sac.networks import ActionScale, dims, seeded_networks, squashed_sample
@@ -70,9 +71,11 @@ class SACLearner(LearnerBase):
         self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)  # the actor's samples
         self.bf16 = use_bfloat16(cfg.update_dtype, self.device)
 
-    def sample_args(self) -> dict[str, Any]:
-        """Prioritized tables: the importance exponent now (uniform tables ignore it)."""
-        return {"beta": linear(self.cfg.beta_start, 1.0, self.num_updates, self.cfg.beta_updates)}
+    def weigh(self, probability: np.ndarray) -> np.ndarray:
+        """Importance weights of a batch sampled with ``probability``: the exponent anneals linearly from
+        ``beta_start`` to 1 over ``beta_updates`` updates (a uniform table's equal probabilities: all 1)."""
+        return importance_weights(probability, linear(self.cfg.beta_start, 1.0, self.num_updates,
+                                                      self.cfg.beta_updates))
 
     def _sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """a ~ pi(. | obs) in [-1, 1] and its log-prob, from the learner's own generator."""

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.algorithms.mlp import TwinMLP, float32_head, mlp
+from common.algorithms.mlp import TwinMLP, float32_head, mlp, seeded, twin_q
 from common.algorithms.sac.config import SACConfig
 
 LOG_2PI = math.log(2 * math.pi)
@@ -90,15 +90,9 @@ class SACNetworks(nn.Module):
         mean, log_std = float32_head(h, head.weight, head.bias).chunk(2, dim=1)
         return mean, log_std.clamp(self.cfg.log_std_min, self.cfg.log_std_max)
 
-    def q(self, critic: TwinMLP, obs: torch.Tensor, action: torch.Tensor,
-          detached: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Q1 and Q2 of ``critic``; ``detached``: gradients reach the action only."""
-        q1, q2 = critic(torch.cat([obs.flatten(1), action], dim=1), detached)
-        return q1.squeeze(1), q2.squeeze(1)
+    q = staticmethod(twin_q)  # Q1 and Q2 of a critic (the critic or its target)
 
 
 def seeded_networks(cfg: SACConfig, observation_space: gym.Space, action_space: gym.Space, seed: int) -> SACNetworks:
     """The networks initialised from ``seed`` without disturbing anyone else's torch RNG."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return SACNetworks(cfg, observation_space, action_space)
+    return seeded(seed, lambda: SACNetworks(cfg, observation_space, action_space))

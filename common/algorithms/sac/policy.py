@@ -9,38 +9,27 @@ from collections.abc import Mapping
 
 import gymnasium as gym
 import numpy as np
-import torch
 
-from common.algorithms.contract import Columns, SeedLike
+from common.algorithms.acting import PolicyBase
+from common.algorithms.contract import Columns
 from common.algorithms.mlp import numpy_layers, numpy_mlp
-from common.algorithms.sac.config import SACConfig
 from common.algorithms.sac.networks import ActionScale, dims, seeded_networks
 from common.algorithms.weights import check_arrays, publish_arrays
 
 NO_EXTRAS: Columns = {}
 
 
-class SACPolicy:
+class SACPolicy(PolicyBase):
     """``seed`` initialises the actor (the learner's seed); ``act_seed`` seeds the sampling rng."""
 
-    def __init__(
-        self,
-        cfg: SACConfig,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        *,
-        device: str | torch.device = "cpu",
-        seed: int = 0,
-        act_seed: SeedLike = None,
-    ) -> None:
+    def setup(self, observation_space: gym.Space, action_space: gym.Space, seed: int) -> None:
+        cfg = self.cfg
         assert isinstance(action_space, gym.spaces.Box)
-        self.cfg = cfg
         self.act_dim = dims(observation_space, action_space)[1]
         arrays = publish_arrays(seeded_networks(cfg, observation_space, action_space, seed).actor, "actor.")
         self._shapes = {key: value.shape for key, value in arrays.items()}  # what load_weights accepts
         self._layers = numpy_layers(arrays, "actor")
         self.scale = ActionScale(action_space)
-        self.rng = np.random.default_rng(seed if act_seed is None else act_seed)
         self.warmup = cfg.learning_starts > 0  # uniform random actions until explore() says otherwise
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
@@ -65,6 +54,3 @@ class SACPolicy:
         std = np.exp(np.clip(log_std, self.cfg.log_std_min, self.cfg.log_std_max))
         return self.scale.to_env(np.tanh(mean + std * self.rng.standard_normal(mean.shape))), NO_EXTRAS
 
-    def priorities(self, items: Mapping[str, np.ndarray]) -> None:
-        """New transitions enter a prioritized table at its highest priority (replay's default)."""
-        return None
