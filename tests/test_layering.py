@@ -1,4 +1,4 @@
-"""The rooms keep their doors: who may import whom, private names stay home, files stay short.
+"""The rooms keep their doors: who may import whom, and private names stay home.
 
 common/ is what everything shares and imports neither services/ nor cli/; a service imports common/ only
 (never cli/, the command line that runs it); cli/ may import both. A role's service module is named in
@@ -18,7 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("common", "services", "cli", "bench", "tests")
 # What each package must never import.
 FORBIDDEN = {"common": ("services", "cli"), "services": ("cli",)}
-MAX_LINES = 400
 
 
 def modules(*packages: str) -> Iterator[tuple[str, Path]]:
@@ -77,15 +76,6 @@ def test_no_private_name_is_imported_from_another_module() -> None:
             if private:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {'.'.join(names)}")
     assert not bad, "private names imported from another module:\n" + "\n".join(bad)
-
-
-def test_every_python_file_is_under_400_lines() -> None:
-    over = []
-    for _, path in modules(*PACKAGES):
-        n = len(path.read_text().splitlines())
-        if n >= MAX_LINES:
-            over.append(f"{path.relative_to(ROOT)}: {n} lines")
-    assert not over, f"files of {MAX_LINES} lines or more (split them along their concerns):\n" + "\n".join(over)
 
 
 def test_the_checks_see_what_they_look_for(tmp_path: Path) -> None:
