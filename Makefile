@@ -28,8 +28,8 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not e2e and not container and not chaos"
 
 lint: setup
-	$(BIN)/ruff check common services tests bench cli
-	$(BIN)/mypy common services bench cli
+	$(BIN)/ruff check common services tests bench cli harness
+	$(BIN)/mypy common services bench cli harness
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

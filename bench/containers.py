@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.docker_fleet import (
+from harness.docker_fleet import (
     IMAGES,
     ROOT,
     SERVICES,

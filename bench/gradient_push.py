@@ -33,7 +33,7 @@ from bench.weight_sync import conv_1m2, make
 from common.clients.gradient_pusher import GradientPusher
 from common.clients.weights_publisher import WeightsPublisher
 from common.wire.transport import free_tcp_port
-from tests.paramserver_procs import ShardProcesses
+from harness.paramserver_procs import ShardProcesses
 
 
 def a3c_cartpole() -> dict[str, tuple[int, ...]]:

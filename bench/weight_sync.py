@@ -59,7 +59,7 @@ import zmq
 from bench.weight_raw import READERS, RawPubSub, Reports, run_raw_one
 from common.clients.weights_publisher import WeightsPublisher
 from common.clients.weights_reader import WeightsReader
-from tests.paramserver_procs import ShardProcesses
+from harness.paramserver_procs import ShardProcesses
 
 # --frames: publishes per side and the blocks they are run in, in rotating order (run_interleaved)
 FRAMES_REPS = {"1.2M": 100, "25M": 40}

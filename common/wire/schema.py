@@ -1,7 +1,7 @@
 """Every message type on the wire, with its body fields and arrays.
 
 This table is what the decoder checks a body against, and what
-tests/test_protocol_doc.py compares with docs/protocol.md: a type or field
+tests/unit/wire/test_protocol_doc.py compares with docs/protocol.md: a type or field
 that is here must be documented there. Unknown body fields are ignored by the
 decoder (forward compatibility); missing required ones are refused.
 """

@@ -1,0 +1,49 @@
+"""docs/protocol.md is the authority: every message type and field in the code must be in it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from common.wire.codec import DTYPES, PROTOCOL_VERSION, REASONS
+from common.wire.schema import MESSAGES
+
+DOC = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text()
+
+
+def sections() -> dict[str, str]:
+    parts = re.split(r"^### `([a-z_]+)`\s*$", DOC, flags=re.M)
+    return {parts[i]: parts[i + 1].split("\n## ")[0] for i in range(1, len(parts), 2)}
+
+
+def table_names(text: str) -> set[str]:
+    return set(re.findall(r"^\| `([A-Za-z_]+)` \|", text, flags=re.M))
+
+
+def test_versions_agree() -> None:
+    m = re.search(r"\*\*Protocol version: (\d+)\*\*", DOC)
+    assert m, "docs/protocol.md must state '**Protocol version: N**'"
+    assert int(m.group(1)) == PROTOCOL_VERSION
+
+
+def test_every_message_type_and_field_is_documented() -> None:
+    docs = sections()
+    missing_types = sorted(set(MESSAGES) - set(docs))
+    assert not missing_types, f"message types missing from docs/protocol.md: {missing_types}"
+    for name, spec in MESSAGES.items():
+        documented = table_names(docs[name])
+        wanted = set(spec.fields) | set(spec.arrays)
+        assert not wanted - documented, f"{name}: undocumented fields {sorted(wanted - documented)}"
+        assert not documented - wanted, f"{name}: documented but not in code {sorted(documented - wanted)}"
+
+
+def test_documented_types_exist_in_code() -> None:
+    extra = sorted(set(sections()) - set(MESSAGES))
+    assert not extra, f"docs/protocol.md documents types the code lacks: {extra}"
+
+
+def test_dtypes_and_reasons_are_documented() -> None:
+    for name in DTYPES:
+        assert f"`{name}`" in DOC, name
+    for reason in REASONS:
+        assert f"`{reason}`" in DOC, reason
