@@ -12,7 +12,8 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 from common.config import ConfigError, Experiment
 from common.memory import keep_freed_memory
 from common.metrics import MetricsServer, ServiceMetrics
+from common.wire.errors import RemoteError
 
 log = logging.getLogger("rlfleet")
 
@@ -30,6 +32,16 @@ class FatalError(RuntimeError):
 
 class StartupError(FatalError):
     """A service cannot start (peer unreachable, env unusable, ...); the message says why."""
+
+
+@contextmanager
+def refusal_is_fatal(what: str) -> Iterator[None]:
+    """A peer's refusal inside (a ``RemoteError``: replay refusing an insert's schema, ...) cannot be
+    helped by retrying: the service stops with ``what`` and the peer's reason."""
+    try:
+        yield
+    except RemoteError as exc:
+        raise FatalError(f"{what}: {exc}") from None
 
 
 @dataclass

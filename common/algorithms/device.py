@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,6 +73,15 @@ def to_device(value: ArrayLike, device: torch.device) -> torch.Tensor:
 
 def batch_to_device(batch: Mapping[str, ArrayLike], device: torch.device) -> dict[str, torch.Tensor]:
     return {key: to_device(value, device) for key, value in batch.items()}
+
+
+def columns_to_device(batch: Mapping[str, ArrayLike], columns: Sequence[str], device: torch.device,
+                      algorithm: str) -> dict[str, torch.Tensor]:
+    """``columns`` of ``batch`` on ``device``; a KeyError naming what is missing and what ``algorithm`` needs."""
+    missing = [key for key in columns if key not in batch]
+    if missing:
+        raise KeyError(f"batch has no column(s) {missing}; {algorithm} needs {', '.join(columns)}")
+    return batch_to_device({key: batch[key] for key in columns}, device)
 
 
 def seed_everything(seed: int) -> np.random.Generator:

@@ -45,15 +45,8 @@ class PushOutcome:
 
 
 class GradientPusher:
-    def __init__(
-        self,
-        addresses: Sequence[str],
-        sender: str,
-        *,
-        curve: CurveConfig | None = None,
-        ctx: zmq.Context[Any] | None = None,
-        timeout_s: float = 10.0,
-    ) -> None:
+    def __init__(self, addresses: Sequence[str], sender: str, *, curve: CurveConfig | None = None,
+                 ctx: zmq.Context[Any] | None = None, timeout_s: float = 10.0) -> None:
         self.shards = ParamserverShards(addresses, sender, curve, ctx)
         self.timeout_s = timeout_s
         self._layout: Layout | None = None

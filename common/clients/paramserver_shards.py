@@ -26,14 +26,8 @@ WAIT_MARGIN_S = 1.0
 class ParamserverShards:
     """A :class:`~common.wire.connection.Connection` to each shard, in shard order."""
 
-    def __init__(
-        self,
-        addresses: Sequence[str],
-        sender: str,
-        curve: CurveConfig | None = None,
-        ctx: zmq.Context[Any] | None = None,
-        limits: Limits = DEFAULT_LIMITS,
-    ) -> None:
+    def __init__(self, addresses: Sequence[str], sender: str, curve: CurveConfig | None = None,
+                 ctx: zmq.Context[Any] | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
         if not addresses:
             raise ValueError("the paramserver needs at least one shard address")
         self.addresses = list(addresses)

@@ -46,17 +46,9 @@ class WeightsReader:
     ``DEFAULT_MODEL``: the default model, the messages as before.
     """
 
-    def __init__(
-        self,
-        addresses: Sequence[str],
-        sender: str,
-        *,
-        curve: CurveConfig | None = None,
-        ctx: zmq.Context[Any] | None = None,
-        timeout_s: float = 10.0,
-        shm: bool = True,
-        model: str | None = None,
-    ) -> None:
+    def __init__(self, addresses: Sequence[str], sender: str, *, curve: CurveConfig | None = None,
+                 ctx: zmq.Context[Any] | None = None, timeout_s: float = 10.0, shm: bool = True,
+                 model: str | None = None) -> None:
         self.model = checked_model(model)
         self.shards = ParamserverShards(addresses, sender, curve, ctx)
         self.timeout_s = timeout_s

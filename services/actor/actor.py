@@ -16,18 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from common import algorithms
-from common.clients.fleet_links import FleetLinks
 from common.clients.registry import Welcome
 from common.clients.replay_insert import InsertClient
 from common.config import Experiment
 from common.envs import acting_policy, make_vector_env
 from common.metrics import ServiceMetrics
-from common.runtime import FatalError
+from common.runtime import refusal_is_fatal
 from common.wire.errors import CommTimeout, RemoteError
 from services.actor.episodes import Episodes
+from services.actor.member import FleetMember
 
 log = logging.getLogger("rlfleet.actor")
 
@@ -62,16 +61,12 @@ class AckedLog:
         self._file.close()
 
 
-class ActorService:
+class ActorService(FleetMember):
     """One actor: env, policy, adder, replay inserts, weight sync, heartbeats."""
 
     def __init__(self, cfg: Experiment, actor_id: str) -> None:
-        self.cfg = cfg
-        self.actor_id = actor_id
-        self._stopping = False
-        torch.set_num_threads(cfg.actor.torch_threads)
+        super().__init__(cfg, actor_id, "actor")
         self.algo = algorithms.get(cfg.algorithm.name)
-        self.links = FleetLinks(cfg, actor_id, role="actor")
         self.index = self.links.welcome.index
         self.num_actors = fleet_size(self.links.welcome)
         # the paramserver's version replaces its weights before any step; its own sampling is seeded per actor
@@ -262,10 +257,9 @@ class ActorService:
 
     # -- loop -------------------------------------------------------------------
     def run(self) -> None:
-        try:
+        # replay refused an insert (schema_mismatch, ...)
+        with refusal_is_fatal(f"replay at {self.replay.address} refused our transitions"):
             self._run()
-        except RemoteError as exc:  # replay refused an insert (schema_mismatch, ...): retrying cannot help
-            raise FatalError(f"replay at {self.replay.address} refused our transitions: {exc}") from None
 
     def _run(self) -> None:
         cfg = self.cfg
@@ -312,9 +306,6 @@ class ActorService:
                 self._replay_metrics()
                 self._heartbeat()
         self.wait_for_version(self.version + 1)
-
-    def stop(self) -> None:
-        self._stopping = True
 
     def health(self) -> dict[str, Any]:
         return {"ok": not self._stopping, "actor_id": self.actor_id, "index": self.index,

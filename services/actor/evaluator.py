@@ -12,27 +12,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from gymnasium.vector import VectorEnv
 
-from common.clients.fleet_links import FleetLinks
 from common.config import Experiment
 from common.envs import acting_policy
 from common.evaluation import EVAL_SEED_OFFSET, eval_envs, evaluate
 from common.metrics import ServiceMetrics
 from common.tboard import ScalarWriter
 from common.wire.errors import CommTimeout, RemoteError
+from services.actor.member import FleetMember
 
 log = logging.getLogger("rlfleet.evaluator")
 
-class EvaluatorService:
+class EvaluatorService(FleetMember):
     def __init__(self, cfg: Experiment, actor_id: str) -> None:
-        self.cfg = cfg
-        self.actor_id = actor_id
-        self._stopping = False
-        torch.set_num_threads(cfg.actor.torch_threads)
+        super().__init__(cfg, actor_id, "evaluator")
         self.policy = acting_policy(cfg)
-        self.links = FleetLinks(cfg, actor_id, role="evaluator")
         self.metrics = ServiceMetrics("evaluator", 0)
         m = self.metrics
         self.m_return = m.gauge("eval_return", "Mean return of the last evaluation (greedy).")
@@ -121,9 +116,6 @@ class EvaluatorService:
         end = time.monotonic() + seconds
         while not self._stopping and time.monotonic() < end:
             time.sleep(min(0.1, end - time.monotonic()))
-
-    def stop(self) -> None:
-        self._stopping = True
 
     def health(self) -> dict[str, Any]:
         return {"ok": not self._stopping, "version": self.version, "last": self.last}

@@ -30,10 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from common import algorithms
-from common.clients.fleet_links import FleetLinks
 from common.clients.gradient_pusher import RETRYABLE, GradientPusher, PushOutcome
 from common.clients.weights_publisher import WeightsPublisher
 from common.config import Experiment
@@ -43,20 +41,17 @@ from common.runtime import FatalError
 from common.security import client_curve
 from common.wire.errors import CommTimeout, RemoteError
 from services.actor.episodes import Episodes
+from services.actor.member import FleetMember
 
 log = logging.getLogger("rlfleet.worker")
 
 
-class WorkerService:
+class WorkerService(FleetMember):
     """One gradient worker: env, policy and loss, pushes to the paramserver, heartbeats."""
 
     def __init__(self, cfg: Experiment, actor_id: str) -> None:
-        self.cfg = cfg
-        self.actor_id = actor_id
-        self._stopping = False
-        torch.set_num_threads(cfg.actor.torch_threads)
+        super().__init__(cfg, actor_id, "actor")
         self.algo = algorithms.get(cfg.algorithm.name)
-        self.links = FleetLinks(cfg, actor_id, role="actor")
         self.index = self.links.welcome.index
         obs_space, act_space = probe_env(cfg)
         self.worker = self.algo.make_worker(cfg.algorithm, obs_space, act_space, seed=cfg.seed,
@@ -222,9 +217,6 @@ class WorkerService:
             if self.env_steps % (50 * cfg.env.num_envs) == 0:  # an exploration schedule moves with the fleet's steps
                 fleet, own, workers = self._fleet
                 self.exploration = self.worker.explore(self.index, workers, fleet + (self.env_steps - own) * workers)
-
-    def stop(self) -> None:
-        self._stopping = True
 
     def health(self) -> dict[str, Any]:
         return {"ok": not self._stopping, "actor_id": self.actor_id, "index": self.index, "version": self.version,

@@ -17,6 +17,7 @@ outcomes, not counted as protocol errors.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from common import weights_shm as shmlib
@@ -35,18 +36,17 @@ from services.paramserver.weights_store import Held, Model, WeightsStore, receiv
 log = logging.getLogger(__name__)
 
 
+@dataclass
 class WeightsRequests:
-    """The publish / get / wait handlers of one shard. ``registry`` (shard 0 only) is told of
-    the signs of life that gets and waits are."""
+    """The publish / get / wait handlers of one shard: no state of its own, only the parts it is handed.
+    ``registry`` (shard 0 only) is told of the signs of life that gets and waits are."""
 
-    def __init__(self, replier: Replier, store: WeightsStore, long_polls: LongPolls, shm: ShmVersions,
-                 registry: Registry | None, metrics: ShardMetrics) -> None:
-        self.replier = replier
-        self.store = store
-        self.long_polls = long_polls
-        self.shm = shm
-        self.registry = registry
-        self.m = metrics
+    replier: Replier
+    store: WeightsStore
+    long_polls: LongPolls
+    shm: ShmVersions
+    registry: Registry | None
+    m: ShardMetrics
 
     # -- publish ------------------------------------------------------------
     def on_publish(self, peer: Peer, msg: Message) -> None:

@@ -36,7 +36,7 @@ from common.metrics import ServiceMetrics
 from common.planning.dynamics import ModelMismatch, model_spaces
 from common.planning.imagined_env import ImaginedEnv
 from common.planning.model_watch import ModelWatch
-from common.runtime import FatalError, StartupError
+from common.runtime import StartupError, refusal_is_fatal
 from common.security import client_curve
 from common.wire.errors import CommTimeout, RemoteError
 
@@ -138,10 +138,9 @@ class PlannerService:
 
     # -- loop ---------------------------------------------------------------------
     def run(self) -> None:
-        try:
+        # replay refused an insert (schema_mismatch, ...)
+        with refusal_is_fatal(f"replay at {self.replay.address} refused imagined transitions"):
             self._run()
-        except RemoteError as exc:  # replay refused an insert (schema_mismatch, ...): retrying cannot help
-            raise FatalError(f"replay at {self.replay.address} refused imagined transitions: {exc}") from None
 
     def _run(self) -> None:
         table = self.cfg.planning.table

@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import numpy as np
 
@@ -72,22 +72,24 @@ class HeldSample:
     rate_limited: bool = True  # False: waits for min_size only, not counted by the limiter
 
 
+@dataclass
 class HeldRequests:
     """Owns the requests the tables' rate limiters hold: per table a FIFO of inserts, of samples,
     and of samples sent with ``rate_limited: false``; the (sender, seq) and bytes of the held inserts.
     Stores and answers them (through ``writer`` and ``responder``) when the limiter lets them go."""
 
-    def __init__(self, tables: Iterable[str], writer: InsertWriter, responder: SampleResponder, loop: Replier,
-                 metrics: ReplayMetrics, *, max_inserts: int = MAX_HELD_INSERTS,
-                 max_samples: int = MAX_HELD_SAMPLES, max_bytes: int = MAX_HELD_BYTES) -> None:
-        names = list(tables)
-        self.writer = writer
-        self.responder = responder
-        self.loop = loop
-        self.metrics = metrics
-        self.max_inserts = max_inserts
-        self.max_samples = max_samples
-        self.max_bytes = max_bytes
+    tables: Iterable[str]
+    writer: InsertWriter
+    responder: SampleResponder
+    loop: Replier
+    metrics: ReplayMetrics
+    _: KW_ONLY
+    max_inserts: int = MAX_HELD_INSERTS
+    max_samples: int = MAX_HELD_SAMPLES
+    max_bytes: int = MAX_HELD_BYTES
+
+    def __post_init__(self) -> None:
+        names = list(self.tables)
         self.inserts: dict[str, deque[HeldInsert]] = {n: deque() for n in names}
         self.keys: set[tuple[str, int]] = set()  # (sender, seq) of every held insert: its resends are dropped
         self.bytes = 0  # of every held insert's arrays

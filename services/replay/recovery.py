@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,24 +28,26 @@ log = logging.getLogger(__name__)
 COVERED = "wal_file"  # the snapshot index's key: the last log file the snapshot covers
 
 
+@dataclass
 class Recovery:
     """Owns a shard's snapshots: their writer, when the last one started, and when the next is due;
     restores the tables and dedup it is handed from the snapshot and the log (``wal``) at start."""
 
-    def __init__(self, directory: Path | None, durability: str, every_s: float, wal: WriteAheadLog | None,
-                 shard: int, tables: dict[str, Table], dedup: Dedup, snapshot_seconds: Any) -> None:
-        if durability != "memory" and directory is None:
-            raise ValueError(f"durability={durability} needs a directory")
-        self.directory = directory
-        self.durability = durability
-        self.every_s = every_s
-        self.wal = wal
-        self.shard = shard
-        self.tables = tables
-        self.dedup = dedup
-        self._snapshot_seconds = snapshot_seconds  # the replay_snapshot_seconds gauge
-        self.snapshotter = Snapshotter(directory / SNAPSHOT) if directory is not None else None
-        self.last_snapshot = time.monotonic()
+    directory: Path | None
+    durability: str
+    every_s: float
+    wal: WriteAheadLog | None
+    shard: int
+    tables: dict[str, Table]
+    dedup: Dedup
+    snapshot_seconds: Any  # the replay_snapshot_seconds gauge
+    snapshotter: Snapshotter | None = field(init=False)
+    last_snapshot: float = field(init=False, default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        if self.durability != "memory" and self.directory is None:
+            raise ValueError(f"durability={self.durability} needs a directory")
+        self.snapshotter = Snapshotter(self.directory / SNAPSHOT) if self.directory is not None else None
 
     @property
     def snapshots(self) -> int:
@@ -64,7 +67,7 @@ class Recovery:
         start_snapshot(self.snapshotter, self.wal, self.shard, self.tables, self.dedup)
         if wait:
             self.snapshotter.wait()
-        self._snapshot_seconds.set(self.snapshotter.last_seconds)
+        self.snapshot_seconds.set(self.snapshotter.last_seconds)
 
     def restore(self) -> int:
         """Load the snapshot and replay the log; returns the items restored."""

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from common.algorithms.contract import DataSpec, Grads
-from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, to_device, use_bfloat16
+from common.algorithms.device import ArrayLike, columns_to_device, cpu_copy, to_device, use_bfloat16
 from common.algorithms.importance import importance_weights
 from common.algorithms.learning import LearnerBase
 from common.algorithms.sac.config import SACConfig
@@ -87,10 +87,7 @@ class SACLearner(LearnerBase):
     ) -> tuple[Grads, dict[str, float], np.ndarray]:
         """Gradients {"critic", "actor", "alpha" (auto only)}, the step's figures, new priorities
         (mean |TD error| of the two critics)."""
-        missing = [key for key in COLUMNS if key not in batch]
-        if missing:
-            raise KeyError(f"batch has no column(s) {missing}; SAC needs {', '.join(COLUMNS)}")
-        b = batch_to_device({key: batch[key] for key in COLUMNS}, self.device)
+        b = columns_to_device(batch, COLUMNS, self.device, "SAC")
         obs, next_obs = b["obs"].float().flatten(1), b["next_obs"].float().flatten(1)
         action = self.scale.to_unit(b["action"].float())
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from common.algorithms.contract import DataSpec, Grads
-from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, to_device
+from common.algorithms.device import ArrayLike, columns_to_device, cpu_copy, to_device
 from common.algorithms.importance import importance_weights
 from common.algorithms.learning import LearnerBase
 from common.algorithms.sac.networks import ActionScale
@@ -86,10 +86,7 @@ class TD3Learner(LearnerBase):
     ) -> tuple[Grads, dict[str, float], np.ndarray]:
         """Gradients {"critic"} and, on a delayed update, {"actor"}; the step's figures; new priorities
         (mean |TD error| of the two critics)."""
-        missing = [key for key in COLUMNS if key not in batch]
-        if missing:
-            raise KeyError(f"batch has no column(s) {missing}; TD3 needs {', '.join(COLUMNS)}")
-        b = batch_to_device({key: batch[key] for key in COLUMNS}, self.device)
+        b = columns_to_device(batch, COLUMNS, self.device, "TD3")
         obs, next_obs = b["obs"].float().flatten(1), b["next_obs"].float().flatten(1)
         action = self.scale.to_unit(b["action"].float())
         nets = self.nets

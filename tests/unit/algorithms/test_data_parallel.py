@@ -18,7 +18,7 @@ from common.wire.transport import free_tcp_port
 from harness.data_parallel_ranks import ITEMS, SEGMENT_LENGTH, SEGMENTS, STEPS
 from harness.replay_helpers import PYTHON, ROOT
 
-RANKS = ROOT / "tests" / "data_parallel_ranks.py"
+RANKS = ROOT / "harness" / "data_parallel_ranks.py"
 
 
 def transitions(rng: np.random.Generator, obs_dim: int, continuous: bool) -> dict[str, np.ndarray]:

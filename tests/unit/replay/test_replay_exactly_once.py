@@ -29,7 +29,7 @@ def test_four_writers_exactly_once() -> None:
         for w in range(WRITERS):
             dup_every = 5 if w % 2 == 0 else 0  # writers 0, 2: every 5th insert sent twice at once
             resend_after = 0.01 if w >= 2 else 2.0  # writers 2, 3: resend before most acks arrive
-            args = [PYTHON, str(ROOT / "tests" / "replay_helpers.py"), "writer", server.endpoint, str(w),
+            args = [PYTHON, str(ROOT / "harness" / "replay_helpers.py"), "writer", server.endpoint, str(w),
                     str(PER_WRITER), "256", str(dup_every), str(resend_after)]
             procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           env={**os.environ, "PYTHONPATH": str(ROOT)}))
