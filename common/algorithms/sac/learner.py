@@ -26,12 +26,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from common.algorithms.actions import ActionScale, dims
 from common.algorithms.contract import DataSpec, Grads
 from common.algorithms.device import ArrayLike, columns_to_device, cpu_copy, to_device, use_bfloat16
 from common.algorithms.importance import importance_weights
 from common.algorithms.learning import LearnerBase
 from common.algorithms.sac.config import SACConfig
-from common.algorithms.sac.networks import ActionScale, dims, seeded_networks, squashed_sample
+from common.algorithms.sac.networks import seeded_networks, squashed_sample
 from common.algorithms.schedules import linear
 from common.algorithms.weights import publish_arrays
 

@@ -11,9 +11,10 @@ import gymnasium as gym
 import numpy as np
 
 from common.algorithms.acting import PolicyBase
+from common.algorithms.actions import ActionScale, dims
 from common.algorithms.contract import Columns
 from common.algorithms.mlp import numpy_layers, numpy_mlp
-from common.algorithms.sac.networks import ActionScale, dims, seeded_networks
+from common.algorithms.sac.networks import seeded_networks
 from common.algorithms.weights import check_arrays, publish_arrays
 
 NO_EXTRAS: Columns = {}

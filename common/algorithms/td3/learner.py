@@ -24,11 +24,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from common.algorithms.actions import ActionScale
 from common.algorithms.contract import DataSpec, Grads
 from common.algorithms.device import ArrayLike, columns_to_device, cpu_copy, to_device
 from common.algorithms.importance import importance_weights
 from common.algorithms.learning import LearnerBase
-from common.algorithms.sac.networks import ActionScale
 from common.algorithms.schedules import linear
 from common.algorithms.td3.config import TD3Config
 from common.algorithms.td3.networks import seeded_networks

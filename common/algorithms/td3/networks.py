@@ -14,8 +14,8 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from common.algorithms.actions import dims
 from common.algorithms.mlp import TwinMLP, mlp, seeded, twin_q
-from common.algorithms.sac.networks import dims
 from common.algorithms.td3.config import TD3Config
 
 

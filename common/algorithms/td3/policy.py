@@ -12,9 +12,10 @@ from collections.abc import Mapping
 import gymnasium as gym
 import numpy as np
 
-from common.algorithms.contract import Columns, SeedLike
+from common.algorithms.acting import PolicyBase
+from common.algorithms.actions import ActionScale, dims
+from common.algorithms.contract import Columns
 from common.algorithms.mlp import numpy_layers, numpy_mlp
-from common.algorithms.sac.networks import ActionScale, dims
 from common.algorithms.td3.config import TD3Config
 from common.algorithms.td3.networks import seeded_networks
 from common.algorithms.weights import check_arrays, publish_arrays
@@ -22,27 +23,19 @@ from common.algorithms.weights import check_arrays, publish_arrays
 NO_EXTRAS: Columns = {}
 
 
-class TD3Policy:
+class TD3Policy(PolicyBase):
     """``seed`` initialises the actor (the learner's seed); ``act_seed`` seeds the noise rng."""
 
-    def __init__(
-        self,
-        cfg: TD3Config,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        *,
-        device: str = "cpu",
-        seed: int = 0,
-        act_seed: SeedLike = None,
-    ) -> None:
+    cfg: TD3Config
+
+    def setup(self, observation_space: gym.Space, action_space: gym.Space, seed: int) -> None:
         assert isinstance(action_space, gym.spaces.Box)
-        self.cfg = cfg
+        cfg = self.cfg
         self.act_dim = dims(observation_space, action_space)[1]
         arrays = publish_arrays(seeded_networks(cfg, observation_space, action_space, seed).actor, "actor.")
         self._shapes = {key: value.shape for key, value in arrays.items()}  # what load_weights accepts
         self._layers = numpy_layers(arrays, "actor")
         self.scale = ActionScale(action_space)
-        self.rng = np.random.default_rng(seed if act_seed is None else act_seed)
         self.warmup = cfg.learning_starts > 0  # uniform random actions until explore() says otherwise
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
@@ -65,7 +58,3 @@ class TD3Policy:
         if not deterministic and self.cfg.exploration_noise > 0:
             unit = np.clip(unit + self.cfg.exploration_noise * self.rng.standard_normal(unit.shape), -1.0, 1.0)
         return self.scale.to_env(unit), NO_EXTRAS
-
-    def priorities(self, items: Mapping[str, np.ndarray]) -> None:
-        """New transitions enter a prioritized table at its highest priority (replay's default)."""
-        return None
