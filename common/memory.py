@@ -7,7 +7,7 @@ pages or hands freed heap memory back to the kernel once 2x the block is
 free at the heap's top, so the next buffer lands on pages the kernel must
 find and zero again: on a VM that backs each guest page on first touch
 (balloon free page reporting) writing fresh memory ran at 0.5-0.8 GB/s
-against 35 GB/s to memory written before (bench.replay_ingest's
+against 35 GB/s to memory written before (bench.wire.replay_ingest's
 ``memory``), and copying an actor's 560 KB insert payload into a ZeroMQ message
 took ~0.5 ms.
 

@@ -1,6 +1,6 @@
 """Killing and restarting members of a local fleet, and reading what they acked and stored.
 
-Used by tests/chaos/test_chaos.py and bench/faults.py. The fleet is the launcher's
+Used by tests/chaos/test_chaos.py and bench/fleet/faults.py. The fleet is the launcher's
 own (cli.launcher.Fleet, one process per service), so a killed member is
 restarted with exactly the command the launcher used.
 """

@@ -1,4 +1,4 @@
-"""Driving rlfleet containers from tests and bench/containers.py.
+"""Driving rlfleet containers from tests and bench/fleet/containers.py.
 
 The Docker SDK starts, inspects and kills containers; the compose and stack
 CLIs are used only for what the SDK cannot do (compose projects, swarm

@@ -5,7 +5,7 @@ kernel maps a page at its first write). While a table fills for the first
 time, every insert writes to new pages, and each first write is a page
 fault: on this project's VMs, whose free memory is handed back to the host,
 up to ~30 us a 4 KiB page, which was more than half of the server's time per
-insert in bench.replay_ingest (12.5 KB per insert of 256 CartPole items).
+insert in bench.wire.replay_ingest (12.5 KB per insert of 256 CartPole items).
 
 :class:`Prefaulter` asks the kernel to populate the pages a little ahead of
 the write head (``madvise(MADV_POPULATE_WRITE)``, Linux >= 5.14) from a

@@ -1,6 +1,6 @@
 """Chaos, how long it takes: the fleet acts and learns again soon after a killed service answers again.
 
-bench.faults measures the recovery (goal: the fleet's env steps/s back to 80% within 1 s of the
+bench.fleet.faults measures the recovery (goal: the fleet's env steps/s back to 80% within 1 s of the
 restarted service's /healthz answer; measured: within one 0.25 s scrape). This test holds a local
 fleet of processes (CartPole, two actors, replay with ``wal``) to a looser bound, ``RESUME_S``
 from that answer, that a loaded machine still meets. It fails, for one, when the learner does not

@@ -1,4 +1,4 @@
-"""bench.cost_model's arithmetic: the lockstep term of several learner ranks and which bound binds.
+"""bench.fleet.cost_model's arithmetic: the lockstep term of several learner ranks and which bound binds.
 
 Costs are made up here; the bench's own run (real fleets) is in docs/cost_model.md.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cost_model import lockstep_seconds, predict
+from bench.fleet.cost_model import lockstep_seconds, predict
 
 COSTS = {"update_256": 1.0e-3, "update_128": 0.7e-3, "learner_io": 0.0, "overhead": 0.5e-3,
          "allreduce_fleet": 1.0e-3, "actor_wall": 0.4e-3, "actor_wall_2ms": 2.2e-3, "actor_step": 0.04e-3,

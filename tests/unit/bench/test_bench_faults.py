@@ -1,4 +1,4 @@
-"""bench.faults reads its figures from the scrapes fairly: a fleet is not back before it steps again.
+"""bench.fleet.faults reads its figures from the scrapes fairly: a fleet is not back before it steps again.
 
 Scrapes are made up here (every 0.25 s, the bench's pace while a service is down and after it
 answers again); the bench's own run is in docs/benchmarks.md.
@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from bench.faults import Rate, figures
+from bench.fleet.faults import Rate, figures
 
 EVERY_S = 0.25
 KILLED, DOWN_S, UP = 100.0, 3.0, 103.5  # the restart took 0.5 s

@@ -1,11 +1,11 @@
-"""bench.time_to_solve's runs file: a benchmark of hours run a seed and a side at a time, then summarised."""
+"""bench.learning.time_to_solve's runs file: a benchmark of hours run a seed and a side at a time, then summarised."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from bench.time_to_solve import record, recorded
+from bench.learning.time_to_solve import record, recorded
 
 KEY = {"algo": "sac", "env": "LunarLanderContinuous-v3", "sync": "async", "budget": 500_000, "sets": []}
 
@@ -57,7 +57,7 @@ def test_peer_runs_with_another_thread_count_are_not_pooled(tmp_path: Path) -> N
 def test_a_peer_runs_with_the_threads_it_is_given_and_says_so() -> None:
     import torch
 
-    from bench.sb3_peers import run_peer
+    from bench.peers.sb3_peers import run_peer
 
     before = torch.get_num_threads()
     other = 1 if before != 1 else 2
@@ -67,7 +67,7 @@ def test_a_peer_runs_with_the_threads_it_is_given_and_says_so() -> None:
 
 
 def test_peer_runs_are_pooled_whatever_rlfleet_overrides(tmp_path: Path) -> None:
-    from bench.time_to_solve import peer_setting
+    from bench.learning.time_to_solve import peer_setting
 
     path = str(tmp_path / "runs.jsonl")
     record(path, KEY, "sb3", 0, {**run(90.0), "torch_threads": 2})

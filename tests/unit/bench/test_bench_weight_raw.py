@@ -1,4 +1,4 @@
-"""bench.weight_raw's relays, the floors bench.weight_sync --frames measures ours against: chunks never
+"""bench.wire.weight_raw's relays, the floors bench.wire.weight_sync --frames measures ours against: chunks never
 span two tensors and put back give the tensors; a reader reports a version only once all of it arrived."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.weight_raw import RawPubSub, tensor_chunks
+from bench.wire.weight_raw import RawPubSub, tensor_chunks
 
 
 def tensors() -> dict[str, np.ndarray]:

@@ -1,6 +1,6 @@
 """Start-up of `rlfleet up`: seconds from the command to a fleet that learns.
 
-    .venv/bin/python -m bench.startup [--runs 3] [--actors 2] [--config configs/cartpole-dqn.yaml]
+    .venv/bin/python -m bench.fleet.startup [--runs 3] [--actors 2] [--config configs/cartpole-dqn.yaml]
 
 Each run launches `rlfleet up` from cold (a fresh interpreter, a fresh run
 directory) and polls every member's /healthz every 20 ms (health only: cheap)
@@ -45,7 +45,7 @@ from typing import Any
 
 from cli.fleetview import scrape
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.02
 FLOOR_CMD = [sys.executable, "-c", "import torch, gymnasium, zmq"]
 MILESTONES = ("healthy_s", "first_version_s", "first_step_s", "first_insert_s", "first_update_s")

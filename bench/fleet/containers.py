@@ -2,7 +2,7 @@
 and env steps/s of 3 containerized actors against 3 actors as plain processes
 (`rlfleet up`), same config, same machine, same run.
 
-    .venv/bin/python -m bench.containers      # needs dockerd and `make images`
+    .venv/bin/python -m bench.fleet.containers      # needs dockerd and `make images`
 
 Last line: JSON with image sizes (MB), cold_up_s, both rates and their ratio.
 """
@@ -101,7 +101,7 @@ def processes(env_file_env: dict[str, str], tmp: Path) -> float:
 def main() -> None:
     client, reason = client_or_reason()
     if client is None:
-        sys.exit(f"bench.containers: {reason}")
+        sys.exit(f"bench.fleet.containers: {reason}")
     ensure_images(client)
     sizes = {n: round(client.images.get(f"rlfleet/{n}:latest").attrs["Size"] / 1e6) for n in IMAGES}
     print(f"image sizes (MB): {sizes}", flush=True)

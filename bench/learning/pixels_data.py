@@ -1,4 +1,4 @@
-"""What bench.pixels measures with: the Pong config and real Pong transitions from random play."""
+"""What bench.learning.pixels measures with: the Pong config and real Pong transitions from random play."""
 
 from __future__ import annotations
 

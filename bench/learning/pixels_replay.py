@@ -1,5 +1,5 @@
-"""The replay-facing figures of bench.pixels: ingest of packed Pong inserts against raw PUSH/PULL, and
-CNN updates through replay against the same learner in process (see bench/pixels.py)."""
+"""The replay-facing figures of bench.learning.pixels: ingest of packed Pong inserts against raw PUSH/PULL, and
+CNN updates through replay against the same learner in process (see bench/learning/pixels.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import zmq
 
-from bench.pixels_data import CTX, chunks, pong_config
+from bench.learning.pixels_data import CTX, chunks, pong_config
 from common.config import ActorConfig, ReplayConfig, TableConfig
 from common.envs import probe_env
 from common.memory import keep_freed_memory

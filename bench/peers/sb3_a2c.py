@@ -1,8 +1,8 @@
-"""The Stable-Baselines3 A2C peer of bench.time_to_solve --algo a3c, with the rl-baselines3-zoo
+"""The Stable-Baselines3 A2C peer of bench.learning.time_to_solve --algo a3c, with the rl-baselines3-zoo
 settings.
 
-As the other peers (bench/sb3_peers.py): envs built with render_mode=None, the torch threads
-bench/sb3_peers.py's PEER_THREADS gives (set by the caller), the zoo's hyperparameters
+As the other peers (bench/peers/sb3_peers.py): envs built with render_mode=None, the torch threads
+bench/peers/sb3_peers.py's PEER_THREADS gives (set by the caller), the zoo's hyperparameters
 (hyperparams/a2c.yml: CartPole-v1 with 8 envs, ent_coef 0.0, n_timesteps 5e5; the rest SB3's A2C
 defaults: n_steps 5, RMSprop lr 7e-4), wall time from building the envs and the model to the first
 10-episode deterministic evaluation at or above the target (evaluations included), the same fixed
@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from bench.sb3_peers import crossing, evaluations, peer_result
+from bench.peers.sb3_peers import crossing, evaluations, peer_result
 
 ZOO_A2C: dict[str, dict[str, Any]] = {
     "CartPole-v1": dict(n_envs=8, n_timesteps=500_000, ent_coef=0.0),

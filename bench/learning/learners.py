@@ -1,6 +1,6 @@
 """Data-parallel learners: samples learned per second for 1 and 2 learner ranks, and the all-reduce's cost.
 
-    .venv/bin/python -m bench.learners [--algo dqn] [--batch 512] [--hidden 256] [--updates 300] [--threads 1]
+    .venv/bin/python -m bench.learning.learners [--algo dqn] [--batch 512] [--hidden 256] [--updates 300] [--threads 1]
 
 Each configuration runs real learner processes in one gloo process group (the learner service's
 ``learners: N``), each rank learning from its share of a fixed global batch (pre-sampled arrays,
@@ -123,7 +123,8 @@ def rank_main(args: argparse.Namespace) -> None:
 
 def run(world: int, threads: int, args: argparse.Namespace) -> dict[str, Any]:
     port = free_tcp_port()
-    cmd = [sys.executable, "-m", "bench.learners", "--rank-of", str(world), "--port", str(port), "--algo", args.algo,
+    cmd = [sys.executable, "-m", "bench.learning.learners", "--rank-of", str(world), "--port", str(port),
+           "--algo", args.algo,
            "--batch", str(args.batch), "--hidden", str(args.hidden), "--updates", str(args.updates),
            "--threads", str(threads)]
     procs = [subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, text=True,

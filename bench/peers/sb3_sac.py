@@ -1,8 +1,8 @@
-"""The Stable-Baselines3 SAC peer of bench.time_to_solve --algo sac, with the rl-baselines3-zoo
+"""The Stable-Baselines3 SAC peer of bench.learning.time_to_solve --algo sac, with the rl-baselines3-zoo
 settings.
 
-As the other peers (bench/sb3_peers.py): envs built with render_mode=None, the torch threads
-bench/sb3_peers.py's PEER_THREADS gives (set by the caller), the zoo's hyperparameters, wall time
+As the other peers (bench/peers/sb3_peers.py): envs built with render_mode=None, the torch threads
+bench/peers/sb3_peers.py's PEER_THREADS gives (set by the caller), the zoo's hyperparameters, wall time
 from building the env and the model to the first 10-episode deterministic evaluation at or above the
 target (evaluations included), the same fixed evaluation seeds as rlfleet's evaluator.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from bench.sb3_peers import evaluations, peer_result
+from bench.peers.sb3_peers import evaluations, peer_result
 
 # rl-baselines3-zoo hyperparams/sac.yml (LunarLanderContinuous-v2 entry for v3); the rest SB3's defaults.
 ZOO_SAC: dict[str, dict[str, Any]] = {

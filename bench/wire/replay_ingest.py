@@ -1,6 +1,6 @@
 """Replay ingest: acked transitions per second into a replay server, vs raw PUSH->PULL.
 
-    .venv/bin/python -m bench.replay_ingest [--quick]
+    .venv/bin/python -m bench.wire.replay_ingest [--quick]
 
 Writers (1, 2, 4 processes) send CartPole transitions (obs 4 x f32, action
 i64, reward f32, next_obs 4 x f32, done bool, discount f32) in batches of 64

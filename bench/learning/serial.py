@@ -1,14 +1,14 @@
 """The serial runner beside the fleet and Stable-Baselines3: same config, same seeds, same evaluations.
 
-    .venv/bin/python -m bench.serial --algo dqn --env CartPole-v1 [--seeds 3] [--first-seed 0]
-    .venv/bin/python -m bench.serial --algo ppo --env CartPole-v1 [--no-fleet] [--no-sb3]
-    .venv/bin/python -m bench.serial --algo sac --env Pendulum-v1
+    .venv/bin/python -m bench.learning.serial --algo dqn --env CartPole-v1 [--seeds 3] [--first-seed 0]
+    .venv/bin/python -m bench.learning.serial --algo ppo --env CartPole-v1 [--no-fleet] [--no-sb3]
+    .venv/bin/python -m bench.learning.serial --algo sac --env Pendulum-v1
 
 Three sides, a seed at a time, in turn (serial, fleet, SB3 for seed 0, then seed 1, ...):
 - ``serial``: `rlfleet train --serial` on the shipped config (cli/serial.py): the algorithm's own
   objects in one process, no sockets, every new version loaded at once;
-- ``fleet``: `rlfleet up` on the same config (bench.time_to_solve's run, actors from --actors);
-- ``sb3``: SB3 with rl-baselines3-zoo's settings for the env (bench/sb3_peers.py, bench/sb3_sac.py).
+- ``fleet``: `rlfleet up` on the same config (bench.learning.time_to_solve's run, actors from --actors);
+- ``sb3``: SB3 with rl-baselines3-zoo's settings for the env (bench/peers/sb3_peers.py, bench/peers/sb3_sac.py).
 
 Each side is scored the same way: the mean return of 10 greedy (or mean-action) episodes every
 ``EVAL_EVERY`` env steps, the first at or above the target counts; wall seconds run from the command
@@ -40,7 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.sb3_peers import (
+from bench.learning.time_to_solve import CONFIGS, run_rlfleet
+from bench.peers.sb3_peers import (
     DQN_EVAL_EVERY,
     EVAL_EPISODES,
     PEER_THREADS,
@@ -52,10 +53,9 @@ from bench.sb3_peers import (
     run_sb3_dqn,
     run_sb3_ppo,
 )
-from bench.sb3_sac import SAC_BUDGET, SAC_EVAL_EVERY, run_sb3_sac
-from bench.time_to_solve import CONFIGS, run_rlfleet
+from bench.peers.sb3_sac import SAC_BUDGET, SAC_EVAL_EVERY, run_sb3_sac
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def budget_and_interval(algo: str, env_id: str) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """Pixels through the fleet (Pong, configs/pong-dqn.yaml), each figure beside its ceiling in the same run.
 
-    .venv/bin/python -m bench.pixels [--quick] [--curve SECONDS]
+    .venv/bin/python -m bench.learning.pixels [--quick] [--curve SECONDS]
 
 - ``frames_ratio``: env frames/s (agent steps x frame skip) of ``rlfleet up`` with 1, 2 and 4 actors
   (learner, replay, paramserver and evaluator running too) over their steady part, against a bare loop
@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench import scaling
-from bench.pixels_data import CONFIG, RESULTS, chunks, pong_config, transitions
-from bench.pixels_replay import ingest, updates_per_s
+from bench.learning import scaling
+from bench.learning.pixels_data import CONFIG, RESULTS, chunks, pong_config, transitions
+from bench.learning.pixels_replay import ingest, updates_per_s
 from common.config import TableConfig
 from common.envs import acting_policy, make_vector_env
 

@@ -1,6 +1,6 @@
 """Weight sync: time from publish until all 4 readers hold the new version.
 
-    .venv/bin/python -m bench.weight_sync [--quick]
+    .venv/bin/python -m bench.wire.weight_sync [--quick]
 
 Models of 70k, 1.2M and 25M float32 parameters (a few realistic tensors
 each), published through 1, 2 and 4 paramserver shards (each shard its own
@@ -35,7 +35,7 @@ and ``shards_1_frames`` for 1.2M and 25M params) and, as floors of any
 design that has the publisher-to-server hop, two raw relays of the same
 bytes (``raw_relay_tcp``: the hop, then the fan-out, as a shard does;
 ``raw_relay_chunked_tcp``: the two overlapped in 1 MiB chunks, a pipelined
-shard at its best; bench/weight_raw.py), all side by side: every side's
+shard at its best; bench/wire/weight_raw.py), all side by side: every side's
 processes up at once and their publishes in blocks taken in rotating order
 (100 publishes each in 10 blocks at 1.2M, 40 in 8 blocks at 25M), so that a
 noisy stretch of the machine falls on all. ``raw_relay_tcp_ratio_pubsub``
@@ -56,7 +56,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from bench.weight_raw import READERS, RawPubSub, Reports, run_raw_one
+from bench.wire.weight_raw import READERS, RawPubSub, Reports, run_raw_one
 from common.clients.weights_publisher import WeightsPublisher
 from common.clients.weights_reader import WeightsReader
 from harness.paramserver_procs import ShardProcesses

@@ -1,4 +1,4 @@
-"""The raw pyzmq references of bench.weight_sync: no protocol, no checks, zero-copy frames.
+"""The raw pyzmq references of bench.wire.weight_sync: no protocol, no checks, zero-copy frames.
 
 - :func:`run_raw_one`: a DEALER sends the tensors to one reader (the ceiling ``raw``).
 - :class:`RawPubSub`: a PUB sends them to 4 SUB reader processes (``raw_pubsub_tcp``/``_ipc``).

@@ -1,6 +1,6 @@
 """Faults: how long the fleet takes to recover from a kill -9 of each service, and what it loses.
 
-    .venv/bin/python -m bench.faults [--sync async|barrier] [--down S]
+    .venv/bin/python -m bench.fleet.faults [--sync async|barrier] [--down S]
 
 A local fleet of processes (CartPole, Ape-X DQN, two actors, replay with
 durability ``wal``, no evaluator) trains; once its env steps/s have settled,
@@ -26,7 +26,7 @@ launcher's own command. For each:
 
 The cost of ``wal`` durability, measured in the same run: acked insert
 throughput of 2 writer processes (12,000 batches of 64 CartPole transitions)
-into a replay with ``wal`` and into one with ``memory`` (bench.replay_ingest's
+into a replay with ``wal`` and into one with ``memory`` (bench.wire.replay_ingest's
 case), three times each, alternated; ``ratio`` = median wal / median memory.
 
 Last line: one JSON object.
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.replay_ingest import run_case
+from bench.wire.replay_ingest import run_case
 from cli.fleetview import scrape
 from cli.launcher import Fleet
 from harness.chaos_helpers import acked, kill9, lost, member, start_fleet, stored, wait_for

@@ -1,6 +1,6 @@
 """A cost model of the fleet from measured per-component costs, checked against measured runs.
 
-    .venv/bin/python -m bench.cost_model [--seconds 20] [--docs]
+    .venv/bin/python -m bench.fleet.cost_model [--seconds 20] [--docs]
 
 1. Components, each measured alone in this process (one thread; CartPole, Ape-X DQN as
    configs/cartpole-dqn.yaml):
@@ -11,11 +11,11 @@
    - ``sample``: replay's CPU per sampled batch (select, gather, encode); ``learner_io``: the
      learner's per update beside learning (decode the batch, encode the priorities);
    - ``update(b)``: one learner update on a batch of b (b = 256, 128);
-   - ``allreduce``: averaging one update's gradients over 2 learner ranks (bench.learners' way);
+   - ``allreduce``: averaging one update's gradients over 2 learner ranks (bench.learning.learners' way);
    - ``publish``: one weights version published and fetched by one actor.
 2. In the fleet, the same work costs more: each member's CPU seconds (read from /proc over the
-   steady half of a run, bench/fleet_cpu.py) per unit of its work. Three calibration runs give them:
-   1 actor at 2 ms per env step (k = 16, bench.scaling's settings), 2 actors without latency with
+   steady half of a run, bench/fleet/fleet_cpu.py) per unit of its work. Three calibration runs give them:
+   1 actor at 2 ms per env step (k = 16, bench.learning.scaling's settings), 2 actors without latency with
    1 learner (k = 32), and 1 actor with 2 learners (k = 32). Per unit: an actor's CPU and wall
    seconds per env step of its own; replay's CPU per env step and per sample request (the 1-actor
    and the 2-learner runs, two unknowns); the paramserver's per env step and per update (the same
@@ -66,8 +66,8 @@ from typing import Any
 
 import numpy as np
 
-from bench import fleet_cpu
-from bench.learners import run as run_learners
+from bench.fleet import fleet_cpu
+from bench.learning.learners import run as run_learners
 
 CONFIG = "configs/cartpole-dqn.yaml"
 LATENCY_S = 0.002
@@ -369,7 +369,8 @@ def main() -> None:
 
 
 def write_docs(result: dict[str, Any]) -> None:
-    lines = ["# Cost model", "", "`.venv/bin/python -m bench.cost_model --docs` (see its docstring for the model).",
+    lines = ["# Cost model", "",
+             "`.venv/bin/python -m bench.fleet.cost_model --docs` (see its docstring for the model).",
              "", "Components (ms per unit, measured alone, one thread):", "",
              "| component | ms |", "|---|---:|"]
     lines += [f"| {k} | {v} |" for k, v in result["components_ms"].items()]

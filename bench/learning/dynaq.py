@@ -1,6 +1,6 @@
 """Parallel Dyna-Q against the same DQN without planning: real env steps to solve, same seeds, same run.
 
-    .venv/bin/python -m bench.dynaq [--env CartPole-v1] [--seeds 3] [--planners 2] [--eval-every 2500]
+    .venv/bin/python -m bench.learning.dynaq [--env CartPole-v1] [--seeds 3] [--planners 2] [--eval-every 2500]
 
 Both sides run configs/cartpole-dynaq.yaml through `rlfleet up` with one actor:
 with planning (the modeler and ``--planners`` planners) and with
@@ -25,8 +25,8 @@ import json
 import statistics
 from typing import Any
 
-from bench.sb3_peers import TARGETS, ZOO_DQN
-from bench.time_to_solve import run_rlfleet
+from bench.learning.time_to_solve import run_rlfleet
+from bench.peers.sb3_peers import TARGETS, ZOO_DQN
 
 
 def within(run: dict[str, Any], budget: int) -> bool:

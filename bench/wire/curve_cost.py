@@ -1,6 +1,6 @@
 """What CurveZMQ costs: the same traffic with security.mode none (the reference) and curve, side by side.
 
-    .venv/bin/python -m bench.curve_cost [--seconds S]
+    .venv/bin/python -m bench.wire.curve_cost [--seconds S]
 
 - replay ingest: one actor's InsertClient (the config's window, 64 CartPole
   transitions each) into a replay process for S seconds: transitions/s acked.
@@ -36,7 +36,7 @@ from common.clients.weights_reader import WeightsReader
 from common.security import client_curve, make_keys
 from common.wire.transport import free_tcp_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cartpole-dqn.yaml"
 
 

@@ -1,6 +1,6 @@
 """SAC learner updates/s against Stable-Baselines3's SAC ``train()``, same sizes, same process.
 
-    .venv/bin/python -m bench.sac_updates [--env Pendulum-v1] [--batch 256] [--rounds 5] [--threads 1]
+    .venv/bin/python -m bench.learning.sac_updates [--env Pendulum-v1] [--batch 256] [--rounds 5] [--threads 1]
 
 Both sides: 256x256 actor and critics (SB3's default MlpPolicy, our SAC default), batch 256,
 automatic temperature, CPU with the same torch threads. Ours: ``SACLearner.learn`` on batches

@@ -1,6 +1,6 @@
 """Prioritized replay: sample(256) + priority update(256) cycles per second on 1,000,000 transitions.
 
-    .venv/bin/python -m bench.replay_sample [--quick]
+    .venv/bin/python -m bench.wire.replay_sample [--quick]
 
 In-process: a PrioritizedTable of 1M CartPole transitions (alpha 0.6), one
 cycle = ``sample(256)`` then ``update_priorities`` of those keys.
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.replay_ingest import CTX, cartpole
+from bench.wire.replay_ingest import CTX, cartpole
 from common.config import ReplayConfig, TableConfig
 from common.metrics import ServiceMetrics
 

@@ -1,6 +1,6 @@
 """Scaling with a slow simulator: 1, 2, 4, 8 actors on CartPole with 2 ms per env step.
 
-    .venv/bin/python -m bench.scaling [--actors 1,2,4,8] [--seeds 3] [--max-seconds 400] [--docs]
+    .venv/bin/python -m bench.learning.scaling [--actors 1,2,4,8] [--seeds 3] [--max-seconds 400] [--docs]
 
 Each count runs ``--seeds`` times (seed 0, 1, ...), each a real `rlfleet up`
 (processes, async protocol, the experiment file plus ``env.step_latency_ms``:
@@ -197,7 +197,7 @@ def write_docs(md: Path, report_dir: Path, result: dict[str, Any], args: argpars
     extra = " ".join(f"--set {s}" for s in args.set)
     (docs / "scaling.md").write_text(
         "# Scaling with a slow simulator\n\n"
-        f"`.venv/bin/python -m bench.scaling --docs` ({args.config}, env.step_latency_ms={args.latency_ms:g}, "
+        f"`.venv/bin/python -m bench.learning.scaling --docs` ({args.config}, env.step_latency_ms={args.latency_ms:g}, "
         f"async, {extra}, each run capped at {args.max_seconds:g} s), on 2 cores shared with other work: "
         "time to target is noisy, env steps/s less so.\n\n"
         "![speedup](scaling.png)\n\n" + tables + "\n\nBenchmark line:\n\n```json\n" + json.dumps(result)

@@ -1,10 +1,10 @@
 """Wall time to solve an env: `rlfleet up` against Stable-Baselines3 (DQN or PPO), same machine, same run.
 
-    .venv/bin/python -m bench.time_to_solve --env CartPole-v1 [--seeds 3] [--actors 2]
-    .venv/bin/python -m bench.time_to_solve --env LunarLander-v3
-    .venv/bin/python -m bench.time_to_solve --algo ppo --env LunarLander-v3 [--sync barrier|async]
-    .venv/bin/python -m bench.time_to_solve --algo sac --env Pendulum-v1 [--sync async|barrier]
-    .venv/bin/python -m bench.time_to_solve --algo a3c --env CartPole-v1 [--workers 1,2,4]
+    .venv/bin/python -m bench.learning.time_to_solve --env CartPole-v1 [--seeds 3] [--actors 2]
+    .venv/bin/python -m bench.learning.time_to_solve --env LunarLander-v3
+    .venv/bin/python -m bench.learning.time_to_solve --algo ppo --env LunarLander-v3 [--sync barrier|async]
+    .venv/bin/python -m bench.learning.time_to_solve --algo sac --env Pendulum-v1 [--sync async|barrier]
+    .venv/bin/python -m bench.learning.time_to_solve --algo a3c --env CartPole-v1 [--workers 1,2,4]
 
 Both sides are evaluated the same way: the mean return of 10 deterministic
 (greedy, or mean-action) episodes every EVAL_EVERY env steps; the first
@@ -12,7 +12,7 @@ evaluation at or above the target counts (475 for CartPole, 200 for
 LunarLander). rlfleet's time runs from launching `rlfleet up` (services
 started from cold) to that evaluation; SB3's from building its envs and model
 to that evaluation, evaluations included. SB3 runs the rl-baselines3-zoo
-hyperparameters for the env at its best (bench/sb3_peers.py), with the faster of
+hyperparameters for the env at its best (bench/peers/sb3_peers.py), with the faster of
 1 torch thread and one per core (--peer-threads; rlfleet's services take theirs from
 the config). The runs
 alternate (rlfleet seed 0, SB3 seed 0, rlfleet seed 1, ...).
@@ -36,12 +36,12 @@ took to spend its budget (a lower bound of its time to solve).
 and evaluations included.
 
 --algo a3c: configs/cartpole-a3c.yaml with 1, 2 and 4 gradient workers (--workers) against SB3 A2C
-with the zoo's settings (bench/sb3_a2c.py), evaluations every 5,000 env steps, budget the zoo's 500k
+with the zoo's settings (bench/peers/sb3_a2c.py), evaluations every 5,000 env steps, budget the zoo's 500k
 on both sides. ``ratio`` = 4 workers / SB3 median wall seconds over solved runs, ``speedup_4`` = 1
 worker / 4 workers.
 
 --algo sac: configs/pendulum-sac.yaml (or lunarlandercontinuous-sac.yaml), async by default,
-against SB3 SAC with the zoo's settings (bench/sb3_sac.py), evaluations every 1,000 (Pendulum,
+against SB3 SAC with the zoo's settings (bench/peers/sb3_sac.py), evaluations every 1,000 (Pendulum,
 target -200) or 10,000 (LunarLanderContinuous, target 200) env steps, budgets the zoo's
 n_timesteps (20k, 500k) on both sides; ratios as for ppo.
 
@@ -73,8 +73,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from bench.sb3_a2c import A2C_BUDGET, A2C_EVAL_EVERY, run_sb3_a2c
-from bench.sb3_peers import (
+from bench.peers.sb3_a2c import A2C_BUDGET, A2C_EVAL_EVERY, run_sb3_a2c
+from bench.peers.sb3_peers import (
     DQN_EVAL_EVERY,
     EVAL_EPISODES,
     PEER_THREADS,
@@ -86,9 +86,9 @@ from bench.sb3_peers import (
     run_sb3_dqn,
     run_sb3_ppo,
 )
-from bench.sb3_sac import SAC_BUDGET, SAC_EVAL_EVERY, run_sb3_sac
+from bench.peers.sb3_sac import SAC_BUDGET, SAC_EVAL_EVERY, run_sb3_sac
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CONFIGS = {
     ("dqn", "CartPole-v1"): "configs/cartpole-dqn.yaml", ("dqn", "LunarLander-v3"): "configs/lunarlander-dqn.yaml",
@@ -382,7 +382,7 @@ def main() -> None:
                     help="ppo, sac: append every run to this JSON-lines file and summarise all of its runs of the "
                          "same setting (the latest per seed and side): a benchmark of hours, run a seed at a time")
     ap.add_argument("--peer-threads", type=int, default=None,
-                    help="torch threads of the SB3 peer (default: its faster count here, bench/sb3_peers.py)")
+                    help="torch threads of the SB3 peer (default: its faster count here, bench/peers/sb3_peers.py)")
     ap.add_argument("--workers", default="1,2,4", help="a3c: gradient worker counts to run (each on every seed)")
     args = ap.parse_args()
     args.peer_threads = args.peer_threads or PEER_THREADS[args.algo]

@@ -2,7 +2,7 @@
 peer floods replay and the paramserver; does any accepted insert get lost, stored twice, or the
 services' memory run away?
 
-    .venv/bin/python -m bench.hostile [--seconds 8] [--writers 4]
+    .venv/bin/python -m bench.fleet.hostile [--seconds 8] [--writers 4]
 
 Replay (durability ``wal``, a uniform table) and a paramserver run as real processes
 (`rlfleet service`). Each of ``--writers`` processes inserts batches of 64 CartPole-shaped
@@ -44,7 +44,7 @@ import zmq
 
 from common.wire.codec import PROTOCOL_VERSION
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cartpole-dqn.yaml"
 BATCH = 64
 

@@ -1,4 +1,4 @@
-"""The Stable-Baselines3 peers of bench.time_to_solve: DQN and PPO with the rl-baselines3-zoo settings.
+"""The Stable-Baselines3 peers of bench.learning.time_to_solve: DQN and PPO with the rl-baselines3-zoo settings.
 
 Each peer runs at its best on this machine: envs built with render_mode=None (rgb_array leaks
 LunarLander particles and slows it 4-5x), the faster of one torch thread and one per core

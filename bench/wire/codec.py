@@ -1,6 +1,6 @@
 """Encode+decode of transition batches: rlfleet's codec against pickle, same run.
 
-    .venv/bin/python -m bench.codec
+    .venv/bin/python -m bench.wire.codec
 
 Cases: 256 CartPole transitions (obs 4xf32, action i64, reward f32,
 next_obs 4xf32, done bool) and 32 Atari transitions (84x84x4 uint8 obs and

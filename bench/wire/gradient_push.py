@@ -1,12 +1,12 @@
 """Gradient pushes applied per second through one paramserver shard, against a raw round trip.
 
-    .venv/bin/python -m bench.gradient_push [--seconds 5]
+    .venv/bin/python -m bench.wire.gradient_push [--seconds 5]
 
 One shard process (Adam on its slice), one client process pushing the same
 gradients again and again with ``GradientPusher.push`` (one push in flight, as
 a worker: it waits for the ack), for two models: A3C's CartPole network
 (4-64-64 shared torso, 2 + 1 heads: 4.6k parameters) and the 1.2M-parameter
-conv network of bench.weight_sync. Each push is checked (layout, names,
+conv network of bench.wire.weight_sync. Each push is checked (layout, names,
 shapes, finite values), applied by the optimizer and kept as a new version.
 
 The ceiling, in the same run for each model: a raw pyzmq DEALER sending the
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from bench.weight_sync import conv_1m2, make
+from bench.wire.weight_sync import conv_1m2, make
 from common.clients.gradient_pusher import GradientPusher
 from common.clients.weights_publisher import WeightsPublisher
 from common.wire.transport import free_tcp_port

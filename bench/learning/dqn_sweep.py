@@ -1,14 +1,14 @@
-"""The rlfleet side of bench.time_to_solve's DQN runs, for sweeping the config one change at a time.
+"""The rlfleet side of bench.learning.time_to_solve's DQN runs, for sweeping the config one change at a time.
 
-    .venv/bin/python -m bench.dqn_sweep --seeds 10 [--actors 2] [--env CartPole-v1] \
+    .venv/bin/python -m bench.learning.dqn_sweep --seeds 10 [--actors 2] [--env CartPole-v1] \
         [--set algorithm.n_step=5 --set replay.tables.0.samples_per_insert=64 ...]
 
-Runs ``run_rlfleet`` (the same command, evaluations and budget as bench.time_to_solve --algo dqn)
+Runs ``run_rlfleet`` (the same command, evaluations and budget as bench.learning.time_to_solve --algo dqn)
 for seeds 0..N-1 and prints each run, then the solved count, the median env steps to solve (an
 unsolved run counts as the budget), the median learner updates done by then, the median wall
 seconds (an unsolved run counts as the wall time it took to spend the budget, as
-bench.time_to_solve does) and the learner's median updates/s. No SB3 peer: compare its medians
-against a peer measured in bench.time_to_solve. Last line: one JSON object.
+bench.learning.time_to_solve does) and the learner's median updates/s. No SB3 peer: compare its medians
+against a peer measured in bench.learning.time_to_solve. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from bench.sb3_peers import TARGETS, ZOO_DQN
-from bench.time_to_solve import run_rlfleet
+from bench.learning.time_to_solve import run_rlfleet
+from bench.peers.sb3_peers import TARGETS, ZOO_DQN
 
 
 def updates_at(run: dict[str, Any], budget: int) -> int:

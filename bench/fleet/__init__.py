@@ -1,0 +1,1 @@
+"""Benchmarks of the fleet as a whole: faults, hostile clients, start-up, containers, CPU, the cost model."""

@@ -1,0 +1,1 @@
+"""Benchmarks of the data path: codec, replay ingest and sampling, weight sync, gradient pushes, encryption."""
