@@ -130,7 +130,7 @@ def make_vector_env(cfg: EnvConfig, seed: int,  # type: ignore[type-arg]
                     autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, training: bool = True) -> VectorEnv:
     """``cfg.num_envs`` envs as one vector env, reset with seeds seed..seed+n-1 by the caller.
 
-    ``autoreset_mode`` is the algorithm's (``AlgorithmModule.autoreset_mode``): NEXT_STEP spends a
+    ``autoreset_mode`` is the algorithm's (``Builder.autoreset_mode``): NEXT_STEP spends a
     vector step on each reset; SAME_STEP resets within the ending step, so every vector step is an
     env step of every slot (what fixed-length segments aligned to barrier rounds need).
     """
