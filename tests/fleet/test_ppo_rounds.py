@@ -1,5 +1,6 @@
-"""PPO's rounds through a real fleet: DPPO (barrier) is repeatable to the bit and trains on each
-segment once; APPO (async) drops and counts segments older than max_staleness."""
+"""PPO's rounds through a real fleet: DPPO (barrier) is repeatable to the bit, trains the weights the
+serial runner trains, and trains on each segment once; APPO (async) drops and counts segments older
+than max_staleness."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.fleet_helpers import wait_for
+from cli.serial import SerialRunner
+from common import config as config_mod
+from harness.fleet_helpers import CONFIGS, wait_for
 from harness.ppo_fleet_helpers import follow_versions, member, ppo_fleet, samples
 
 pytestmark = pytest.mark.e2e
@@ -36,6 +39,24 @@ def test_barrier_runs_give_the_same_weights(tmp_path: Path) -> None:
     # and learning happened: the weights moved between versions
     assert any(not np.array_equal(first[0][n], first[ROUNDS][n]) for n in first[0])
 
+
+
+def test_the_fleet_trains_the_weights_the_serial_runner_trains(tmp_path: Path) -> None:
+    """Same config and seed, two actors: the fleet's version k is the serial runner's version k, bit for
+    bit. The sockets, processes and services add nothing to the algorithm (DPPO has no staleness)."""
+    fleet = barrier_weights(tmp_path, 2)
+    assert ROUNDS in fleet, sorted(fleet)
+    cfg = config_mod.load(CONFIGS / "cartpole-ppo.yaml", environ={}, sets=["seed=5", "actor.count=2"])
+    runner = SerialRunner(cfg)
+    try:
+        result = runner.run(max_env_steps=ROUNDS * 2 * cfg.env.num_envs * cfg.actor.steps_per_round)
+        serial = runner.learner.weights()
+    finally:
+        runner.close()
+    assert result.version == ROUNDS
+    assert serial.keys() == fleet[ROUNDS].keys()
+    for name in serial:
+        assert np.array_equal(serial[name], fleet[ROUNDS][name]), f"version {ROUNDS}: {name} differs"
 
 
 LEARNER = 'service="learner",shard="0"'
