@@ -135,11 +135,17 @@ class SerialRunner:
         self.actors = cfg.actor.count
         obs_space, act_space = probe_env(cfg)
         self.algo.check_env(cfg.algorithm, obs_space, act_space, cfg.env.id)
+        # the learner service's threads, set before its networks are made: an initialisation (orthogonal:
+        # a QR decomposition) rounds differently with another thread count
+        self._threads = torch.get_num_threads()
+        torch.set_num_threads(cfg.learner.torch_threads)
         self.learner = self.algo.make_learner(cfg.algorithm, obs_space, act_space, device=cfg.learner.device,
                                               seed=cfg.seed)
         table_cfg = next(t for t in cfg.replay.tables if t.name == cfg.learner.table)
         self.table = make_table(table_cfg, np.random.default_rng([cfg.seed, 7]))
         self.lanes = [Lane(cfg, self.algo, i) for i in range(self.actors)]
+        for lane in self.lanes:  # version 0, as the fleet's actors get it from the paramserver
+            lane.policy.load_weights(self.learner.weights())
         self.eval_policy = self.algo.make_policy(cfg.algorithm, obs_space, act_space, device="cpu", seed=cfg.seed)
         self.round = round_of(self.learner.data, cfg.learner.updates_per_round, self.actors * cfg.env.num_envs,
                               cfg.actor.steps_per_round)
@@ -209,8 +215,6 @@ class SerialRunner:
         cfg = self.cfg
         start = time.perf_counter()
         self._started_at = time.time()
-        threads = torch.get_num_threads()
-        torch.set_num_threads(cfg.learner.torch_threads)
         every = cfg.evaluator.every_steps or DEFAULT_EVAL_EVERY
         next_eval = every
         eval_seed = cfg.seed + EVAL_SEED_OFFSET
@@ -247,7 +251,6 @@ class SerialRunner:
                 if max_seconds is not None and wall >= max_seconds:
                     break
         finally:
-            torch.set_num_threads(threads)
             envs.close()
         result.env_steps, result.updates, result.version = self.env_steps, self.learner.num_updates, self.version
         result.wall_s = time.perf_counter() - start
@@ -276,6 +279,7 @@ class SerialRunner:
     def close(self) -> None:
         for lane in self.lanes:
             lane.close()
+        torch.set_num_threads(self._threads)
 
 
 def train_serial(cfg: Experiment, until_return: float | None = None, max_env_steps: int | None = None,
