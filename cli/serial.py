@@ -38,7 +38,6 @@ import torch
 
 from common import algorithms
 from common.algorithms.checkpoint import save_checkpoint
-from common.algorithms.rounds import round_of
 from common.config import Experiment, dump
 from common.envs import make_vector_env, probe_env
 from common.evaluation import EVAL_SEED_OFFSET, eval_envs, evaluate
@@ -147,8 +146,8 @@ class SerialRunner:
         for lane in self.lanes:  # version 0, as the fleet's actors get it from the paramserver
             lane.policy.load_weights(self.learner.weights())
         self.eval_policy = self.algo.make_policy(cfg.algorithm, obs_space, act_space, device="cpu", seed=cfg.seed)
-        self.round = round_of(self.learner.data, cfg.learner.updates_per_round, self.actors * cfg.env.num_envs,
-                              cfg.actor.steps_per_round)
+        self.round = self.algo.make_round(self.learner, cfg.learner.updates_per_round,
+                                          self.actors * cfg.env.num_envs, cfg.actor.steps_per_round)
         self.version = 0
         self.env_steps = 0
         self._since_publish = 0

@@ -23,7 +23,7 @@ epochs of minibatches) writes its own from the same three parts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -31,6 +31,7 @@ import torch
 
 from common.algorithms.contract import DataSpec, Grads
 from common.algorithms.device import cpu_copy, resolve_device
+from common.algorithms.importance import importance_weights
 from common.algorithms.optim import ClippedAdam
 
 if TYPE_CHECKING:
@@ -79,12 +80,14 @@ class LearnerBase:
             self.averager.sum(tensors)
 
     def apply_gradients(self, grads: Grads) -> None:
-        """Every optimizer one step on its gradients (clipped to ``max_grad_norm``, at :meth:`lr`), then
-        :meth:`after_update`."""
+        """One step of every optimizer ``grads`` names (clipped to ``max_grad_norm``, at :meth:`lr`): an
+        algorithm that steps a network only on some updates (TD3's delayed actor) leaves its gradients
+        out on the others; then :meth:`after_update` with the names stepped."""
         for name, optimizer in self.optimizers.items():
-            optimizer.step(grads[name], self.max_grad_norm, self.lr(name))
+            if name in grads:
+                optimizer.step(grads[name], self.max_grad_norm, self.lr(name))
         self.num_updates += 1
-        self.after_update()
+        self.after_update(grads.keys())
 
     def learn(self, batch: Mapping[str, Any], weights: Any = None) -> tuple[dict[str, float], np.ndarray | None]:
         """One update on one sampled batch: compute, average over the group, apply."""
@@ -96,13 +99,18 @@ class LearnerBase:
         """The learning rate of ``optimizer`` now; None: the one it was made with."""
         return None
 
-    def after_update(self) -> None:
-        """What follows every step (target networks)."""
+    def after_update(self, stepped: Collection[str]) -> None:
+        """What follows every step (target networks); ``stepped``: the optimizers that stepped."""
+
+    def importance_exponent(self) -> float | None:
+        """Prioritized replay's importance-sampling exponent now; None: the algorithm learns unweighted."""
+        return None
 
     def weigh(self, probability: np.ndarray) -> np.ndarray | None:
         """Importance weights for a batch sampled with these probabilities (replay's ``probability``
-        column), on the algorithm's schedule now; None: learn unweighted (the base)."""
-        return None
+        column), with :meth:`importance_exponent` now; None: learn unweighted."""
+        exponent = self.importance_exponent()
+        return None if exponent is None else importance_weights(probability, exponent)
 
     # -- checkpoints --------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ before the step.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -23,7 +23,6 @@ from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, to_de
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.dqn.networks import n_step_target, seeded_q_network
 from common.algorithms.dqn.policy import column
-from common.algorithms.importance import importance_weights
 from common.algorithms.learning import LearnerBase
 from common.algorithms.schedules import linear
 from common.algorithms.weights import publish_arrays
@@ -57,10 +56,6 @@ class DQNLearner(LearnerBase):
         n = self.num_updates if updates is None else updates
         return linear(self.cfg.beta_start, 1.0, n, self.cfg.beta_updates)
 
-    def weigh(self, probability: np.ndarray) -> np.ndarray:
-        """Importance weights of a batch sampled with ``probability``, for the exponent now."""
-        return importance_weights(probability, self.importance_exponent())
-
     def compute_gradients(
         self, batch: Mapping[str, ArrayLike], weights: ArrayLike | None = None
     ) -> tuple[Grads, dict[str, float], np.ndarray]:
@@ -93,7 +88,7 @@ class DQNLearner(LearnerBase):
         priorities = (td_abs + cfg.priority_eps).double().cpu().numpy()
         return {"q": grads}, metrics, priorities
 
-    def after_update(self) -> None:
+    def after_update(self, stepped: Collection[str]) -> None:
         self.follow_target()
 
     def follow_target(self) -> None:

@@ -19,7 +19,7 @@ of compute_gradients.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -29,7 +29,6 @@ import torch
 from common.algorithms.actions import ActionScale, dims
 from common.algorithms.contract import DataSpec, Grads
 from common.algorithms.device import ArrayLike, columns_to_device, cpu_copy, to_device, use_bfloat16
-from common.algorithms.importance import importance_weights
 from common.algorithms.learning import LearnerBase
 from common.algorithms.sac.config import SACConfig
 from common.algorithms.sac.networks import seeded_networks, squashed_sample
@@ -72,11 +71,10 @@ class SACLearner(LearnerBase):
         self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)  # the actor's samples
         self.bf16 = use_bfloat16(cfg.update_dtype, self.device)
 
-    def weigh(self, probability: np.ndarray) -> np.ndarray:
-        """Importance weights of a batch sampled with ``probability``: the exponent anneals linearly from
-        ``beta_start`` to 1 over ``beta_updates`` updates (a uniform table's equal probabilities: all 1)."""
-        return importance_weights(probability, linear(self.cfg.beta_start, 1.0, self.num_updates,
-                                                      self.cfg.beta_updates))
+    def importance_exponent(self) -> float:
+        """Linear from ``beta_start`` to 1 over ``beta_updates`` updates (a uniform table's equal
+        probabilities weigh 1 whatever it is)."""
+        return linear(self.cfg.beta_start, 1.0, self.num_updates, self.cfg.beta_updates)
 
     def _sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """a ~ pi(. | obs) in [-1, 1] and its log-prob, from the learner's own generator."""
@@ -124,7 +122,7 @@ class SACLearner(LearnerBase):
             figures = torch.stack([critic_loss, actor_loss, alpha, entropy, q1.mean()]).cpu()
         return grads, dict(zip(FIGURES, figures.tolist(), strict=True)), priorities.double().cpu().numpy()
 
-    def after_update(self) -> None:
+    def after_update(self, stepped: Collection[str]) -> None:
         """The target critics follow (Polyak tau)."""
         with torch.no_grad():
             torch._foreach_lerp_(self._target, self._critic, self.cfg.tau)

@@ -17,7 +17,7 @@ actor loss going through the critics with their parameters detached.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -27,7 +27,6 @@ import torch
 from common.algorithms.actions import ActionScale
 from common.algorithms.contract import DataSpec, Grads
 from common.algorithms.device import ArrayLike, columns_to_device, cpu_copy, to_device
-from common.algorithms.importance import importance_weights
 from common.algorithms.learning import LearnerBase
 from common.algorithms.schedules import linear
 from common.algorithms.td3.config import TD3Config
@@ -64,11 +63,10 @@ class TD3Learner(LearnerBase):
         self.add_optimizer("actor", self._actor, cfg.lr)
         self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)  # target policy smoothing noise
 
-    def weigh(self, probability: np.ndarray) -> np.ndarray:
-        """Importance weights of a batch sampled with ``probability``: the exponent anneals linearly from
-        ``beta_start`` to 1 over ``beta_updates`` updates (a uniform table's equal probabilities: all 1)."""
-        return importance_weights(probability, linear(self.cfg.beta_start, 1.0, self.num_updates,
-                                                      self.cfg.beta_updates))
+    def importance_exponent(self) -> float:
+        """Linear from ``beta_start`` to 1 over ``beta_updates`` updates (a uniform table's equal
+        probabilities weigh 1 whatever it is)."""
+        return linear(self.cfg.beta_start, 1.0, self.num_updates, self.cfg.beta_updates)
 
     def policy_update_due(self) -> bool:
         """Whether the next update steps the actor and the targets (every ``policy_delay``-th)."""
@@ -114,22 +112,11 @@ class TD3Learner(LearnerBase):
             values = torch.stack(list(figures.values())).cpu().tolist()
         return grads, dict(zip(figures, values, strict=True)), priorities.double().cpu().numpy()
 
-    def apply_gradients(self, grads: Grads) -> None:
-        """The critics one step; on a delayed update the actor one step too, then the targets follow
-        (Polyak tau). Each optimizer clipped to ``max_grad_norm``, at :meth:`lr`."""
-        delayed = self.policy_update_due()
-        self.optimizers["critic"].step(grads["critic"], self.max_grad_norm, self.lr("critic"))
-        if delayed:
-            if "actor" not in grads:
-                raise KeyError("a delayed update needs the actor's gradients; compute_gradients gives them on the"
-                               f" update it is computed for (update {self.num_updates + 1})")
-            self.optimizers["actor"].step(grads["actor"], self.max_grad_norm, self.lr("actor"))
-        self.num_updates += 1
-        if delayed:
-            self.after_update()
-
-    def after_update(self) -> None:
-        """The target actor and critics follow (Polyak tau); only after a delayed update."""
+    def after_update(self, stepped: Collection[str]) -> None:
+        """The target actor and critics follow (Polyak tau), only after a delayed update: compute_gradients
+        gives the actor's gradients (and so the base steps it) on those alone."""
+        if "actor" not in stepped:
+            return
         with torch.no_grad():
             torch._foreach_lerp_(self._targets, self._sources, self.cfg.tau)
 
