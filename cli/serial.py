@@ -169,17 +169,19 @@ class SerialRunner:
 
     def learn(self, batch: Sampled | dict[str, np.ndarray]) -> None:
         """Drop stale items, learn on the rest, write priorities back (as the learner service does)."""
-        data = batch.data if isinstance(batch, Sampled) else batch
-        weights = None  # uniform and queue tables: unweighted
-        if isinstance(batch, Sampled) and self.table.kind == "prioritized":
-            weights = self.learner.weigh(batch.probability)  # the learner's exponent now
+        keys: np.ndarray | None = None
+        weights: np.ndarray | None = None
+        if isinstance(batch, Sampled):
+            keys, data, weights = batch.keys, batch.data, self.learner.weigh(batch.probability)
+        else:  # a round's items, in one batch: unweighted
+            data = batch
         kept, weights, dropped = algorithms.drop_stale(data, self.version, self.learner.data.max_staleness, weights)
         if len(kept["version"]) == 0:
             return
         before = self.learner.num_updates
         _, priorities = self.learner.learn(kept, weights)
-        if priorities is not None and isinstance(batch, Sampled) and not dropped:
-            self.table.update_priorities(batch.keys, priorities)
+        if priorities is not None and keys is not None and not dropped:
+            self.table.update_priorities(keys, priorities)
         self._since_publish += self.learner.num_updates - before
 
     def learn_async(self) -> None:

@@ -40,30 +40,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.learning.time_to_solve import CONFIGS, run_rlfleet
+from bench.learning.time_to_solve import CONFIGS, PAIRED, run_rlfleet
 from bench.peers.sb3_peers import (
     DQN_EVAL_EVERY,
     EVAL_EPISODES,
     PEER_THREADS,
-    PPO_BUDGET,
-    PPO_EVAL_EVERY,
     TARGETS,
     ZOO_DQN,
     run_peer,
     run_sb3_dqn,
-    run_sb3_ppo,
 )
-from bench.peers.sb3_sac import SAC_BUDGET, SAC_EVAL_EVERY, run_sb3_sac
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def budget_and_interval(algo: str, env_id: str) -> tuple[int, int]:
+    """bench.learning.time_to_solve's budget and evaluation interval for the algorithm and env."""
     if algo == "dqn":
         return int(ZOO_DQN[env_id]["n_timesteps"]), DQN_EVAL_EVERY
-    if algo == "ppo":
-        return PPO_BUDGET[env_id], PPO_EVAL_EVERY[env_id]
-    return SAC_BUDGET[env_id], SAC_EVAL_EVERY[env_id]
+    budgets, evals, _ = PAIRED[algo]
+    return budgets[env_id], evals[env_id]
 
 
 def run_serial(algo: str, env_id: str, seed: int, budget: int, every: int) -> dict[str, Any]:
@@ -91,11 +87,10 @@ def run_serial(algo: str, env_id: str, seed: int, budget: int, every: int) -> di
 
 
 def run_sb3(algo: str, env_id: str, seed: int, budget: int) -> dict[str, Any]:
+    """The SB3 peer time_to_solve races, with its torch threads."""
     if algo == "dqn":
         return run_peer(run_sb3_dqn, PEER_THREADS["dqn"], env_id, seed)
-    if algo == "ppo":
-        return run_peer(run_sb3_ppo, PEER_THREADS["ppo"], env_id, seed, budget)
-    return run_peer(run_sb3_sac, PEER_THREADS["sac"], env_id, seed, budget)
+    return run_peer(PAIRED[algo][2], PEER_THREADS[algo], env_id, seed, budget)
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -92,9 +92,9 @@ class LearnerService:
             self.version = int(state["version"])
             log.info("learner: resumed from %s at update %d, version %d", self.ckpt, self.core.num_updates,
                      self.version)
-        if self.group is not None and self.averager is not None:
+        if self.averager is not None:  # one rank of several
             broadcast_learner(self.core, self.averager)
-            self.m_world.set(self.group.world)
+            self.m_world.set(self.averager.world)
         mix = ImaginedMix(cfg, self.core.data.batch_items, obs_space, act_space, self.metrics) \
             if cfg.planning.enabled else None
         self.trainer = Trainer(cfg, self.core, self.metrics, lambda: self.version, lambda: self._stopping, mix)
