@@ -72,7 +72,10 @@ def test_rlfleet_up_restarts_a_killed_rank_and_the_run_reaches_its_target(tmp_pa
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli", "up", "--config", str(CONFIGS / "cartpole-dqn.yaml"), "--actors", "2",
          "--learners", "2", "--until-return", "475", "--max-env-steps", "400000", "--max-seconds", "600",
-         "--runs", str(tmp_path), "--set", "learner.collective_timeout_s=4", "--set", "learner.checkpoint_every_s=1"],
+         "--runs", str(tmp_path), "--set", "learner.collective_timeout_s=4", "--set", "learner.checkpoint_every_s=1",
+         # no evaluation before 20k fleet steps: the run cannot reach its target before rank 1 is killed
+         # (with every 5k it once solved at 10.8k, 12 s in, before rank 1 had trained)
+         "--set", "evaluator.every_steps=20000"],
         cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     def log_of(name: str) -> str:
