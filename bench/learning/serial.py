@@ -63,12 +63,21 @@ def budget_and_interval(algo: str, env_id: str) -> tuple[int, int]:
 
 
 def run_serial(algo: str, env_id: str, seed: int, budget: int, every: int) -> dict[str, Any]:
-    """`rlfleet train --serial` as a subprocess; wall seconds from its launch."""
+    """`rlfleet train --serial` on the shipped config of ``algo`` on ``env_id``."""
+    return run_serial_config(ROOT / CONFIGS[algo, env_id], seed, budget, every, TARGETS[env_id])
+
+
+def run_serial_config(config: Path, seed: int, budget: int, every: int, target: float | None,
+                      max_seconds: float | None = None) -> dict[str, Any]:
+    """`rlfleet train --serial` of ``config`` as a subprocess; wall seconds from its launch; its evaluation
+    curve as bench.learning.time_to_solve's run_fleet gives it."""
     runs = Path(tempfile.mkdtemp(prefix="serial-"))
-    cmd = [sys.executable, "-m", "cli", "train", "--serial", "--config", str(ROOT / CONFIGS[algo, env_id]),
-           "--until-return", str(TARGETS[env_id]), "--max-env-steps", str(budget), "--runs", str(runs),
+    cmd = [sys.executable, "-m", "cli", "train", "--serial", "--config", str(config),
+           "--max-env-steps", str(budget), "--runs", str(runs),
            "--set", f"seed={seed}", "--set", f"evaluator.every_steps={every}",
            "--set", f"evaluator.episodes={EVAL_EPISODES}"]
+    cmd += ["--until-return", str(target)] if target is not None else []
+    cmd += ["--max-seconds", str(max_seconds)] if max_seconds else []
     start, start_epoch = time.perf_counter(), time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -79,11 +88,14 @@ def run_serial(algo: str, env_id: str, seed: int, budget: int, every: int) -> di
     result = json.loads((run_dir / "result.json").read_text())
     with open(run_dir / "evaluations.csv", newline="") as f:
         evals = list(csv.DictReader(f))
-    hit = next((r for r in evals if float(r["mean_return"]) >= TARGETS[env_id]), None)
+    hit = next((r for r in evals if target is not None and float(r["mean_return"]) >= target), None)
     wall = float(hit["wall_time"]) - start_epoch if hit else ended
     steps = int(hit["env_steps"]) if hit else int(result["env_steps"])
     return {"seed": seed, "solved": hit is not None, "wall_s": round(wall, 2), "env_steps": steps,
-            "updates": int(result["updates"]), "steps_per_wall_s": round(steps / wall, 1) if wall > 0 else 0.0}
+            "updates": int(result["updates"]), "steps_per_wall_s": round(steps / wall, 1) if wall > 0 else 0.0,
+            "best_return": max((float(r["mean_return"]) for r in evals), default=None),
+            "curve": [[int(r["env_steps"]), round(float(r["wall_time"]) - start_epoch, 2),
+                       round(float(r["mean_return"]), 2)] for r in evals]}
 
 
 def run_sb3(algo: str, env_id: str, seed: int, budget: int) -> dict[str, Any]:

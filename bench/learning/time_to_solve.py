@@ -108,13 +108,23 @@ PAIRED: dict[str, tuple[dict[str, int], dict[str, int], Callable[[str, int, int]
 
 def run_rlfleet(env_id: str, seed: int, actors: int, budget: int, extra: list[str], algo: str = "dqn",
                 eval_every: int = DQN_EVAL_EVERY) -> dict[str, Any]:
+    """`rlfleet up` on the shipped config of ``algo`` on ``env_id`` (:data:`CONFIGS`)."""
+    return run_fleet(ROOT / CONFIGS[algo, env_id], seed, actors, budget, eval_every, TARGETS[env_id], extra)
+
+
+def run_fleet(config: Path, seed: int, actors: int | None, budget: int, eval_every: int, target: float | None,
+              extra: list[str] | None = None, max_seconds: float | None = None) -> dict[str, Any]:
+    """One `rlfleet up` of ``config`` until ``target`` (None: until the budget), its figures and its evaluation
+    curve ([env steps, wall seconds from launch, mean return] per evaluation)."""
     runs = Path(tempfile.mkdtemp(prefix="tts-"))
     cmd = [
-        sys.executable, "-m", "cli", "up", "--config", str(ROOT / CONFIGS[algo, env_id]),
-        "--actors", str(actors), "--until-return", str(TARGETS[env_id]), "--max-env-steps", str(budget),
+        sys.executable, "-m", "cli", "up", "--config", str(config), "--max-env-steps", str(budget),
         "--runs", str(runs), "--set", f"seed={seed}", "--set", f"evaluator.every_steps={eval_every}",
-        "--set", f"evaluator.episodes={EVAL_EPISODES}", *extra,
+        "--set", f"evaluator.episodes={EVAL_EPISODES}", *(extra or []),
     ]
+    cmd += ["--actors", str(actors)] if actors else []
+    cmd += ["--until-return", str(target)] if target is not None else []
+    cmd += ["--max-seconds", str(max_seconds)] if max_seconds else []
     start, start_epoch = time.perf_counter(), time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -128,7 +138,7 @@ def run_rlfleet(env_id: str, seed: int, actors: int, budget: int, extra: list[st
     run_dir = next(d for d in runs.iterdir() if d.is_dir())
     with open(run_dir / "evaluations.csv", newline="") as f:
         evals = [r for r in csv.DictReader(f) if r["env_steps"]]
-    hit = next((r for r in evals if float(r["mean_return"]) >= TARGETS[env_id]
+    hit = next((r for r in evals if target is not None and float(r["mean_return"]) >= target
                 and int(r["env_steps"]) <= budget), None)
     if solved_at is None and hit is not None:
         # The first evaluation at or above the target counts (as SB3's callback): an evaluation of
@@ -148,6 +158,9 @@ def run_rlfleet(env_id: str, seed: int, actors: int, budget: int, extra: list[st
         "updates_per_s": statistics.median(float(r["updates_per_s"]) for r in busy) if busy else 0.0,
         "steps_per_wall_s": round(steps / wall, 1) if wall > 0 else 0.0,
         "updates": int(float(progress[-1]["updates"])) if progress else 0,
+        "best_return": max((float(r["mean_return"]) for r in evals), default=None),
+        "curve": [[int(r["env_steps"]), round(float(r["wall_time"]) - start_epoch, 2),
+                   round(float(r["mean_return"]), 2)] for r in evals],
         "run_dir": str(run_dir),
     }
 

@@ -83,15 +83,18 @@ def run_peer(peer: Callable[..., dict[str, Any]], threads: int, *args: Any) -> d
     return {**result, "torch_threads": threads}
 
 
-def run_sb3_dqn(env_id: str, seed: int) -> dict[str, Any]:
-    """SB3 DQN: 10 deterministic episodes on one env every 5,000 env steps; budget: the zoo's n_timesteps."""
+def run_sb3_dqn(env_id: str, seed: int, budget: int | None = None) -> dict[str, Any]:
+    """SB3 DQN: 10 deterministic episodes on one env every 5,000 env steps; budget: the zoo's n_timesteps
+    unless given (epsilon then falls over as many env steps as in the zoo's run)."""
     from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
 
     hp = dict(ZOO_DQN[env_id])
-    budget = hp.pop("n_timesteps")
+    zoo_budget = int(hp.pop("n_timesteps"))
+    budget = budget or zoo_budget
+    hp["exploration_fraction"] *= zoo_budget / budget  # the zoo's schedule in env steps, whatever the budget
     target = TARGETS[env_id]
 
     class EveryNSteps(BaseCallback):
@@ -99,12 +102,15 @@ def run_sb3_dqn(env_id: str, seed: int) -> dict[str, Any]:
             super().__init__()
             self.hit: tuple[int, float] | None = None
             self.eval_env = gym.make(env_id, render_mode=None)
+            self.curve: list[list[float]] = []
 
         def _on_step(self) -> bool:
             if self.num_timesteps % DQN_EVAL_EVERY:
                 return True
             returns, _ = evaluate_policy(self.model, self.eval_env, n_eval_episodes=EVAL_EPISODES,
                                          deterministic=True)
+            self.curve.append([self.num_timesteps, round(time.perf_counter() - start, 2),
+                               round(float(np.mean(returns)), 2)])
             if float(np.mean(returns)) >= target:
                 self.hit = (self.num_timesteps, time.perf_counter() - start)
                 return False
@@ -117,7 +123,8 @@ def run_sb3_dqn(env_id: str, seed: int) -> dict[str, Any]:
     model.learn(total_timesteps=budget, callback=cb)
     took = time.perf_counter() - start
     return {"seed": seed, "solved": cb.hit is not None, "wall_s": round(cb.hit[1] if cb.hit else took, 2),
-            "env_steps": cb.hit[0] if cb.hit else budget}
+            "env_steps": cb.hit[0] if cb.hit else budget,
+            "best_return": max((c[2] for c in cb.curve), default=None), "curve": cb.curve}
 
 
 def _linear(value: float, anneal: int, budget: int) -> Callable[[float], float]:
@@ -163,6 +170,7 @@ def evaluations(env_id: str, seed: int, start: float, due: Callable[[Any, int], 
             super().__init__()
             self.hit: tuple[int, float] | None = None
             self.evals = 0
+            self.curve: list[list[float]] = []  # [env steps, wall seconds, mean return] per evaluation
             self.eval_envs = gym.vector.SyncVectorEnv(
                 [lambda: gym.make(env_id, render_mode=None) for _ in range(EVAL_EPISODES)])
 
@@ -171,6 +179,8 @@ def evaluations(env_id: str, seed: int, start: float, due: Callable[[Any, int], 
                 return True
             self.evals += 1
             returns = deterministic_returns(self.model, self.eval_envs, seed + EVAL_SEED_OFFSET)
+            self.curve.append([self.num_timesteps, round(time.perf_counter() - start, 2),
+                               round(float(returns.mean()), 2)])
             if float(returns.mean()) >= target:
                 self.hit = (self.num_timesteps, time.perf_counter() - start)
                 return False
@@ -186,7 +196,8 @@ def peer_result(seed: int, cb: Any, model: Any, start: float) -> dict[str, Any]:
     wall = cb.hit[1] if cb.hit else took
     steps = cb.hit[0] if cb.hit else int(model.num_timesteps)
     return {"seed": seed, "solved": cb.hit is not None, "wall_s": round(wall, 2), "env_steps": steps,
-            "env_steps_per_s": round(steps / wall, 1), "evaluations": cb.evals}
+            "env_steps_per_s": round(steps / wall, 1), "evaluations": cb.evals,
+            "best_return": max((c[2] for c in cb.curve), default=None), "curve": cb.curve}
 
 
 def crossing(every: int) -> Callable[[Any, int], bool]:

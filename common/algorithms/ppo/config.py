@@ -18,7 +18,7 @@ Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
 class PPOConfig(AlgorithmSettings):
-    """PPO: DPPO on the barrier (each round's segments once), APPO async (clipped ratio to the behaviour)."""
+    """PPO: DPPO on the barrier (each round's segments once), APPO async (decoupled clip, weighted by staleness)."""
 
     table_kinds: ClassVar[tuple[str, ...]] = ("queue",)
     # global batch sizes: with several learners each takes 1/learners of them
@@ -41,6 +41,17 @@ class PPOConfig(AlgorithmSettings):
     clip_range_vf: PosFloat | None = Field(
         None, description="value clip around the values before the update; null: no value clipping"
     )
+    proximal_clip: bool = Field(
+        True, description="the surrogate's ratio is pi / pi_prox, pi_prox the policy at the start of the learn call,"
+        " and each row is weighted by pi_prox / pi_behaviour truncated at behaviour_weight_max (decoupled PPO,"
+        " Hilton et al. 2022; IMPACT's target policy): the clip bounds this learn call's step whatever the"
+        " segments' staleness. false: ratio pi / pi_behaviour (plain PPO; the same on fresh segments)")
+    behaviour_weight_max: PosFloat = Field(
+        1.0, description="with proximal_clip: the truncation of pi_prox / pi_behaviour (V-trace's rho-bar)")
+    vtrace: bool = Field(
+        True, description="with proximal_clip: GAE's deltas and traces weighted by the same truncated pi_prox /"
+        " pi_behaviour (V-trace with lambda): advantages and value targets of the learn call's policy, not of the"
+        " one that acted. Fresh segments: plain GAE")
     ent_coef: NonNegFloat = Field(0.01, description="entropy bonus weight")
     vf_coef: NonNegFloat = Field(0.5, description="value loss weight")
     max_grad_norm: PosFloat | None = Field(0.5, description="global gradient-norm clip; null disables")

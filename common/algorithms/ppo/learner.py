@@ -4,15 +4,19 @@ steps, each one :meth:`PPOLearner.compute_gradients` + :meth:`PPOLearner.apply_g
 DPPO (barrier): the batch is exactly one round's segments, all acted with the current
 weights, so behaviour and current policy agree at the first minibatch: plain PPO.
 
-APPO (async): segments may come from a few versions back. The off-policy gap is corrected
-the way IMPACT and RLlib's APPO do, not with V-trace: the surrogate's ratio is
-pi_current / pi_behaviour, using the behaviour log-prob carried in the segment, and its
-clip bounds how far one update follows data from an older policy; values (and so GAE and
-the bootstrap at truncations) are recomputed by the current critic. Staleness is bounded
-(``max_staleness`` versions, older segments dropped before learn), and within that bound
-the clip already limits the update, so V-trace's truncated importance weights on the value
-targets add complexity (a second set of clipped weights, per-step target recursion on the
-learner) for little. The clip is what makes this safe; an unbounded staleness would not be.
+APPO (async): segments may come from a few versions back. With ``proximal_clip`` (the
+default) the loss is decoupled PPO's (Hilton et al. 2022, "Batch size-invariance for policy
+optimization"; IMPACT's target network): the surrogate's ratio is pi / pi_prox, pi_prox the
+policy at the start of the learn call (log-probs computed by :meth:`PPOLearner.prepare`), so
+the clip bounds this learn call's step as in on-policy PPO, and each row is weighted by
+pi_prox / pi_behaviour truncated at ``behaviour_weight_max`` (V-trace's rho-bar), which
+discounts what an older policy acted. The ratio to the behaviour policy instead (plain PPO
+on stale data, ``proximal_clip: false``) centres the clip on a policy the learner has left:
+rows already outside it push no further but nothing pulls the policy back, and evaluations
+collapsed for 400-500k env steps on LunarLander. On fresh segments (DPPO) pi_prox is the
+behaviour policy and both are plain PPO. Values (GAE and the bootstrap at truncations) are
+recomputed by the current critic; staleness is bounded (``max_staleness`` versions, older
+segments dropped before learn).
 
 Annealing (lr and clip, linear to 0) runs on the env steps of the segments trained on,
 counted by the learner (the fleet's env steps in barrier mode).
@@ -31,7 +35,14 @@ from common.algorithms.contract import DataSpec, Grads
 from common.algorithms.device import cpu_copy
 from common.algorithms.learning import LearnerBase
 from common.algorithms.ppo.config import PPOConfig
-from common.algorithms.ppo.losses import clipped_surrogate, gae, normalize_advantage, normalize_chunks, value_loss
+from common.algorithms.ppo.losses import (
+    behaviour_weights,
+    clipped_surrogate,
+    gae,
+    normalize_advantage,
+    normalize_chunks,
+    value_loss,
+)
 from common.algorithms.ppo.networks import PPOCnnNetworks, RunningMeanStd, seeded_networks
 from common.algorithms.schedules import linear
 
@@ -39,7 +50,8 @@ if TYPE_CHECKING:
     from common.algorithms.data_parallel import GradientAverager
 
 SEGMENT_COLUMNS = ("obs", "action", "reward", "terminated", "truncated", "final_obs", "logp", "bootstrap_obs")
-MINIBATCH_COLUMNS = ("obs", "action", "logp", "advantage", "return", "old_value")
+# logp: of the policy the ratio is taken to (pi_prox, or the behaviour's); weight: pi_prox / pi_behaviour, truncated
+MINIBATCH_COLUMNS = ("obs", "action", "logp", "advantage", "return", "old_value", "weight")
 FIGURES = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")  # per minibatch, averaged
 
 
@@ -63,6 +75,7 @@ class PPOLearner(LearnerBase):
         self.rng = np.random.default_rng([seed, 2])  # minibatch order
         self.env_steps = 0  # env steps in the segments trained on (drives annealing)
         self.progress_left = 1.0  # 1 - env_steps / anneal_env_steps, fixed for a learn call
+        self.behaviour: dict[str, float] = {}  # the last batch's distance from the policy that acted it
 
     # -- one batch of segments ----------------------------------------------
 
@@ -82,21 +95,34 @@ class PPOLearner(LearnerBase):
                 self.obs_rms.update(obs.reshape(S * T, -1))
             else:  # the statistics of every rank's observations: all ranks normalise alike
                 self.obs_rms.update_sums(*self._group_sums(obs.reshape(S * T, -1)))
+        action = np.asarray(batch["action"])
+        flat_obs = obs.reshape(S * T, *shape)
+        flat_action = action.reshape(S * T, *action.shape[2:])
         with torch.no_grad():
-            values = self._values(obs.reshape(S * T, *shape)).reshape(S, T)
+            logp_prox, values = self._evaluate(flat_obs, flat_action)
+            values = values.reshape(S, T)
             boot = self._values(self._obs(batch["bootstrap_obs"]).reshape(S, *shape))
             truncated = np.asarray(batch["truncated"], bool)
             final = self._values(self._obs(batch["final_obs"]).reshape(S * T, *shape)).reshape(S, T)
         next_values = np.concatenate([values[:, 1:], boot[:, None]], axis=1)
         next_values = np.where(truncated, final, next_values)
         terminated = np.asarray(batch["terminated"], bool)
+        logp_behaviour = torch.as_tensor(np.asarray(batch["logp"], np.float32).reshape(-1))
+        if self.cfg.proximal_clip:
+            logp = logp_prox.float()
+            weight = behaviour_weights(logp, logp_behaviour, self.cfg.behaviour_weight_max)
+        else:
+            logp, weight = logp_behaviour, torch.ones_like(logp_behaviour)
+        rho = weight.clamp(max=1.0).numpy().reshape(S, T) if self.cfg.proximal_clip and self.cfg.vtrace else None
         advantages, returns = gae(np.asarray(batch["reward"]), values, next_values, terminated,
-                                  terminated | truncated, self.cfg.gamma, self.cfg.gae_lambda)
-        action = np.asarray(batch["action"])
+                                  terminated | truncated, self.cfg.gamma, self.cfg.gae_lambda, rho)
+        self.behaviour = {"behaviour_kl": float((logp_behaviour - logp_prox).mean()),
+                          "behaviour_weight": float(weight.mean())}
         rows = {
-            "obs": self._normalized(obs.reshape(S * T, *shape)),
-            "action": action.reshape(S * T, *action.shape[2:]),
-            "logp": np.asarray(batch["logp"], np.float32).reshape(-1),
+            "obs": self._normalized(flat_obs),
+            "action": flat_action,
+            "logp": logp.numpy(),
+            "weight": weight.numpy(),
             "advantage": advantages.reshape(-1).astype(np.float32),
             "return": returns.reshape(-1).astype(np.float32),
             "old_value": values.reshape(-1).astype(np.float32),
@@ -129,6 +155,7 @@ class PPOLearner(LearnerBase):
         steps = cfg.epochs * -(-n // cfg.minibatch_size)
         self.env_steps += n * self.world  # the global batch's
         figures = dict(zip(FIGURES, (totals / steps).tolist(), strict=True))
+        figures.update(self.behaviour)
         figures.update(lr=self.lr("policy"), clip_range=self._clip(), env_steps_trained=float(self.env_steps),
                        value_drift=float(np.abs(np.asarray(batch["value"], np.float32).reshape(-1)
                                                 - rows["old_value"].cpu().numpy()).mean()) if "value" in batch
@@ -150,7 +177,7 @@ class PPOLearner(LearnerBase):
         """The gradients and the :data:`FIGURES` as one tensor (left on the device); ``normalized``:
         the advantages are normalised already."""
         cfg = self.cfg
-        obs, action, old_logp, advantage, returns, old_value = (
+        obs, action, old_logp, advantage, returns, old_value, weight = (
             torch.as_tensor(batch[key], device=self.device) for key in MINIBATCH_COLUMNS)
         logp, entropy, value = self.net.evaluate(obs, action)  # each network takes its own dtype
         log_ratio = logp - old_logp
@@ -158,7 +185,7 @@ class PPOLearner(LearnerBase):
         if cfg.normalize_advantage and not normalized:
             advantage = normalize_advantage(advantage)
         clip = self._clip()
-        policy_loss = clipped_surrogate(ratio, advantage, clip)
+        policy_loss = clipped_surrogate(ratio, advantage, clip, weight)
         v_loss = value_loss(value, old_value, returns, cfg.clip_range_vf)
         entropy_mean = entropy.mean()
         loss = policy_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy_mean
@@ -205,6 +232,12 @@ class PPOLearner(LearnerBase):
 
     def _normalized(self, obs: np.ndarray) -> np.ndarray:
         return obs if self.obs_rms is None else self.obs_rms.normalize(obs)
+
+    def _evaluate(self, obs: np.ndarray, action: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """log pi(action | obs) of the current policy (on the CPU) and V(obs), for rows of a batch."""
+        x = torch.tensor(self._normalized(obs)).to(self.device)
+        logp, _, value = self.net.evaluate(x, torch.tensor(action).to(self.device))  # a copy: read-only view
+        return logp.cpu(), value.cpu().numpy().astype(np.float64)
 
     def _values(self, obs: np.ndarray) -> np.ndarray:
         x = torch.tensor(self._normalized(obs)).to(self.device)  # a copy: replay's arrays are read-only views

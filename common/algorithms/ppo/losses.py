@@ -1,7 +1,8 @@
 """GAE and the pieces of the PPO loss, as plain functions (checked by hand in the tests).
 
-- :func:`gae`: generalised advantage estimation over segments [S, T].
-- :func:`clipped_surrogate`: -E[min(r A, clip(r, 1-e, 1+e) A)].
+- :func:`gae`: generalised advantage estimation over segments [S, T] (V-trace's, given importance weights).
+- :func:`clipped_surrogate`: -E[w min(r A, clip(r, 1-e, 1+e) A)] (w: behaviour weights, 1 on-policy).
+- :func:`behaviour_weights`: min(pi_prox / pi_behaviour, rho_bar), decoupled PPO's off-policy correction.
 - :func:`value_loss`: E[(V - R)^2], or with value clipping E[max((V - R)^2, (V_clip - R)^2)]
   with V_clip = V_old + clip(V - V_old, -c, c) (PPO2 / CleanRL).
 - :func:`normalize_advantage`: zero mean, unit std (per minibatch); :func:`normalize_chunks`: of
@@ -22,6 +23,7 @@ def gae(
     episode_end: np.ndarray,
     gamma: float,
     lam: float,
+    rho: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Advantages and returns (advantage + value) of segments, all arrays [S, T].
 
@@ -31,11 +33,18 @@ def gae(
 
         delta_t = r_t + gamma * (1 - terminated_t) * V(next_t) - V(s_t)
         A_t     = delta_t + gamma * lam * (1 - episode_end_t) * A_{t+1}
+
+    ``rho`` (truncated importance weights pi / mu, [S, T]): V-trace with lambda (Espeholt et al.
+    2018), each delta and each trace weighted by rho_t, so that A_t + V(s_t) is the V-trace target of
+    the policy pi from steps acted by mu; all ones: GAE.
     """
     rewards = np.asarray(rewards, np.float64)
     values = np.asarray(values, np.float64)
     delta = rewards + gamma * np.where(terminated, 0.0, next_values) - values
     carry = gamma * lam * (1.0 - np.asarray(episode_end, np.float64))
+    if rho is not None:
+        rho = np.asarray(rho, np.float64)
+        delta, carry = rho * delta, carry * rho
     advantages = np.zeros_like(delta)
     last = np.zeros(delta.shape[0])
     for t in range(delta.shape[1] - 1, -1, -1):
@@ -66,9 +75,17 @@ def normalize_chunks(advantage: torch.Tensor, size: int) -> torch.Tensor:
     return torch.cat(parts) if len(parts) != 1 else parts[0]
 
 
-def clipped_surrogate(ratio: torch.Tensor, advantage: torch.Tensor, clip: float) -> torch.Tensor:
-    """The PPO policy loss: mean of max(-A r, -A clip(r, 1 - clip, 1 + clip))."""
-    return torch.max(-advantage * ratio, -advantage * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
+def clipped_surrogate(ratio: torch.Tensor, advantage: torch.Tensor, clip: float,
+                      weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The PPO policy loss: mean of max(-A r, -A clip(r, 1 - clip, 1 + clip)), each row times ``weight``."""
+    loss = torch.max(-advantage * ratio, -advantage * ratio.clamp(1.0 - clip, 1.0 + clip))
+    return (loss if weight is None else weight * loss).mean()
+
+
+def behaviour_weights(logp_prox: torch.Tensor, logp_behaviour: torch.Tensor, rho_bar: float) -> torch.Tensor:
+    """min(pi_prox / pi_behaviour, rho_bar) per row: how far the policy of the learn call (prox) has moved
+    from the one that acted, truncated as V-trace's rho (decoupled PPO, Hilton et al. 2022)."""
+    return (logp_prox - logp_behaviour).exp().clamp(max=rho_bar)
 
 
 def value_loss(value: torch.Tensor, old_value: torch.Tensor, returns: torch.Tensor,

@@ -13,7 +13,7 @@ import torch
 
 from common.algorithms.ppo.config import PPOConfig
 from common.algorithms.ppo.learner import PPOLearner
-from common.algorithms.ppo.losses import clipped_surrogate, gae, normalize_advantage, value_loss
+from common.algorithms.ppo.losses import behaviour_weights, clipped_surrogate, gae, normalize_advantage, value_loss
 from common.algorithms.ppo.policy import PPOPolicy
 
 
@@ -84,10 +84,70 @@ def test_logp_entropy_match_torch_distributions() -> None:
     assert entropy.mean().item() == pytest.approx(math.log(3), abs=1e-3)  # head gain 0.01: near uniform
 
 
+def test_vtrace_gae_by_hand() -> None:
+    """Truncated weights rho scale each delta and each trace; all ones is GAE."""
+    g, lam = 0.9, 0.5
+    rewards, values = np.array([[1.0, 2.0]]), np.array([[0.5, 1.0]])
+    next_values, none = np.array([[1.0, 1.5]]), np.zeros((1, 2), bool)
+    rho = np.array([[0.5, 0.8]])
+    adv, ret = gae(rewards, values, next_values, none, none, g, lam, rho)
+    a1 = 0.8 * (2.0 + 0.9 * 1.5 - 1.0)
+    a0 = 0.5 * (1.0 + 0.9 * 1.0 - 0.5) + 0.45 * 0.5 * a1
+    np.testing.assert_allclose(adv, [[a0, a1]])
+    np.testing.assert_allclose(ret, adv + values)
+    np.testing.assert_allclose(gae(rewards, values, next_values, none, none, g, lam, np.ones((1, 2)))[0],
+                               gae(rewards, values, next_values, none, none, g, lam)[0])
+
+
+def test_weighted_surrogate_and_behaviour_weights_by_hand() -> None:
+    ratio = torch.tensor([1.5, 0.5])
+    adv = torch.tensor([1.0, 1.0])
+    # rows: min(1.5, 1.2) * 1 = 1.2 and min(0.5, 0.8) = 0.5, weighted 0.5 and 1
+    assert clipped_surrogate(ratio, adv, 0.2, torch.tensor([0.5, 1.0])).item() == pytest.approx(-(0.6 + 0.5) / 2)
+    prox, behaviour = torch.log(torch.tensor([0.2, 0.6, 0.5])), torch.log(torch.tensor([0.4, 0.3, 0.5]))
+    torch.testing.assert_close(behaviour_weights(prox, behaviour, 1.0), torch.tensor([0.5, 1.0, 1.0]))
+    torch.testing.assert_close(behaviour_weights(prox, behaviour, 3.0), torch.tensor([0.5, 2.0, 1.0]))
+
+
+def stale_segment() -> dict[str, np.ndarray]:
+    """One segment of 4 steps whose behaviour log-probs are far from any fresh policy's."""
+    return {
+        "obs": np.arange(8, dtype=np.float32).reshape(1, 4, 2) / 8, "action": np.array([[0, 1, 1, 0]]),
+        "reward": np.ones((1, 4), np.float32), "terminated": np.zeros((1, 4), bool),
+        "truncated": np.zeros((1, 4), bool), "final_obs": np.zeros((1, 4, 2), np.float32),
+        "bootstrap_obs": np.zeros((1, 2), np.float32), "logp": np.log(np.array([[0.9, 0.1, 0.5, 0.2]], np.float32)),
+    }
+
+
+def test_proximal_clip_takes_the_ratio_to_the_learn_calls_policy_and_weighs_by_the_behaviours() -> None:
+    """Decoupled PPO: the first minibatch's ratio is 1 whatever the segment's staleness (nothing clipped), and
+    each row weighs min(pi_prox / pi_behaviour, 1); off, the ratio is to the behaviour policy."""
+    space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    cfg = PPOConfig(hidden=[8], segment_length=4, batch_segments=1, minibatch_size=4, epochs=1)
+    learner = PPOLearner(cfg, space, gym.spaces.Discrete(2), device="cpu")
+    rows = learner.prepare(stale_segment())
+    with torch.no_grad():
+        prox, _, _ = learner.net.evaluate(rows["obs"], rows["action"])
+    torch.testing.assert_close(rows["logp"], prox)
+    behaviour = torch.log(torch.tensor([0.9, 0.1, 0.5, 0.2]))
+    torch.testing.assert_close(rows["weight"], (prox - behaviour).exp().clamp(max=1.0))
+    assert 0 < float(rows["weight"].min()) < 1 and float(rows["weight"].max()) == 1.0
+    _, figures, _ = learner.compute_gradients(rows)
+    assert figures["clip_fraction"] == 0.0 and abs(figures["approx_kl"]) < 1e-6
+    assert learner.behaviour["behaviour_kl"] == pytest.approx(float((behaviour - prox).mean()), rel=1e-5)
+
+    plain = PPOLearner(cfg.model_copy(update={"proximal_clip": False}), space, gym.spaces.Discrete(2), device="cpu")
+    rows = plain.prepare(stale_segment())
+    torch.testing.assert_close(rows["logp"], behaviour)
+    torch.testing.assert_close(rows["weight"], torch.ones(4))
+    _, figures, _ = plain.compute_gradients(rows)
+    assert figures["clip_fraction"] > 0  # a ratio of ~0.5/0.9 or ~0.5/0.1 is outside 1 +- 0.2
+
+
 def test_learner_gae_bootstraps_truncation_from_final_obs() -> None:
     """One segment through prepare(): the truncated step's target uses V(final_obs)."""
     cfg = PPOConfig(hidden=[4], segment_length=3, batch_segments=1, minibatch_size=3, gamma=0.5, gae_lambda=1.0,
-                    normalize_advantage=False)
+                    normalize_advantage=False, vtrace=False)  # the behaviour log-probs below are not the policy's
     space = gym.spaces.Box(-5, 5, (1,), np.float32)
     learner = PPOLearner(cfg, space, gym.spaces.Discrete(2), device="cpu")
     batch = {
