@@ -25,7 +25,7 @@ updates/s against a plain in-process PyTorch loop of the same network and
 batch size. ``ratio`` = rlfleet / SB3 median wall seconds over all runs;
 ``ratio_counts`` false: rlfleet solved fewer seeds than SB3 and the ratio is no claim.
 
---algo ppo: configs/<env>-ppo.yaml (--sync barrier = DPPO, async = APPO)
+--algo ppo: configs/<env>-ppo.yaml (--sync barrier = DPPO, async = APPO: configs/<env>-appo.yaml where shipped)
 against SB3 PPO; evaluations every 2,000 (CartPole) or 10,000 (LunarLander)
 env steps, budgets 200k and 1.5M env steps on both sides. ``ratio`` =
 rlfleet / SB3 median wall seconds over the solved runs of each side (null if
@@ -93,6 +93,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {
     ("dqn", "CartPole-v1"): "configs/cartpole-dqn.yaml", ("dqn", "LunarLander-v3"): "configs/lunarlander-dqn.yaml",
     ("ppo", "CartPole-v1"): "configs/cartpole-ppo.yaml", ("ppo", "LunarLander-v3"): "configs/lunarlander-ppo.yaml",
+    ("appo", "LunarLander-v3"): "configs/lunarlander-appo.yaml",  # --algo ppo --sync async runs it
     ("sac", "Pendulum-v1"): "configs/pendulum-sac.yaml",
     ("sac", "LunarLanderContinuous-v3"): "configs/lunarlandercontinuous-sac.yaml",
     ("a3c", "CartPole-v1"): "configs/cartpole-a3c.yaml",
@@ -299,11 +300,13 @@ def paired_main(args: argparse.Namespace) -> None:
     budget = int(budgets[args.env] * args.budget_factor)
     sync = args.sync or ("barrier" if args.algo == "ppo" else "async")
     extra = ["--sync", sync, *[x for s in args.sets for x in ("--set", s)]]
+    # APPO has its own config where one is shipped (its pacing and learn calls differ from DPPO's)
+    config_of = "appo" if args.algo == "ppo" and sync == "async" and ("appo", args.env) in CONFIGS else args.algo
     ours, theirs = [], []
     key = {"algo": args.algo, "env": args.env, "sync": sync, "budget": budget, "sets": args.sets}
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         if not args.no_rlfleet:
-            ours.append(run_rlfleet(args.env, seed, args.actors, budget, extra, args.algo, evals[args.env]))
+            ours.append(run_rlfleet(args.env, seed, args.actors, budget, extra, config_of, evals[args.env]))
             print("rlfleet", json.dumps(ours[-1]), flush=True)
             record(args.runs_file, key, "rlfleet", seed, ours[-1])
         if not args.no_sb3:

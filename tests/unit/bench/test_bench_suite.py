@@ -1,0 +1,77 @@
+"""bench.learning.suite's bookkeeping: which runs count, the table's cells and the curves' bands.
+
+The runs are made up here; the suite's own runs (real fleets and SB3) are in docs/results/runs.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.learning.suite import ROWS, SUITE, curve_band, load_runs, side_key, sides_of, summary, write_report
+from common import config as config_mod
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run(solved: bool, steps: int, wall: float, curve: list[list[float]]) -> dict[str, object]:
+    return {"solved": solved, "env_steps": steps, "wall_s": wall, "best_return": max(c[2] for c in curve),
+            "curve": curve}
+
+
+def entry(key: str, seed: int, result: dict[str, object], date: str = "2026-11-27 10:00") -> str:
+    return json.dumps({"key": key, "row": "x", "side": key.split(":")[0], "seed": seed, "cores": 2, "date": date,
+                       "run": result})
+
+
+def test_every_row_names_a_shipped_config_of_its_env() -> None:
+    for row in SUITE:
+        cfg = config_mod.load(ROOT / "configs" / row.config, environ={})
+        assert cfg.env.id == row.env, row.name
+        assert (row.target is None) == (row.max_seconds is not None), row.name
+
+
+def test_rows_on_one_env_and_budget_share_their_peer_runs_and_keep_their_own() -> None:
+    dppo, appo = ROWS["lunarlander-ppo"], ROWS["lunarlander-appo"]
+    assert side_key(dppo, "sb3") == side_key(appo, "sb3")
+    assert side_key(dppo, "fleet") != side_key(appo, "fleet")
+    assert sides_of(ROWS["pendulum-td3"], ["fleet", "sb3", "serial"]) == ["fleet", "serial"]  # no peer
+    assert sides_of(ROWS["cartpole-a3c"], ["fleet", "serial"]) == ["fleet"]  # gradient workers: no serial run
+
+
+def test_the_latest_run_of_a_seed_counts_and_medians_are_over_solved_runs(tmp_path: Path) -> None:
+    row = ROWS["cartpole-dqn"]
+    key = side_key(row, "fleet")
+    lines = [entry(key, 0, run(False, 50_000, 60.0, [[5000, 5.0, 100.0]]), "2026-11-26 09:00"),
+             entry(key, 0, run(True, 10_000, 8.0, [[5000, 5.0, 100.0], [10_000, 8.0, 480.0]])),
+             entry(key, 1, run(True, 20_000, 12.0, [[10_000, 6.0, 200.0], [20_000, 12.0, 490.0]])),
+             entry(key, 2, run(False, 50_000, 40.0, [[50_000, 40.0, 300.0]]))]
+    path = tmp_path / "runs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    runs = load_runs(path)
+    assert len(runs) == 3 and runs[key, 0]["run"]["solved"]
+    figures = summary([e["run"] for (k, _), e in sorted(runs.items()) if k == key])
+    assert figures is not None
+    assert (figures["solved"], figures["runs"]) == (2, 3)
+    assert figures["median_env_steps"] == 15_000 and figures["median_wall_s"] == 10.0
+
+    report = tmp_path / "results.md"
+    shown = write_report(path, report)
+    text = report.read_text()
+    assert "| cartpole-dqn |" in text and "| 2/3 | 15.0k | 10.0 |" in text
+    assert "lunarlander-ppo" not in text  # no runs: no row
+    assert shown["cartpole-dqn"]["fleet"]["solved"] == 2
+    assert (tmp_path / "results" / "CartPole-v1.svg").read_text().startswith("<?xml")
+
+
+def test_the_band_holds_a_solved_run_at_its_last_return_and_ends_an_unsolved_one() -> None:
+    solved = [[1000, 1.0, -500.0], [2000, 2.0, -150.0]]
+    unsolved = [[1000, 1.0, -900.0], [2000, 2.0, -800.0]]
+    grid = np.array([500.0, 1000.0, 1500.0, 2500.0])
+    mid, low, high = curve_band([solved, unsolved], 0, grid, [-150.0, None])
+    assert np.isnan(mid[0])  # before any evaluation
+    assert mid[1] == pytest.approx(-700.0) and low[1] == -900.0 and high[1] == -500.0
+    assert mid[3] == -150.0  # the unsolved run's budget ended at 2000; the solved one holds
