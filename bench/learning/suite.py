@@ -6,7 +6,8 @@
 
 Each row of :data:`SUITE` is a shipped config (``cartpole-appo`` is cartpole-ppo.yaml with
 ``--sync async``) with its target, env-step budget, evaluation interval and, where one exists, its SB3
-peer (the rl-baselines3-zoo's settings for the env, at its best: bench/peers/). Sides:
+peer (the rl-baselines3-zoo's settings for the env, at its best: bench/peers/; SB3's DQN evaluates every
+5,000 env steps, so the DQN rows do). Sides:
 
 - ``fleet``: `rlfleet up` of the config (its actors, its protocol);
 - ``sb3``: the peer on the same seed and budget (the runs file keeps one set of peer runs per env and
@@ -101,9 +102,8 @@ SUITE: tuple[Row, ...] = (
         serial=False),
     Row("cartpole-a2c", "cartpole-a2c.yaml", "CartPole-v1", "A2C", "barrier", 475, 500_000, 5_000, "a2c",
         serial=False),
-    Row("lunarlander-dqn", "lunarlander-dqn.yaml", "LunarLander-v3", "Ape-X DQN", "async", 200, 500_000, 10_000,
-        "dqn"),
-    Row("lunarlander-dynaq", "lunarlander-dynaq.yaml", "LunarLander-v3", "Dyna-Q", "async", 200, 500_000, 10_000,
+    Row("lunarlander-dqn", "lunarlander-dqn.yaml", "LunarLander-v3", "DQN", "async", 200, 500_000, 5_000, "dqn"),
+    Row("lunarlander-dynaq", "lunarlander-dynaq.yaml", "LunarLander-v3", "Dyna-Q", "async", 200, 500_000, 5_000,
         "dqn", serial=False),
     Row("lunarlander-ppo", "lunarlander-ppo.yaml", "LunarLander-v3", "DPPO", "barrier", 200, 1_500_000, 10_000,
         "ppo"),
