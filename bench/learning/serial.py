@@ -68,7 +68,7 @@ def run_serial(algo: str, env_id: str, seed: int, budget: int, every: int) -> di
 
 
 def run_serial_config(config: Path, seed: int, budget: int, every: int, target: float | None,
-                      max_seconds: float | None = None) -> dict[str, Any]:
+                      max_seconds: float | None = None, extra: list[str] | None = None) -> dict[str, Any]:
     """`rlfleet train --serial` of ``config`` as a subprocess; wall seconds from its launch; its evaluation
     curve as bench.learning.time_to_solve's run_fleet gives it."""
     runs = Path(tempfile.mkdtemp(prefix="serial-"))
@@ -78,6 +78,7 @@ def run_serial_config(config: Path, seed: int, budget: int, every: int, target: 
            "--set", f"evaluator.episodes={EVAL_EPISODES}"]
     cmd += ["--until-return", str(target)] if target is not None else []
     cmd += ["--max-seconds", str(max_seconds)] if max_seconds else []
+    cmd += extra or []
     start, start_epoch = time.perf_counter(), time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -101,7 +102,7 @@ def run_serial_config(config: Path, seed: int, budget: int, every: int, target: 
 def run_sb3(algo: str, env_id: str, seed: int, budget: int) -> dict[str, Any]:
     """The SB3 peer time_to_solve races, with its torch threads."""
     if algo == "dqn":
-        return run_peer(run_sb3_dqn, PEER_THREADS["dqn"], env_id, seed)
+        return run_peer(run_sb3_dqn, PEER_THREADS["dqn"], env_id, seed, budget)
     return run_peer(PAIRED[algo][2], PEER_THREADS[algo], env_id, seed, budget)
 
 

@@ -34,6 +34,7 @@ Last line: one JSON object (per row: solved counts and medians of each side).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -79,7 +80,7 @@ class Row:
     peer: str | None = None  # a key of PEERS
     serial: bool = True  # the serial runner runs it (no gradient workers, no planners)
     max_seconds: float | None = None  # wall budget of each side (heavy rows)
-    sets: tuple[str, ...] = field(default=())  # extra `rlfleet up --set`/`--sync` arguments
+    sets: tuple[str, ...] = field(default=())  # `--set` overrides of the config, every side
 
     @property
     def peer_key(self) -> str:
@@ -97,7 +98,7 @@ SUITE: tuple[Row, ...] = (
         serial=False),
     Row("cartpole-ppo", "cartpole-ppo.yaml", "CartPole-v1", "DPPO", "barrier", 475, 200_000, 2_000, "ppo"),
     Row("cartpole-appo", "cartpole-ppo.yaml", "CartPole-v1", "APPO", "async", 475, 200_000, 2_000, "ppo",
-        sets=("--sync", "async")),
+        sets=("sync=async",)),
     Row("cartpole-a3c", "cartpole-a3c.yaml", "CartPole-v1", "A3C", "async", 475, 500_000, 5_000, "a2c",
         serial=False),
     Row("cartpole-a2c", "cartpole-a2c.yaml", "CartPole-v1", "A2C", "barrier", 475, 500_000, 5_000, "a2c",
@@ -137,6 +138,18 @@ def side_key(row: Row, side: str) -> str:
     return row.peer_key if side == "sb3" else f"{side}:{row.name}:{row.budget}"
 
 
+def config_digest(row: Row) -> str:
+    """What a fleet or serial run ran: the config file's bytes and the row's overrides (a run of an older
+    config no longer counts for the row)."""
+    text = (ROOT / "configs" / row.config).read_bytes() + "\0".join(row.sets).encode()
+    return hashlib.sha256(text).hexdigest()[:12]
+
+
+def current(row: Row, entry: dict[str, Any]) -> bool:
+    """Whether a runs-file entry ran the row's config as it is now (the peer's runs always count)."""
+    return entry["side"] == "sb3" or entry.get("config") in (None, config_digest(row))
+
+
 def load_runs(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
     """(side key, seed) -> the latest entry the runs file holds."""
     runs: dict[tuple[str, int], dict[str, Any]] = {}
@@ -150,14 +163,15 @@ def load_runs(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
 
 def run_side(row: Row, side: str, seed: int) -> dict[str, Any]:
     """One run of one side of ``row`` on ``seed``."""
+    sets = [x for s in row.sets for x in ("--set", s)]
     if side == "fleet":
-        run = run_fleet(ROOT / "configs" / row.config, seed, None, row.budget, row.every, row.target,
-                        list(row.sets), row.max_seconds)
+        run = run_fleet(ROOT / "configs" / row.config, seed, None, row.budget, row.every, row.target, sets,
+                        row.max_seconds)
         run.pop("run_dir", None)  # a temporary path of this machine: not kept
         return run
     if side == "serial":
         return run_serial_config(ROOT / "configs" / row.config, seed, row.budget, row.every, row.target,
-                                 row.max_seconds)
+                                 row.max_seconds, sets)
     assert row.peer is not None
     peer, threads = PEERS[row.peer]
     return run_peer(peer, threads, row.env, seed, row.budget)
@@ -184,7 +198,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def row_runs(row: Row, side: str, runs: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
     key = side_key(row, side)
-    return [runs[k]["run"] for k in sorted(runs) if k[0] == key]
+    return [runs[k]["run"] for k in sorted(runs) if k[0] == key and current(row, runs[k])]
 
 
 def row_dates(row: Row, runs: dict[tuple[str, int], dict[str, Any]]) -> tuple[str, int | None]:
@@ -367,11 +381,14 @@ def main() -> None:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 for side in sides_of(row, wanted):
                     key = side_key(row, side)
-                    if (key, seed) in load_runs(args.runs_file) and not args.again:
+                    held = load_runs(args.runs_file).get((key, seed))
+                    if held is not None and current(row, held) and not args.again:
                         continue
                     run = run_side(row, side, seed)
                     entry = {"key": key, "row": row.name, "side": side, "seed": seed, "cores": CORES,
                              "date": time.strftime("%Y-%m-%d %H:%M"), "run": run}
+                    if side != "sb3":
+                        entry["config"] = config_digest(row)
                     with open(args.runs_file, "a") as f:
                         f.write(json.dumps(entry) + "\n")
                     brief = {k: v for k, v in run.items() if k != "curve"}

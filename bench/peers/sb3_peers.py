@@ -55,10 +55,14 @@ ZOO_PPO: dict[str, dict[str, Any]] = {
         n_envs=16, anneal=1_000_000, n_steps=1024, batch_size=64, n_epochs=4, gae_lambda=0.98, gamma=0.999,
         ent_coef=0.01,
     ),
+    "LunarLanderContinuous-v3": dict(  # the zoo's LunarLanderContinuous-v2 entry: LunarLander's settings
+        n_envs=16, anneal=1_000_000, n_steps=1024, batch_size=64, n_epochs=4, gae_lambda=0.98, gamma=0.999,
+        ent_coef=0.01,
+    ),
 }
 # Env-step budgets and evaluation intervals of the PPO comparison (both sides).
-PPO_BUDGET = {"CartPole-v1": 200_000, "LunarLander-v3": 1_500_000}
-PPO_EVAL_EVERY = {"CartPole-v1": 2_000, "LunarLander-v3": 10_000}
+PPO_BUDGET = {"CartPole-v1": 200_000, "LunarLander-v3": 1_500_000, "LunarLanderContinuous-v3": 1_500_000}
+PPO_EVAL_EVERY = {"CartPole-v1": 2_000, "LunarLander-v3": 10_000, "LunarLanderContinuous-v3": 10_000}
 # The evaluation seeds: the same fixed seeds every evaluation, as rlfleet's evaluator (seed + 1,000,000 + i).
 EVAL_SEED_OFFSET = 1_000_000
 

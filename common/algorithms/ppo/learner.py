@@ -14,9 +14,13 @@ discounts what an older policy acted. The ratio to the behaviour policy instead 
 on stale data, ``proximal_clip: false``) centres the clip on a policy the learner has left:
 rows already outside it push no further but nothing pulls the policy back, and evaluations
 collapsed for 400-500k env steps on LunarLander. On fresh segments (DPPO) pi_prox is the
-behaviour policy and both are plain PPO. Values (GAE and the bootstrap at truncations) are
-recomputed by the current critic; staleness is bounded (``max_staleness`` versions, older
-segments dropped before learn).
+behaviour policy and both are plain PPO (up to rounding: weights of 1 - 1e-7). With ``vtrace``
+the value targets are V-trace's (lambda-returns whose deltas and traces weigh by the same
+truncated ratio) and the advantages their per-step counterpart, weighed by the ratio once, in
+the surrogate (:func:`~common.algorithms.ppo.losses.gae`). Values are recomputed by the
+current critic; staleness is bounded (``max_staleness`` versions, older segments dropped
+before learn). ``behaviour_kl`` and ``behaviour_weight`` (figures of each learn call) say how
+far the data lagged; with several learners, each rank's share.
 
 Annealing (lr and clip, linear to 0) runs on the env steps of the segments trained on,
 counted by the learner (the fleet's env steps in barrier mode).

@@ -34,23 +34,27 @@ def gae(
         delta_t = r_t + gamma * (1 - terminated_t) * V(next_t) - V(s_t)
         A_t     = delta_t + gamma * lam * (1 - episode_end_t) * A_{t+1}
 
-    ``rho`` (truncated importance weights pi / mu, [S, T]): V-trace with lambda (Espeholt et al.
-    2018), each delta and each trace weighted by rho_t, so that A_t + V(s_t) is the V-trace target of
-    the policy pi from steps acted by mu; all ones: GAE.
+    ``rho`` (importance weights pi / mu truncated at 1, [S, T]): V-trace with lambda (Espeholt et al.
+    2018). The returns are V-trace's targets of the policy pi from steps acted by mu,
+
+        A_t = rho_t delta_t + gamma * lam * rho_t * (1 - episode_end_t) * A_{t+1},   returns = A + V,
+
+    and the advantages, which the surrogate weighs by rho_t itself, are A_t / rho_t = delta_t + gamma *
+    lam * (1 - episode_end_t) * A_{t+1} (rho_t applied once). All ones: GAE.
     """
     rewards = np.asarray(rewards, np.float64)
     values = np.asarray(values, np.float64)
     delta = rewards + gamma * np.where(terminated, 0.0, next_values) - values
     carry = gamma * lam * (1.0 - np.asarray(episode_end, np.float64))
-    if rho is not None:
-        rho = np.asarray(rho, np.float64)
-        delta, carry = rho * delta, carry * rho
+    weights = np.ones_like(delta) if rho is None else np.asarray(rho, np.float64)
     advantages = np.zeros_like(delta)
-    last = np.zeros(delta.shape[0])
+    targets = np.zeros_like(delta)
+    last = np.zeros(delta.shape[0])  # A_{t+1} of the V-trace recursion
     for t in range(delta.shape[1] - 1, -1, -1):
-        last = delta[:, t] + carry[:, t] * last
-        advantages[:, t] = last
-    return advantages, advantages + values
+        advantages[:, t] = delta[:, t] + carry[:, t] * last
+        last = weights[:, t] * advantages[:, t]
+        targets[:, t] = last
+    return advantages, targets + values
 
 
 def normalize_advantage(advantage: torch.Tensor) -> torch.Tensor:

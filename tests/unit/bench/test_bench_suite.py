@@ -11,7 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.learning.suite import ROWS, SUITE, curve_band, load_runs, side_key, sides_of, summary, write_report
+from bench.learning.suite import (
+    ROWS,
+    SUITE,
+    current,
+    curve_band,
+    load_runs,
+    row_runs,
+    side_key,
+    sides_of,
+    summary,
+    write_report,
+)
 from common import config as config_mod
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -48,12 +59,15 @@ def test_the_latest_run_of_a_seed_counts_and_medians_are_over_solved_runs(tmp_pa
     lines = [entry(key, 0, run(False, 50_000, 60.0, [[5000, 5.0, 100.0]]), "2026-11-26 09:00"),
              entry(key, 0, run(True, 10_000, 8.0, [[5000, 5.0, 100.0], [10_000, 8.0, 480.0]])),
              entry(key, 1, run(True, 20_000, 12.0, [[10_000, 6.0, 200.0], [20_000, 12.0, 490.0]])),
-             entry(key, 2, run(False, 50_000, 40.0, [[50_000, 40.0, 300.0]]))]
+             entry(key, 2, run(False, 50_000, 40.0, [[50_000, 40.0, 300.0]])),
+             # a run of an older version of the config: not counted
+             json.dumps({**json.loads(entry(key, 3, run(True, 5_000, 3.0, [[5000, 3.0, 500.0]]))), "config": "0ld"})]
     path = tmp_path / "runs.jsonl"
     path.write_text("\n".join(lines) + "\n")
     runs = load_runs(path)
-    assert len(runs) == 3 and runs[key, 0]["run"]["solved"]
-    figures = summary([e["run"] for (k, _), e in sorted(runs.items()) if k == key])
+    assert len(runs) == 4 and runs[key, 0]["run"]["solved"]
+    assert not current(row, runs[key, 3]) and current(row, runs[key, 2])
+    figures = summary(row_runs(row, "fleet", runs))
     assert figures is not None
     assert (figures["solved"], figures["runs"]) == (2, 3)
     assert figures["median_env_steps"] == 15_000 and figures["median_wall_s"] == 10.0
