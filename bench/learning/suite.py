@@ -52,6 +52,7 @@ from bench.learning.time_to_solve import run_fleet
 from bench.peers.sb3_a2c import run_sb3_a2c
 from bench.peers.sb3_peers import PEER_THREADS, run_peer, run_sb3_dqn, run_sb3_ppo
 from bench.peers.sb3_sac import run_sb3_sac
+from bench.peers.sb3_td3 import run_sb3_td3
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS_FILE = ROOT / "docs" / "results" / "runs.jsonl"
@@ -62,6 +63,7 @@ CORES = len(os.sched_getaffinity(0))
 PEERS: dict[str, tuple[Callable[..., dict[str, Any]], int]] = {
     "dqn": (run_sb3_dqn, PEER_THREADS["dqn"]), "ppo": (run_sb3_ppo, PEER_THREADS["ppo"]),
     "sac": (run_sb3_sac, PEER_THREADS["sac"]), "a2c": (run_sb3_a2c, PEER_THREADS["a3c"]),
+    "td3": (run_sb3_td3, PEER_THREADS["td3"]),
 }
 
 
@@ -117,9 +119,9 @@ SUITE: tuple[Row, ...] = (
     Row("lunarlandercontinuous-sac", "lunarlandercontinuous-sac.yaml", "LunarLanderContinuous-v3", "SAC", "async",
         200, 500_000, 10_000, "sac"),
     Row("pendulum-sac", "pendulum-sac.yaml", "Pendulum-v1", "SAC", "async", -200, 20_000, 1_000, "sac"),
-    Row("pendulum-td3", "pendulum-td3.yaml", "Pendulum-v1", "TD3", "async", -200, 20_000, 1_000),
+    Row("pendulum-td3", "pendulum-td3.yaml", "Pendulum-v1", "TD3", "async", -200, 20_000, 1_000, "td3"),
     Row("mountaincarcontinuous-sac", "mountaincarcontinuous-sac.yaml", "MountainCarContinuous-v0", "SAC", "async",
-        90, 50_000, 2_000),
+        90, 50_000, 2_000, "sac"),
     Row("bipedalwalker-sac", "bipedalwalker-sac.yaml", "BipedalWalker-v3", "SAC", "async", None, 10_000_000,
         20_000, max_seconds=1800),
     Row("hopper-sac", "hopper-sac.yaml", "Hopper-v5", "SAC", "async", None, 10_000_000, 20_000, max_seconds=1800),

@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 TARGETS = {"CartPole-v1": 475.0, "LunarLander-v3": 200.0, "Pendulum-v1": -200.0,
-           "LunarLanderContinuous-v3": 200.0}
+           "LunarLanderContinuous-v3": 200.0, "MountainCarContinuous-v0": 90.0}
 
 # rl-baselines3-zoo hyperparams/dqn.yml (LunarLander-v2 entry for v3).
 ZOO_DQN: dict[str, dict[str, Any]] = {
@@ -42,7 +42,7 @@ DQN_EVAL_EVERY, EVAL_EPISODES = 5000, 10
 # 6,447 / 6,732 and LunarLander 8,395 / 8,247 (within the noise: one, as its published runs), A2C CartPole
 # 14,572 / 13,846.
 CORES = len(os.sched_getaffinity(0))
-PEER_THREADS = {"dqn": CORES, "sac": CORES, "ppo": 1, "a3c": 1}
+PEER_THREADS = {"dqn": CORES, "sac": CORES, "td3": CORES, "ppo": 1, "a3c": 1}
 
 # rl-baselines3-zoo hyperparams/ppo.yml (LunarLander-v2 entry for v3), default MlpPolicy. "lin_X" is
 # X falling linearly to 0 over the zoo's n_timesteps ("anneal"), whatever budget the run is given.

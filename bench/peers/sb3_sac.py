@@ -1,5 +1,5 @@
 """The Stable-Baselines3 SAC peer of bench.learning.time_to_solve --algo sac, with the rl-baselines3-zoo
-settings.
+settings, and the loop every SB3 off-policy peer runs (TD3's: bench/peers/sb3_td3.py).
 
 As the other peers (bench/peers/sb3_peers.py): envs built with render_mode=None, the torch threads
 bench/peers/sb3_peers.py's PEER_THREADS gives (set by the caller), the zoo's hyperparameters, wall time
@@ -25,7 +25,12 @@ ZOO_SAC: dict[str, dict[str, Any]] = {
         policy_kwargs=dict(net_arch=[400, 300]),
     ),
 }
-SAC_EVAL_EVERY = {"Pendulum-v1": 1_000, "LunarLanderContinuous-v3": 10_000}
+ZOO_SAC["MountainCarContinuous-v0"] = dict(  # gSDE: state-dependent exploration, which rlfleet's SAC lacks
+    n_timesteps=50_000, learning_rate=3e-4, buffer_size=50_000, batch_size=512, ent_coef=0.1, train_freq=32,
+    gradient_steps=32, gamma=0.9999, tau=0.01, learning_starts=0, use_sde=True,
+    policy_kwargs=dict(log_std_init=-3.67, net_arch=[64, 64]),
+)
+SAC_EVAL_EVERY = {"Pendulum-v1": 1_000, "LunarLanderContinuous-v3": 10_000, "MountainCarContinuous-v0": 2_000}
 SAC_BUDGET = {env: int(hp["n_timesteps"]) for env, hp in ZOO_SAC.items()}
 
 
@@ -33,13 +38,19 @@ def run_sb3_sac(env_id: str, seed: int, budget: int | None = None) -> dict[str, 
     """SB3 SAC: evaluations every SAC_EVAL_EVERY env steps (it learns every step)."""
     from stable_baselines3 import SAC
 
-    hp = dict(ZOO_SAC[env_id])
+    return run_off_policy(SAC, ZOO_SAC[env_id], SAC_EVAL_EVERY[env_id], env_id, seed, budget)
+
+
+def run_off_policy(algorithm: Any, zoo: dict[str, Any], every: int, env_id: str, seed: int,
+                   budget: int | None = None) -> dict[str, Any]:
+    """One SB3 off-policy learner (SAC, TD3) of the zoo's settings ``zoo`` on one env, evaluated every
+    ``every`` env steps; budget: the zoo's n_timesteps unless given."""
+    hp = dict(zoo)
     budget = budget or int(hp.pop("n_timesteps"))
     hp.pop("n_timesteps", None)
-    every = SAC_EVAL_EVERY[env_id]
     start = time.perf_counter()
     env = gym.make(env_id, render_mode=None)
-    model = SAC("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hp)
+    model = algorithm("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hp)
     cb = evaluations(env_id, seed, start, lambda _model, steps: steps % every == 0)
     model.learn(total_timesteps=budget, callback=cb)
     result = peer_result(seed, cb, model, start)
