@@ -25,7 +25,7 @@ suite of hours is gathered over several sittings: a run the file already holds i
 ``--again``. The report (written after every run, or alone with ``--report-only``) is
 docs/results.md: one row per config (solved k/N, median env steps and wall seconds over the solved
 runs, the peer's, the wall-seconds ratio, the serial runner's env steps, date, cores) and one figure
-per env (docs/results/ENV.svg): greedy evaluation return against env steps and against wall seconds,
+per env (docs/results/ENV.png): greedy evaluation return against env steps and against wall seconds,
 median over seeds with the min-max band, every row and side on the same axes.
 
 Last line: one JSON object (per row: solved counts and medians of each side).
@@ -238,7 +238,7 @@ def table(runs: dict[tuple[str, int], dict[str, Any]]) -> tuple[list[str], dict[
     figures: dict[str, Any] = {}
     for row in SUITE:
         fleet, peer, serial = (summary(row_runs(row, s, runs)) for s in ("fleet", "sb3", "serial"))
-        if fleet is None and peer is None and serial is None:
+        if fleet is None and serial is None:  # a peer's runs alone (shared with another row) make no row
             continue
         figures[row.name] = {"fleet": fleet, "sb3": peer, "serial": serial}
 
@@ -274,13 +274,12 @@ def curve_band(curves: list[list[list[float]]], axis: int, grid: np.ndarray, sol
 
 
 def plot_env(env: str, rows: list[Row], runs: dict[tuple[str, int], dict[str, Any]], out: Path) -> bool:
-    """docs/results/ENV.svg: return against env steps and against wall seconds, every row and side."""
+    """docs/results/ENV.png: return against env steps and against wall seconds, every row and side."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    matplotlib.rcParams["svg.hashsalt"] = "rlfleet"
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     drawn = 0
     seen_peers: set[str] = set()
@@ -297,7 +296,7 @@ def plot_env(env: str, rows: list[Row], runs: dict[tuple[str, int], dict[str, An
             label = f"SB3 {row.peer}" if side == "sb3" else f"{row.name}" + (" (serial)" if side == "serial" else "")
             for ax, axis in zip(axes, (0, 1), strict=True):
                 end = max(c[-1][axis] for c in curves)
-                grid = np.linspace(0, end, 200)
+                grid = np.linspace(0, end, 120)
                 mid, low, high = curve_band(curves, axis, grid, [r["best_return"] if r["solved"] else None
                                                                  for r in found if r.get("curve")])
                 line, = ax.plot(grid, mid, label=f"{label} ({len(curves)} seeds)",
@@ -318,7 +317,7 @@ def plot_env(env: str, rows: list[Row], runs: dict[tuple[str, int], dict[str, An
     axes[1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="svg", metadata={"Date": None})
+    fig.savefig(out, format="png", dpi=80, metadata={"Software": None})
     plt.close(fig)
     return True
 
@@ -330,8 +329,8 @@ def write_report(runs_file: Path, report: Path) -> dict[str, Any]:
     pictures = []
     for env in envs:
         name = env.replace("/", "-")
-        if plot_env(env, [r for r in SUITE if r.env == env], runs, report.parent / "results" / f"{name}.svg"):
-            pictures.append(f"![{env}](results/{name}.svg)")
+        if plot_env(env, [r for r in SUITE if r.env == env], runs, report.parent / "results" / f"{name}.png"):
+            pictures.append(f"![{env}](results/{name}.png)")
     text = [
         "# What it solves and how fast",
         "",

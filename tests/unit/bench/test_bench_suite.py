@@ -78,7 +78,7 @@ def test_the_latest_run_of_a_seed_counts_and_medians_are_over_solved_runs(tmp_pa
     assert "| cartpole-dqn |" in text and "| 2/3 | 15.0k | 10.0 |" in text
     assert "lunarlander-ppo" not in text  # no runs: no row
     assert shown["cartpole-dqn"]["fleet"]["solved"] == 2
-    assert (tmp_path / "results" / "CartPole-v1.svg").read_text().startswith("<?xml")
+    assert (tmp_path / "results" / "CartPole-v1.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_the_band_holds_a_solved_run_at_its_last_return_and_ends_an_unsolved_one() -> None:
