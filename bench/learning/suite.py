@@ -282,6 +282,7 @@ def plot_env(env: str, rows: list[Row], runs: dict[tuple[str, int], dict[str, An
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     drawn = 0
+    lowest, highest = np.inf, -np.inf  # of the median lines: the bands' outliers do not set the scale
     seen_peers: set[str] = set()
     for row in rows:
         for side in ("fleet", "serial", "sb3"):
@@ -302,6 +303,8 @@ def plot_env(env: str, rows: list[Row], runs: dict[tuple[str, int], dict[str, An
                 line, = ax.plot(grid, mid, label=f"{label} ({len(curves)} seeds)",
                                 linestyle="--" if side == "serial" else ":" if side == "sb3" else "-")
                 ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.12, linewidth=0)
+                if np.isfinite(mid).any():
+                    lowest, highest = min(lowest, float(np.nanmin(mid))), max(highest, float(np.nanmax(mid)))
             drawn += 1
     if not drawn:
         plt.close(fig)
@@ -311,6 +314,9 @@ def plot_env(env: str, rows: list[Row], runs: dict[tuple[str, int], dict[str, An
         if target is not None:
             ax.axhline(target, color="grey", linewidth=0.8)
         ax.set_xlabel(xlabel)
+        if np.isfinite(lowest):
+            margin = 0.05 * max(highest - lowest, 1.0)
+            ax.set_ylim(lowest - margin, highest + margin)
         ax.set_ylabel("greedy evaluation return (10 episodes)")
         ax.grid(alpha=0.3)
     axes[0].set_title(f"{env}: median over seeds, min-max band")

@@ -49,9 +49,8 @@ class PPOConfig(AlgorithmSettings):
     behaviour_weight_max: PosFloat = Field(
         1.0, description="with proximal_clip: the truncation of pi_prox / pi_behaviour (V-trace's rho-bar)")
     vtrace: bool = Field(
-        True, description="with proximal_clip: value targets are V-trace's (GAE's deltas and traces weighted by"
-        " the same truncated pi_prox / pi_behaviour) and advantages their per-step counterpart: of the learn call's"
-        " policy, not of the"
+        True, description="with proximal_clip: advantages and value targets are V-trace's (GAE's deltas and traces"
+        " weighted by the same truncated pi_prox / pi_behaviour): of the learn call's policy, not of the"
         " one that acted. Fresh segments: plain GAE")
     ent_coef: NonNegFloat = Field(0.01, description="entropy bonus weight")
     vf_coef: NonNegFloat = Field(0.5, description="value loss weight")

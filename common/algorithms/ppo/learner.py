@@ -15,9 +15,9 @@ on stale data, ``proximal_clip: false``) centres the clip on a policy the learne
 rows already outside it push no further but nothing pulls the policy back, and evaluations
 collapsed for 400-500k env steps on LunarLander. On fresh segments (DPPO) pi_prox is the
 behaviour policy and both are plain PPO (up to rounding: weights of 1 - 1e-7). With ``vtrace``
-the value targets are V-trace's (lambda-returns whose deltas and traces weigh by the same
-truncated ratio) and the advantages their per-step counterpart, weighed by the ratio once, in
-the surrogate (:func:`~common.algorithms.ppo.losses.gae`). Values are recomputed by the
+advantages and value targets are V-trace's (lambda-returns whose deltas and traces weigh by the
+same truncated ratio), so with the surrogate's weight a stale step counts the ratio squared, the
+cautious choice measured in :func:`~common.algorithms.ppo.losses.gae`. Values are recomputed by the
 current critic; staleness is bounded (``max_staleness`` versions, older segments dropped
 before learn). ``behaviour_kl`` and ``behaviour_weight`` (figures of each learn call) say how
 far the data lagged; with several learners, each rank's share.

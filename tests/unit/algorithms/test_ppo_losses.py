@@ -85,18 +85,17 @@ def test_logp_entropy_match_torch_distributions() -> None:
 
 
 def test_vtrace_gae_by_hand() -> None:
-    """V-trace targets weigh each delta and each trace by rho; the advantages carry no rho of their own step
-    (the surrogate weighs them by it); all ones is GAE."""
+    """V-trace with lambda: rho weighs each delta and each trace; all ones is GAE."""
     g, lam = 0.9, 0.5
     rewards, values = np.array([[1.0, 2.0]]), np.array([[0.5, 1.0]])
     next_values, none = np.array([[1.0, 1.5]]), np.zeros((1, 2), bool)
     rho = np.array([[0.5, 0.8]])
     adv, ret = gae(rewards, values, next_values, none, none, g, lam, rho)
     d0, d1 = 1.0 + 0.9 * 1.0 - 0.5, 2.0 + 0.9 * 1.5 - 1.0
-    a1 = 0.8 * d1  # V-trace: v_1 - V(x_1)
+    a1 = 0.8 * d1  # v_1 - V(x_1)
     a0 = 0.5 * (d0 + 0.45 * a1)  # rho_0 on the delta and on the trace
+    np.testing.assert_allclose(adv, [[a0, a1]])
     np.testing.assert_allclose(ret, [[a0 + 0.5, a1 + 1.0]])
-    np.testing.assert_allclose(adv, [[d0 + 0.45 * a1, d1]])
     np.testing.assert_allclose(gae(rewards, values, next_values, none, none, g, lam, np.ones((1, 2))),
                                gae(rewards, values, next_values, none, none, g, lam))
 
