@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.learning.time_to_solve import CONFIGS, PAIRED, run_rlfleet
+from bench.learning.time_to_solve import CONFIGS, PAIRED, evaluation_curve, run_rlfleet
 from bench.peers.sb3_peers import (
     DQN_EVAL_EVERY,
     EVAL_EPISODES,
@@ -70,7 +70,7 @@ def run_serial(algo: str, env_id: str, seed: int, budget: int, every: int) -> di
 def run_serial_config(config: Path, seed: int, budget: int, every: int, target: float | None,
                       max_seconds: float | None = None, extra: list[str] | None = None) -> dict[str, Any]:
     """`rlfleet train --serial` of ``config`` as a subprocess; wall seconds from its launch; its evaluation
-    curve as bench.learning.time_to_solve's run_fleet gives it."""
+    curve (:func:`~bench.learning.time_to_solve.evaluation_curve`)."""
     runs = Path(tempfile.mkdtemp(prefix="serial-"))
     cmd = [sys.executable, "-m", "cli", "train", "--serial", "--config", str(config),
            "--max-env-steps", str(budget), "--runs", str(runs),
@@ -94,9 +94,7 @@ def run_serial_config(config: Path, seed: int, budget: int, every: int, target: 
     steps = int(hit["env_steps"]) if hit else int(result["env_steps"])
     return {"seed": seed, "solved": hit is not None, "wall_s": round(wall, 2), "env_steps": steps,
             "updates": int(result["updates"]), "steps_per_wall_s": round(steps / wall, 1) if wall > 0 else 0.0,
-            "best_return": max((float(r["mean_return"]) for r in evals), default=None),
-            "curve": [[int(r["env_steps"]), round(float(r["wall_time"]) - start_epoch, 2),
-                       round(float(r["mean_return"]), 2)] for r in evals]}
+            **evaluation_curve(evals, start_epoch)}
 
 
 def run_sb3(algo: str, env_id: str, seed: int, budget: int) -> dict[str, Any]:

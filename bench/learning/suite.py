@@ -141,15 +141,17 @@ def side_key(row: Row, side: str) -> str:
 
 
 def config_digest(row: Row) -> str:
-    """What a fleet or serial run ran: the config file's bytes and the row's overrides (a run of an older
-    config no longer counts for the row)."""
-    text = (ROOT / "configs" / row.config).read_bytes() + "\0".join(row.sets).encode()
-    return hashlib.sha256(text).hexdigest()[:12]
+    """What a fleet or serial run ran: the config's settings as loaded (its comments aside) and the row's
+    overrides (a run of an older config no longer counts for the row)."""
+    from common import config as config_mod
+
+    settings = config_mod.load(ROOT / "configs" / row.config, environ={}).model_dump_json()
+    return hashlib.sha256((settings + "\0" + "\0".join(row.sets)).encode()).hexdigest()[:12]
 
 
 def current(row: Row, entry: dict[str, Any]) -> bool:
     """Whether a runs-file entry ran the row's config as it is now (the peer's runs always count)."""
-    return entry["side"] == "sb3" or entry.get("config") in (None, config_digest(row))
+    return entry["side"] == "sb3" or entry.get("config") == config_digest(row)
 
 
 def load_runs(path: Path) -> dict[tuple[str, int], dict[str, Any]]:

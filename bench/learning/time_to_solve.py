@@ -159,11 +159,17 @@ def run_fleet(config: Path, seed: int, actors: int | None, budget: int, eval_eve
         "updates_per_s": statistics.median(float(r["updates_per_s"]) for r in busy) if busy else 0.0,
         "steps_per_wall_s": round(steps / wall, 1) if wall > 0 else 0.0,
         "updates": int(float(progress[-1]["updates"])) if progress else 0,
-        "best_return": max((float(r["mean_return"]) for r in evals), default=None),
-        "curve": [[int(r["env_steps"]), round(float(r["wall_time"]) - start_epoch, 2),
-                   round(float(r["mean_return"]), 2)] for r in evals],
+        **evaluation_curve(evals, start_epoch),
         "run_dir": str(run_dir),
     }
+
+
+def evaluation_curve(evals: list[dict[str, str]], start_epoch: float) -> dict[str, Any]:
+    """A run's ``best_return`` and ``curve`` ([env steps, wall seconds from launch, mean return] per
+    evaluation) from the rows of its evaluations.csv."""
+    return {"best_return": max((float(r["mean_return"]) for r in evals), default=None),
+            "curve": [[int(r["env_steps"]), round(float(r["wall_time"]) - start_epoch, 2),
+                       round(float(r["mean_return"]), 2)] for r in evals]}
 
 
 def raw_env_steps_per_s(env_id: str, seconds: float = 3.0) -> float:

@@ -237,15 +237,17 @@ class PPOLearner(LearnerBase):
     def _normalized(self, obs: np.ndarray) -> np.ndarray:
         return obs if self.obs_rms is None else self.obs_rms.normalize(obs)
 
+    def _tensor(self, rows: np.ndarray) -> torch.Tensor:
+        """Rows of a batch on the device, copied: replay's arrays are read-only views."""
+        return torch.tensor(rows).to(self.device)
+
     def _evaluate(self, obs: np.ndarray, action: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         """log pi(action | obs) of the current policy (on the CPU) and V(obs), for rows of a batch."""
-        x = torch.tensor(self._normalized(obs)).to(self.device)
-        logp, _, value = self.net.evaluate(x, torch.tensor(action).to(self.device))  # a copy: read-only view
+        logp, _, value = self.net.evaluate(self._tensor(self._normalized(obs)), self._tensor(action))
         return logp.cpu(), value.cpu().numpy().astype(np.float64)
 
     def _values(self, obs: np.ndarray) -> np.ndarray:
-        x = torch.tensor(self._normalized(obs)).to(self.device)  # a copy: replay's arrays are read-only views
-        return self.net.value(x).cpu().numpy().astype(np.float64)  # type: ignore[no-any-return]
+        return self.net.value(self._tensor(self._normalized(obs))).cpu().numpy().astype(np.float64)  # type: ignore[no-any-return]
 
     # -- publishing and checkpoints ------------------------------------------
 

@@ -14,6 +14,7 @@ import pytest
 from bench.learning.suite import (
     ROWS,
     SUITE,
+    config_digest,
     current,
     curve_band,
     load_runs,
@@ -34,8 +35,9 @@ def run(solved: bool, steps: int, wall: float, curve: list[list[float]]) -> dict
 
 
 def entry(key: str, seed: int, result: dict[str, object], date: str = "2026-11-27 10:00") -> str:
-    return json.dumps({"key": key, "row": "x", "side": key.split(":")[0], "seed": seed, "cores": 2, "date": date,
-                       "run": result})
+    """A fleet run of cartpole-dqn as the config is now."""
+    return json.dumps({"key": key, "row": "cartpole-dqn", "side": key.split(":")[0], "seed": seed, "cores": 2,
+                       "date": date, "run": result, "config": config_digest(ROWS["cartpole-dqn"])})
 
 
 def test_every_row_names_a_shipped_config_of_its_env() -> None:
