@@ -92,7 +92,7 @@ class Row:
 
 SUITE: tuple[Row, ...] = (
     Row("cartpole-dqn", "cartpole-dqn.yaml", "CartPole-v1", "Ape-X DQN", "async", 475, 50_000, 5_000, "dqn"),
-    Row("cartpole-dqn-barrier", "cartpole-dqn-barrier.yaml", "CartPole-v1", "DQN", "barrier", 475, 50_000, 5_000,
+    Row("cartpole-dqn-barrier", "cartpole-dqn-barrier.yaml", "CartPole-v1", "Ape-X DQN", "barrier", 475, 50_000, 5_000,
         "dqn"),
     Row("cartpole-dqn-hogwild", "cartpole-dqn-hogwild.yaml", "CartPole-v1", "HogWild DQN", "async", 475, 300_000,
         5_000, "dqn", serial=False),
