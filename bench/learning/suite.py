@@ -40,7 +40,7 @@ import os
 import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,9 +200,17 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
             "median_best_return": round(statistics.median(best), 1) if best else None}
 
 
-def row_runs(row: Row, side: str, runs: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
+def row_runs(row: Row, side: str, runs: dict[tuple[str, int], dict[str, Any]],
+             seeds: Iterable[int] | None = None) -> list[dict[str, Any]]:
+    """The row's current runs of ``side`` (on ``seeds`` only, if given), in seed order."""
+    key, wanted = side_key(row, side), None if seeds is None else set(seeds)
+    return [runs[k]["run"] for k in sorted(runs)
+            if k[0] == key and (wanted is None or k[1] in wanted) and current(row, runs[k])]
+
+
+def seeds_of(row: Row, side: str, runs: dict[tuple[str, int], dict[str, Any]]) -> set[int]:
     key = side_key(row, side)
-    return [runs[k]["run"] for k in sorted(runs) if k[0] == key and current(row, runs[k])]
+    return {seed for (k, seed), entry in runs.items() if k == key and current(row, entry)}
 
 
 def row_dates(row: Row, runs: dict[tuple[str, int], dict[str, Any]]) -> tuple[str, int | None]:
@@ -233,13 +241,13 @@ def cell_wall(row: Row, s: dict[str, Any] | None) -> str:
     return f"{s['median_wall_s']:.1f}" if s and (s["solved"] or row.target is None) else "–"
 
 
-def table(runs: dict[tuple[str, int], dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+def table(runs: dict[tuple[str, int], dict[str, Any]], seeds: range) -> tuple[list[str], dict[str, Any]]:
     lines = ["| config | env | algorithm | protocol | solved | env steps | wall s | SB3 solved | SB3 env steps "
              "| SB3 wall s | wall ratio | serial solved | serial env steps | date | cores |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     figures: dict[str, Any] = {}
     for row in SUITE:
-        fleet, peer, serial = (summary(row_runs(row, s, runs)) for s in ("fleet", "sb3", "serial"))
+        fleet, peer, serial = (summary(row_runs(row, s, runs, seeds)) for s in ("fleet", "sb3", "serial"))
         if fleet is None and serial is None:  # a peer's runs alone (shared with another row) make no row
             continue
         figures[row.name] = {"fleet": fleet, "sb3": peer, "serial": serial}
@@ -254,6 +262,27 @@ def table(runs: dict[tuple[str, int], dict[str, Any]]) -> tuple[list[str], dict[
                      f"{cell_solved(row, peer)} | {cell_steps(row, peer)} | {cell_wall(row, peer)} | {ratio} | "
                      f"{cell_solved(row, serial)} | {cell_steps(row, serial)} | {date} | {cores or ''} |")
     return lines, figures
+
+
+def algorithm_check(runs: dict[tuple[str, int], dict[str, Any]]) -> list[str]:
+    """The serial runner against SB3 on every seed both ran (more than the table's, where gathered): is the
+    algorithm apart from the fleet as sample-efficient as SB3's on the same hyperparameters?"""
+    lines = ["| config | seeds | serial solved | serial median env steps | SB3 solved | SB3 median env steps "
+             "| env-steps ratio |", "|---|---|---|---|---|---|---|"]
+    for row in SUITE:
+        if not row.serial or row.peer is None or row.target is None:
+            continue
+        common = sorted(seeds_of(row, "serial", runs) & seeds_of(row, "sb3", runs))
+        serial, peer = (summary(row_runs(row, side, runs, common)) for side in ("serial", "sb3"))
+        if serial is None or peer is None:
+            continue
+        ratio = (f"{serial['median_env_steps'] / peer['median_env_steps']:.2f}"
+                 if serial["solved"] and peer["solved"] else "–")
+        span = f"{common[0]}-{common[-1]}" if common == list(range(common[0], common[-1] + 1)) else str(common)
+        lines.append(f"| {row.name} | {span} ({len(common)}) | {serial['solved']}/{serial['runs']} | "
+                     f"{cell_steps(row, serial)} | {peer['solved']}/{peer['runs']} | {cell_steps(row, peer)} | "
+                     f"{ratio} |")
+    return lines if len(lines) > 2 else []
 
 
 def curve_band(curves: list[list[list[float]]], axis: int, grid: np.ndarray, solved_value: list[float | None]
@@ -275,7 +304,8 @@ def curve_band(curves: list[list[list[float]]], axis: int, grid: np.ndarray, sol
         return np.nanmedian(values, 0), np.nanmin(values, 0), np.nanmax(values, 0)
 
 
-def plot_env(env: str, rows: list[Row], runs: dict[tuple[str, int], dict[str, Any]], out: Path) -> bool:
+def plot_env(env: str, rows: list[Row], runs: dict[tuple[str, int], dict[str, Any]], seeds: range, out: Path
+             ) -> bool:
     """docs/results/ENV.png: return against env steps and against wall seconds, every row and side."""
     import matplotlib
 
@@ -290,7 +320,7 @@ def plot_env(env: str, rows: list[Row], runs: dict[tuple[str, int], dict[str, An
         for side in ("fleet", "serial", "sb3"):
             if side == "sb3" and row.peer_key in seen_peers:
                 continue
-            found = row_runs(row, side, runs)
+            found = row_runs(row, side, runs, seeds)
             curves = [r["curve"] for r in found if r.get("curve")]
             if not curves:
                 continue
@@ -330,14 +360,17 @@ def plot_env(env: str, rows: list[Row], runs: dict[tuple[str, int], dict[str, An
     return True
 
 
-def write_report(runs_file: Path, report: Path) -> dict[str, Any]:
+def write_report(runs_file: Path, report: Path, seeds: range = range(5)) -> dict[str, Any]:
+    """docs/results.md and its figures: the table and figures of ``seeds`` (the suite's), then the serial
+    runner against SB3 on every seed both ran."""
     runs = load_runs(runs_file)
-    lines, figures = table(runs)
+    lines, figures = table(runs, seeds)
+    check = algorithm_check(runs)
     envs = list(dict.fromkeys(row.env for row in SUITE))
     pictures = []
     for env in envs:
         name = env.replace("/", "-")
-        if plot_env(env, [r for r in SUITE if r.env == env], runs, report.parent / "results" / f"{name}.png"):
+        if plot_env(env, [r for r in SUITE if r.env == env], runs, seeds, report.parent / "results" / f"{name}.png"):
             pictures.append(f"![{env}](results/{name}.png)")
     text = [
         "# What it solves and how fast",
@@ -352,10 +385,15 @@ def write_report(runs_file: Path, report: Path) -> dict[str, Any]:
         "env steps and wall seconds (from launch, start-up included) are medians over the solved runs. The",
         "wall ratio is the fleet's median over SB3's. Rows without a target are heavy for two cores: they",
         "run to a wall budget and show the median of each run's best evaluation. A dash: no run, or none",
-        "solved.",
+        f"solved. Seeds {seeds.start}-{seeds.stop - 1}.",
         "",
         *lines,
         "",
+        *(["## The algorithm apart from the fleet", "",
+           "The serial runner against SB3 on the same hyperparameters, on every seed both sides ran (the",
+           "table's and any more gathered with `--first-seed`): env steps to solve, medians over the solved",
+           "runs. tests/unit/algorithms/test_ppo_matches_sb3.py checks that one PPO learn call equals SB3's.",
+           "", *check, ""] if check else []),
         *[line for picture in pictures for line in (picture, "")],
     ]
     report.write_text("\n".join(text))
@@ -375,6 +413,8 @@ def main() -> None:
     parser.add_argument("--report", type=Path, default=REPORT)
     parser.add_argument("--again", action="store_true", help="run again what the runs file holds already")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--report-seeds", default=None, metavar="FIRST:COUNT",
+                        help="the seeds of the table and figures (default 0:5)")
     args = parser.parse_args()
     rows = [name.strip() for name in args.configs.split(",") if name.strip()]
     unknown = [name for name in rows if name not in ROWS]
@@ -383,6 +423,10 @@ def main() -> None:
     wanted = [s.strip() for s in args.sides.split(",")]
     if not set(wanted) <= {"fleet", "sb3", "serial"}:
         parser.error(f"--sides {args.sides!r}: allowed fleet, sb3, serial")
+    # the table is of the suite's seeds (0-4 unless --report-seeds): runs on more seeds (--first-seed) count
+    # in the serial-against-SB3 check only, so every column of a row is the same seeds
+    first, count = (int(x) for x in args.report_seeds.split(":")) if args.report_seeds else (0, 5)
+    report_seeds = range(first, first + count)
     if not args.report_only:
         args.runs_file.parent.mkdir(parents=True, exist_ok=True)
         for name in rows:
@@ -402,8 +446,8 @@ def main() -> None:
                         f.write(json.dumps(entry) + "\n")
                     brief = {k: v for k, v in run.items() if k != "curve"}
                     print(name, side, json.dumps(brief), flush=True)
-                    write_report(args.runs_file, args.report)
-    figures = write_report(args.runs_file, args.report)
+                    write_report(args.runs_file, args.report, report_seeds)
+    figures = write_report(args.runs_file, args.report, report_seeds)
     print(json.dumps({"cores": CORES, "rows": {name: figures[name] for name in figures if name in rows}}))
 
 

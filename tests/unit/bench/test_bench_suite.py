@@ -35,8 +35,9 @@ def run(solved: bool, steps: int, wall: float, curve: list[list[float]]) -> dict
 
 
 def entry(key: str, seed: int, result: dict[str, object], date: str = "2026-11-27 10:00") -> str:
-    """A fleet run of cartpole-dqn as the config is now."""
-    return json.dumps({"key": key, "row": "cartpole-dqn", "side": key.split(":")[0], "seed": seed, "cores": 2,
+    """A run of cartpole-dqn (a side of it, or its peer's) as the config is now."""
+    side = "sb3" if key.startswith("sb3-") else key.split(":")[0]
+    return json.dumps({"key": key, "row": "cartpole-dqn", "side": side, "seed": seed, "cores": 2,
                        "date": date, "run": result, "config": config_digest(ROWS["cartpole-dqn"])})
 
 
@@ -81,6 +82,25 @@ def test_the_latest_run_of_a_seed_counts_and_medians_are_over_solved_runs(tmp_pa
     assert "lunarlander-ppo" not in text  # no runs: no row
     assert shown["cartpole-dqn"]["fleet"]["solved"] == 2
     assert (tmp_path / "results" / "CartPole-v1.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_table_is_of_the_suites_seeds_and_the_algorithm_check_of_every_seed_both_ran(tmp_path: Path) -> None:
+    row = ROWS["cartpole-dqn"]
+    fleet, serial, peer = (side_key(row, side) for side in ("fleet", "serial", "sb3"))
+    curve = [[5000, 5.0, 480.0]]
+    lines = [entry(fleet, seed, run(True, 10_000, 8.0, curve)) for seed in range(5)]
+    lines += [entry(serial, seed, run(True, 10_000 if seed < 5 else 40_000, 6.0, curve)) for seed in range(8)]
+    lines += [entry(peer, seed, run(True, 20_000, 30.0, curve)) for seed in range(7)]  # seed 7: no peer run
+    path = tmp_path / "runs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    report = tmp_path / "results.md"
+    shown = write_report(path, report, range(5))
+    assert shown["cartpole-dqn"]["serial"]["runs"] == 5 and shown["cartpole-dqn"]["sb3"]["runs"] == 5
+    text = report.read_text()
+    assert "| cartpole-dqn | 0-6 (7) | 7/7 | 10.0k | 7/7 | 20.0k | 0.50 |" in text  # seeds 5, 6 count here
+    shown = write_report(path, report, range(5, 7))
+    assert shown["cartpole-dqn"]["fleet"] is None  # no fleet run on seeds 5-6
+    assert shown["cartpole-dqn"]["serial"]["median_env_steps"] == 40_000
 
 
 def test_the_band_holds_a_solved_run_at_its_last_return_and_ends_an_unsolved_one() -> None:
