@@ -216,7 +216,7 @@ def _decode(buffers: list[memoryview], limits: Limits) -> Message:
     arrays: dict[str, np.ndarray] = {}
     if descriptors:
         known = _layouts.get(len(descriptors))
-        if known is not None and known[0] is limits and known[1] == descriptors:
+        if known is not None and known[0] is limits and known[1] == descriptors and _int_dims(descriptors):
             layout = known[2]  # the same [name, dtype, shape] items as a message that passed: valid
         else:
             layout = _layout(descriptors, buffers, limits)
@@ -239,6 +239,11 @@ Layout = tuple[tuple[str, np.dtype[Any], list[int], int], ...]
 #: repeats the same names, dtypes and shapes in every message, and comparing two lists is much
 #: cheaper than checking every item again. Entries are replaced whole (safe across threads).
 _layouts: dict[int, tuple[Limits, list[Any], Layout]] = {}
+
+
+def _int_dims(descriptors: list[Any]) -> bool:
+    """Whether every shape dim is an int: ``==`` against a cached layout takes 4.0 and True for 4 and 1."""
+    return all(type(d) is int for item in descriptors for d in item[2])
 
 
 def _layout(descriptors: list[Any], buffers: list[Any], limits: Limits) -> Layout:
@@ -266,7 +271,7 @@ def _unpack_arrays(descriptors: list[Any], buf: Any, limits: Limits) -> tuple[di
     """The arrays of a packed payload frame (read-only views, built once its length is checked)
     and their layout object."""
     known = _packed_layouts.get(len(descriptors))
-    if known is not None and known[0] is limits and known[1] == descriptors:
+    if known is not None and known[0] is limits and known[1] == descriptors and _int_dims(descriptors):
         layout = known[2]
     else:
         layout = _packed_layout(descriptors, limits)
