@@ -27,7 +27,7 @@ from common.wire.codec import (
     Message,
     ProtocolError,
 )
-from common.wire.schema import MESSAGES, FieldSpec, MessageSpec
+from common.wire.schema import MESSAGES, FieldSpec, MessageSpec, range_text
 
 
 def _buffer(frame: Any) -> Any:
@@ -325,8 +325,8 @@ def _check_body(spec: MessageSpec, body: Mapping[str, Any]) -> None:
         if type(value) not in _PLAIN.get(fspec.kind, ()):  # a scalar of the right type needs no more
             _check_field(spec.name, name, value, fspec)
         if fspec.bounds is not None and type(value) is int and not fspec.bounds[0] <= value <= fspec.bounds[1]:
-            raise ProtocolError("bad_field", f"{spec.name}.{name} = {value}; allowed: {fspec.bounds[0]}"
-                                f" to {fspec.bounds[1]}")
+            raise ProtocolError("bad_field", f"{spec.name}.{name} = {value}; allowed: an int from"
+                                f" {range_text(fspec.bounds)}")
     # Unknown fields are ignored (forward compatibility), but must stay shallow.
     for name, value in body.items():
         if name not in spec.fields:

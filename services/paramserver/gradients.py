@@ -33,6 +33,7 @@ from common.config.sections import GradientsConfig
 from common.tensor_shards import Layout
 from common.wire.codec import Message
 from common.wire.dedup import Dedup
+from common.wire.schema import INT64_MAX, PUBLISHED_RANGE, range_text
 from common.wire.server import Peer
 from services.paramserver.gradient_rounds import GradientRound, RoundPush
 from services.paramserver.shard_optimizer import FlatSlice, ShardOptimizer
@@ -62,6 +63,9 @@ def check_push(
     if version > newest:
         raise Refusal("unknown_version", f"gradients computed on version {version}; this shard's newest is"
                       f" {newest} (a version it never held)")
+    if newest >= INT64_MAX:
+        raise Refusal("bad_field", f"this shard's newest version is {newest}, the largest a version may be"
+                      f" ({range_text(PUBLISHED_RANGE)}): no push can make a newer one")
     if tensors:
         check_tensors(slice_specs, arrays)
     staleness = newest - version

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from common.roles import REGISTERED
+from common.wire.schema import INT64_MAX
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,9 @@ class Registry:
 
     @property
     def fleet_env_steps(self) -> int:
-        """Env steps of every actor that ever reported, restarts included."""
-        return sum(self._steps.values()) + sum(self._steps_before_restart.values())
+        """Env steps of every actor that ever reported, restarts included; saturated at the wire's
+        int64 range, so reports that add up past it cannot break ``welcome`` for every actor."""
+        return min(INT64_MAX, sum(self._steps.values()) + sum(self._steps_before_restart.values()))
 
     # -- changes ------------------------------------------------------------
     def report_steps(self, actor_id: str, env_steps: int) -> None:

@@ -30,7 +30,7 @@ class RegistryRequests:
         index = self._join(msg, msg["version"])
         steps = msg.get("env_steps")
         if steps is not None and msg["role"] == "actor":
-            self.registry.report_steps(msg["actor_id"], max(0, steps))
+            self.registry.report_steps(msg["actor_id"], steps)
         self._welcome(peer, index)
 
     def on_goodbye(self, peer: Peer, msg: Message) -> None:

@@ -36,8 +36,6 @@ from services.replay.frames import (
 from services.replay.prefault import Prefaulter, lazy_zeros
 from services.replay.ratelimiter import RateLimiter
 
-MAX_SAMPLE_BATCH = 1 << 16
-
 
 class TableError(Exception):
     """A request a table refuses; ``reason`` becomes the error reply's reason."""

@@ -45,7 +45,7 @@ from common.wire.errors import RequestError
 from common.wire.server import Peer, Server
 from common.wire.transport import DEFAULT_HWM, CurveConfig
 from services.replay.burst_replies import BurstReplies
-from services.replay.columnar import MAX_SAMPLE_BATCH, Table, TableError
+from services.replay.columnar import Table, TableError
 from services.replay.fast_insert import FastInsertPath, StoredPacked
 from services.replay.held_requests import MAX_HELD_BYTES, MAX_HELD_INSERTS, MAX_HELD_SAMPLES, HeldRequests
 from services.replay.insert_writer import InsertWriter
@@ -187,9 +187,7 @@ class ReplayServer(Server):
 
     def on_sample(self, peer: Peer, msg: Message) -> None:
         table = self._table(msg["table"])
-        bs = msg["batch_size"]
-        if not 1 <= bs <= MAX_SAMPLE_BATCH:
-            raise RequestError("bad_request", f"batch_size={bs}; allowed: 1..{MAX_SAMPLE_BATCH}")
+        bs = msg["batch_size"]  # in 1..65,536: the decoder checks
         limited = msg.get("rate_limited") is not False
         if not limited and isinstance(table, QueueTable):
             raise RequestError("bad_request", f"rate_limited=false on queue table {table.name!r}: its items are "

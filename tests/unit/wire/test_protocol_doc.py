@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from common.wire.codec import DTYPES, PROTOCOL_VERSION, REASONS
-from common.wire.schema import MESSAGES
+from common.wire.schema import MESSAGES, range_text
 
 DOC = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text()
 
@@ -47,3 +47,16 @@ def test_dtypes_and_reasons_are_documented() -> None:
         assert f"`{name}`" in DOC, name
     for reason in REASONS:
         assert f"`{reason}`" in DOC, reason
+
+
+def test_every_int_field_states_the_range_the_decoder_checks() -> None:
+    docs = sections()
+    for name, spec in MESSAGES.items():
+        for field_name, f in spec.fields.items():
+            if f.kind != "int":
+                continue
+            assert f.bounds is not None
+            row = re.search(rf"^\| `{field_name}` \| ([^|]+) \|", docs[name], flags=re.M)
+            assert row, f"{name}.{field_name} has no row"
+            want = f"int, {range_text(f.bounds)}"
+            assert row.group(1).strip() == want, f"{name}.{field_name}: the doc says {row.group(1)!r}; code: {want!r}"
