@@ -175,7 +175,9 @@ class SerialRunner:
             keys, data, weights = batch.keys, batch.data, self.learner.weigh(batch.probability)
         else:  # a round's items, in one batch: unweighted
             data = batch
-        kept, weights, dropped = algorithms.drop_stale(data, self.version, self.learner.data.max_staleness, weights)
+        kept, weights, stale, invalid = algorithms.drop_stale(data, self.version, self.learner.data.max_staleness,
+                                                              weights)
+        dropped = stale + invalid
         if len(kept["version"]) == 0:
             return
         before = self.learner.num_updates

@@ -23,7 +23,7 @@ Learning (the learner service)::
     learner.data                                      # DataSpec: how to sample for it
     batch = sample(learner.data.batch_items)          # replay knows no algorithm's knobs
     weights = learner.weigh(batch.probability)        # importance weights, None: unweighted
-    batch, weights, dropped = drop_stale(batch.data, version, learner.data.max_staleness, weights)
+    batch, weights, stale, invalid = drop_stale(batch.data, version, learner.data.max_staleness, weights)
     metrics, priorities = learner.learn(batch, weights)    # built from compute_gradients + apply_gradients
     publish(learner.weights())                        # named float arrays, only what acting needs
 
@@ -195,21 +195,28 @@ class GradientWorker(Policy, Protocol):
 def drop_stale(
     batch: Mapping[str, np.ndarray], current_version: int, max_staleness: int | None,
     weights: np.ndarray | None = None,
-) -> tuple[Columns, np.ndarray | None, int]:
+) -> tuple[Columns, np.ndarray | None, int, int]:
     """Keep the items acted with weights at most ``max_staleness`` versions older than ``current_version``.
 
     Returns the kept rows of every column, the kept rows of ``weights`` (per-item importance
-    weights, None stays None) and how many items were dropped. ``max_staleness`` None keeps
-    everything. Items need a ``version`` column (int64, one per item).
+    weights, None stays None), how many items were dropped as stale and how many as invalid: a
+    version below 0 or above ``current_version`` (the newest the learner published) is one no
+    actor acted with, whatever ``max_staleness`` (None: no limit on staleness). Items need a
+    ``version`` column (int64, one per item) unless ``max_staleness`` is None.
     """
     columns = dict(batch)
-    if max_staleness is None:
-        return columns, weights, 0
     if "version" not in columns:
+        if max_staleness is None:
+            return columns, weights, 0, 0
         raise KeyError("batch has no 'version' column; every item carries the weights version it was acted with")
-    keep = np.asarray(columns["version"]).reshape(-1) >= current_version - max_staleness
+    versions = np.asarray(columns["version"]).reshape(-1)
+    keep = (versions >= 0) & (versions <= current_version)
+    invalid = int(keep.size - np.count_nonzero(keep))
+    if max_staleness is not None:
+        keep &= versions >= current_version - max_staleness
     dropped = int(keep.size - np.count_nonzero(keep))
     if dropped == 0:
-        return columns, weights, 0
+        return columns, weights, 0, 0
     kept_weights = None if weights is None else np.asarray(weights)[keep]
-    return {key: np.asarray(value)[keep] for key, value in columns.items()}, kept_weights, dropped
+    return ({key: np.asarray(value)[keep] for key, value in columns.items()}, kept_weights, dropped - invalid,
+            invalid)

@@ -61,10 +61,11 @@ class Trainer:
             "learner_item_staleness", "Versions between the weights an item was acted with and the learner's.",
             buckets=(0, 1, 2, 4, 8, 16, 32, 64))
         self.m_dropped = m.counter("learner_items_dropped", "Items not trained on, by reason (stale: acted with"
-                                   " weights more than the algorithm's max_staleness versions old; malformed: a"
-                                   " batch the algorithm could not learn from, e.g. columns it does not have).",
-                                   ("reason",))
-        for reason in ("stale", "malformed"):
+                                   " weights more than the algorithm's max_staleness versions old; invalid_version:"
+                                   " a version below 0 or above the learner's, which no actor acted with;"
+                                   " malformed: a batch the algorithm could not learn from, e.g. columns it does"
+                                   " not have).", ("reason",))
+        for reason in ("stale", "invalid_version", "malformed"):
             self.m_dropped.labels(reason).inc(0)
         self._bad_batches: set[str] = set()  # the kinds of bad batch already logged (each once)
         self.m_wait = m.counter("learner_sample_wait_seconds", "Seconds the learner waited for a batch.")
@@ -92,15 +93,21 @@ class Trainer:
         """Drop stale items, learn on the rest, send priorities back to ``batch``'s shard (through ``sampler``,
         the client it came from; default: the real table's); False if all were stale."""
         try:
-            behind = self.version() - np.asarray(data["version"], np.int64).reshape(-1) if "version" in data else None
+            version = self.version()
+            kept, weights, stale, invalid = algorithms.drop_stale(data, version, self.core.data.max_staleness,
+                                                                  weights)
+            behind = None
+            if "version" in data:  # of the items with a valid version only: a forged one is no staleness
+                versions = np.asarray(data["version"], np.int64).reshape(-1)
+                behind = version - versions[(versions >= 0) & (versions <= version)]
             if behind is not None and len(behind):
                 step = max(1, len(behind) // STALENESS_SAMPLES)  # a big batch: evenly spaced items, not all
                 for b in behind[::step]:
                     self.m_staleness.observe(b)
-            kept, weights, dropped = algorithms.drop_stale(data, self.version(), self.core.data.max_staleness,
-                                                           weights)
+            dropped = stale + invalid
             if dropped:
-                self.m_dropped.labels("stale").inc(dropped)
+                self.m_dropped.labels("stale").inc(stale)
+                self.m_dropped.labels("invalid_version").inc(invalid)
                 if len(kept["version"]) == 0:
                     return False
             before = self.core.num_updates

@@ -167,16 +167,27 @@ def test_worker_act_add_gradients(name: str, env_id: str, settings: dict[str, An
 def test_drop_stale() -> None:
     batch = {"version": np.array([3, 7, 5, 9], np.int64), "obs": np.arange(8, dtype=np.float32).reshape(4, 2)}
     weights = np.array([0.1, 0.2, 0.3, 0.4])
-    kept, kept_weights, dropped = drop_stale(batch, current_version=9, max_staleness=2, weights=weights)
-    assert dropped == 2
+    kept, kept_weights, stale, invalid = drop_stale(batch, current_version=9, max_staleness=2, weights=weights)
+    assert (stale, invalid) == (2, 0)
     np.testing.assert_array_equal(kept["version"], [7, 9])
     np.testing.assert_array_equal(kept["obs"], [[2, 3], [6, 7]])
     np.testing.assert_array_equal(kept_weights, [0.2, 0.4])  # importance weights follow their items
-    kept, kept_weights, dropped = drop_stale(batch, 9, None)
-    assert dropped == 0 and kept["version"] is batch["version"] and kept_weights is None
-    kept, kept_weights, dropped = drop_stale(batch, 9, 6, weights)
-    assert dropped == 0 and len(kept["obs"]) == 4 and kept_weights is weights
-    kept, _, dropped = drop_stale(batch, 100, 0)
-    assert dropped == 4 and kept["obs"].shape == (0, 2)
+    kept, kept_weights, stale, invalid = drop_stale(batch, 9, None)
+    assert stale == invalid == 0 and kept["version"] is batch["version"] and kept_weights is None
+    kept, kept_weights, stale, invalid = drop_stale(batch, 9, 6, weights)
+    assert stale == invalid == 0 and len(kept["obs"]) == 4 and kept_weights is weights
+    kept, _, stale, invalid = drop_stale(batch, 100, 0)
+    assert (stale, invalid) == (4, 0) and kept["obs"].shape == (0, 2)
     with pytest.raises(KeyError, match="version"):
         drop_stale({"obs": batch["obs"]}, 9, 2)
+
+
+@pytest.mark.parametrize("max_staleness", [None, 2, 10**6])
+def test_drop_stale_drops_versions_no_actor_acted_with(max_staleness: int | None) -> None:
+    """A forged version (above the learner's own, or negative) is invalid whatever the staleness bound:
+    a future one used to count as staleness below 0 and be trained on."""
+    forged = [10**12, (1 << 63) - 1, -1, -(1 << 63)]
+    batch = {"version": np.array([9, *forged, 8], np.int64), "obs": np.arange(6, dtype=np.float32)}
+    kept, _, stale, invalid = drop_stale(batch, 9, max_staleness)
+    assert invalid == 4 and stale == 0
+    np.testing.assert_array_equal(kept["version"], [9, 8])
