@@ -29,6 +29,8 @@ from services.replay.held_requests import HeldRequests
 from services.replay.insert_writer import InsertWriter
 from services.replay.priorities import check_priorities
 from services.replay.replier import Replier
+from services.replay.versions import COLUMN as VERSION
+from services.replay.versions import PublishedVersions
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class FastInsert:
     plan: PackedPlan
     items: tuple[tuple[str, np.dtype[Any], tuple[int, ...], int], ...]  # the decoder's, priority included
     priority: tuple[np.dtype[Any], int] | None  # its dtype and offset in the payload
+    version: tuple[np.dtype[Any], tuple[int, ...], int] | None  # the version column's dtype, shape and offset
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,9 @@ class FastInsertPath:
     insert the full path stored (:meth:`remember`, then :meth:`learn` once the message is handled)."""
 
     def __init__(self, loop: Replier, dedup: Dedup, held: HeldRequests, writer: InsertWriter,
-                 replies: BurstReplies, logged: bool) -> None:
+                 replies: BurstReplies, versions: PublishedVersions, logged: bool) -> None:
         self.loop = loop
+        self.versions = versions
         self.dedup = dedup
         self.held = held
         self.writer = writer
@@ -155,6 +159,7 @@ class FastInsertPath:
         if plan is None:
             return
         priority = next(((dtype, offset) for name, dtype, _, offset in items if name == "priority"), None)
+        version = next(((dtype, shape, offset) for name, dtype, shape, offset in items if name == VERSION), None)
         layouts = self.layouts.get(identity)
         if layouts is None:
             if len(self.layouts) >= MAX_FAST_PEERS:
@@ -163,7 +168,7 @@ class FastInsertPath:
         if len(layouts) >= MAX_LAYOUTS:
             layouts.clear()
         layouts[nbytes] = FastInsert(prefix, table, table.generation, n, nbytes, peer.sender, owner, plan, items,
-                                     priority)
+                                     priority, version)
 
     def _insert(self, fast: FastInsert, identity: bytes, frames: list[Any]) -> bool:
         """Store an insert whose header is ``fast.prefix`` and two ints and whose payload has the
@@ -196,6 +201,10 @@ class FastInsertPath:
             try:
                 check_priorities(priority)
             except TableError:
+                return False
+        if fast.version is not None:  # a version above the newest known: the full path asks or refuses
+            dtype, shape, offset = fast.version
+            if not self.versions.known(np.ndarray(shape, dtype, memoryview(payload), offset)):
                 return False
         loop.count("insert", "in", len(header) + fast.nbytes)
         if not self.logged:

@@ -42,6 +42,8 @@ class ReplayService:
             cfg.replay, self.metrics, self.bind, shard=args.shard, directory=shard_dir(cfg, args.shard),
             seed=cfg.seed * 1000 + args.shard, curve=server_curve(cfg), limits=cfg.limits,
             max_held_inserts=cfg.replay.max_held_inserts, max_held_bytes=cfg.replay.max_held_mib << 20,
+            # replay holds no client key to ask a CurveZMQ paramserver: the learner alone drops future versions
+            paramserver=cfg.network.paramserver[0] if cfg.security.mode != "curve" else None,
         )
         t0 = time.monotonic()
         restored = self.server.restore()

@@ -55,6 +55,7 @@ from services.replay.recovery import Recovery
 from services.replay.sample_responder import SampleResponder
 from services.replay.storage import WriteAheadLog
 from services.replay.tables import QueueTable, make_table
+from services.replay.versions import PublishedVersions
 
 RESERVED = ("key", "probability", "priority")
 MAX_SAMPLE_TIMEOUT_MS = 600_000  # a held sample waits at most this long (also without timeout_ms)
@@ -79,7 +80,10 @@ class ReplayServer(Server):
         max_held_inserts: int = MAX_HELD_INSERTS,
         max_held_samples: int = MAX_HELD_SAMPLES,
         max_held_bytes: int = MAX_HELD_BYTES,
+        paramserver: str | None = None,
     ) -> None:
+        """``paramserver``: the address of paramserver shard 0, which replay asks for the newest version
+        an insert may claim (services/replay/versions.py); None: only negative versions are refused."""
         self.dir = Path(directory) if directory is not None else None
         if cfg.durability != "memory" and self.dir is None:  # before the socket is bound: nothing to close
             raise ValueError(f"durability={cfg.durability} needs a directory")
@@ -98,7 +102,8 @@ class ReplayServer(Server):
         self.responder = SampleResponder(self, self.wal, self.replies, shard, m)
         self.held = HeldRequests(self.tables, self.writer, self.responder, self, m, max_inserts=max_held_inserts,
                                  max_samples=max_held_samples, max_bytes=max_held_bytes)
-        self.fast_path = FastInsertPath(self, self.dedup, self.held, self.writer, self.replies,
+        self.versions = PublishedVersions(paramserver, f"replay-{shard}/versions", ctx=ctx)
+        self.fast_path = FastInsertPath(self, self.dedup, self.held, self.writer, self.replies, self.versions,
                                         logged=self.wal is not None)
         self.recovery = Recovery(self.dir, self.durability, cfg.checkpoint_every_s, self.wal, shard, self.tables,
                                  self.dedup, m.snapshot_seconds)
@@ -140,6 +145,9 @@ class ReplayServer(Server):
         layout = msg.layout
         known = table.known_batch(arrays)  # the columns of the table's last good batch: nothing more to check
         n = self._check_batch(table, arrays) if known is None else known
+        problem = self.versions.problem(arrays)
+        if problem is not None:
+            raise RequestError("bad_value", problem)
         if priority is not None:
             if priority.shape != (n,):
                 raise RequestError("bad_priority", f"priority has shape {list(priority.shape)}; needs [{n}]")
@@ -253,6 +261,7 @@ class ReplayServer(Server):
         return restored
 
     def close(self) -> None:
+        self.versions.close()
         for t in self.tables.values():
             t.close()
         self.recovery.wait()

@@ -23,6 +23,7 @@ from services.replay.insert_writer import InsertWriter
 from services.replay.metrics import ReplayMetrics
 from services.replay.sample_responder import SampleResponder
 from services.replay.tables import make_table
+from services.replay.versions import PublishedVersions
 
 
 class Wired:
@@ -35,7 +36,8 @@ class Wired:
         self.writer = InsertWriter(None, self.dedup, self.replies, metrics.wal_failed_insert)
         responder = SampleResponder(self.loop, None, self.replies, 0, metrics)
         self.held = HeldRequests(["main"], self.writer, responder, self.loop, metrics)
-        self.path = FastInsertPath(self.loop, self.dedup, self.held, self.writer, self.replies, logged=False)
+        self.path = FastInsertPath(self.loop, self.dedup, self.held, self.writer, self.replies,
+                                   PublishedVersions(None, "test"), logged=False)
         self.encoder = InsertEncoder()
 
     def frames(self, seq: int, n: int = 4) -> list[Any]:

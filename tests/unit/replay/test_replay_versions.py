@@ -1,0 +1,106 @@
+"""Forged versions are refused at insert (issue 42, attack 4): real replay and paramserver shard, real sockets.
+
+Every item carries the version of the weights it was acted with; one below 0 or
+above the newest the paramserver holds is a version no actor acted with. Replay
+asks paramserver shard 0 for its newest version when an insert claims a newer
+one than it knows, and refuses the insert with ``bad_value`` naming the column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import zmq
+
+from common.clients.replay_insert import InsertClient
+from common.clients.weights_publisher import WeightsPublisher
+from common.metrics import ServiceMetrics
+from common.wire.codec import Message, encode
+from common.wire.decoder import decode
+from common.wire.errors import RemoteError
+from common.wire.transport import free_tcp_port, make_socket
+from harness.fuzzing import rows
+from harness.paramserver_procs import serving as serving_shard
+from harness.replay_helpers import replay_config
+from harness.replay_helpers import serving as serving_replay
+from services.paramserver.shard import ShardServer
+from services.replay.server import ReplayServer
+
+FORGED = [10**12, (1 << 63) - 1, -1, -(1 << 63)]
+
+
+def items(n: int, version: int | np.ndarray) -> dict[str, np.ndarray]:
+    return {**rows(n), "version": np.broadcast_to(np.asarray(version, np.int64), (n,)).copy()}
+
+
+def insert(endpoint: str, columns: dict[str, np.ndarray], sender: str, seq: int = 1) -> Message:
+    sock = make_socket(zmq.DEALER, connect=endpoint)
+    try:
+        sock.send_multipart(encode(Message("insert", {"table": "main"}, columns, sender=sender, seq=seq)))
+        assert sock.poll(10_000), "no reply"
+        return decode(sock.recv_multipart())
+    finally:
+        sock.close(linger=0)
+
+
+def size(server: ReplayServer) -> int:
+    return int(server.tables["main"].size)
+
+
+@pytest.fixture
+def fleet() -> Iterator[tuple[WeightsPublisher, ReplayServer]]:
+    shard = ShardServer(ServiceMetrics("paramserver", 0), f"tcp://127.0.0.1:{free_tcp_port()}", 0, 1, 30.0,
+                        shm=False)
+    with serving_shard(shard):
+        publisher = WeightsPublisher([shard.endpoint])
+        with serving_replay(replay_config(), paramserver=shard.endpoint) as replay:
+            yield publisher, replay
+        publisher.close()
+
+
+def test_versions_outside_0_to_the_newest_published_are_refused(fleet: tuple[WeightsPublisher, ReplayServer]) -> None:
+    publisher, replay = fleet
+    endpoint = replay.endpoint
+    publisher.publish(3, {"w": np.zeros(4, np.float32)}, timeout_s=10)
+    assert insert(endpoint, items(2, 3), "actor-a")["stored"] == 2
+    for i, forged in enumerate([4, *FORGED]):
+        reply = insert(endpoint, items(2, np.array([2, forged])), f"forger-{i}")
+        assert reply.type == "error" and reply["reason"] == "bad_value", (forged, reply.body)
+        assert "'version'" in reply["detail"] and str(forged) in reply["detail"]
+        assert "0 to" in reply["detail"]  # what is allowed
+    assert size(replay) == 2
+    # a newer version is published: replay asks again and takes it
+    publisher.publish(4, {"w": np.ones(4, np.float32)}, timeout_s=10)
+    assert insert(endpoint, items(3, 4), "actor-b")["stored"] == 3
+    assert size(replay) == 5
+
+
+def test_the_fast_path_refuses_them_too(fleet: tuple[WeightsPublisher, ReplayServer]) -> None:
+    publisher, replay = fleet
+    publisher.publish(0, {"w": np.zeros(4, np.float32)}, timeout_s=10)
+    with InsertClient(replay.endpoint, "actor-fast/1") as client:
+        for _ in range(20):  # the same layout again and again: learnt by the fast path
+            client.insert("main", items(4, 0))
+            client.flush(10)
+        assert replay.fast_inserts > 0
+        client.insert("main", items(4, 1))
+        with pytest.raises(RemoteError, match="bad_value"):
+            client.flush(10)
+    assert size(replay) == 80
+
+
+def test_without_a_paramserver_only_negative_versions_are_refused() -> None:
+    with serving_replay(replay_config(), paramserver=f"tcp://127.0.0.1:{free_tcp_port()}") as replay:
+        assert insert(replay.endpoint, items(2, 7), "actor-a")["stored"] == 2  # cannot tell: the learner drops
+        reply = insert(replay.endpoint, items(2, -1), "actor-b")
+        assert reply.type == "error" and reply["reason"] == "bad_value" and "-1" in reply["detail"]
+
+
+def test_segments_carry_a_version_per_step() -> None:
+    cfg = replay_config(kind="queue")
+    with serving_replay(cfg) as replay:
+        segment = {"obs": np.zeros((2, 5, 4), np.float32), "version": np.array([[0] * 5, [0, 0, -5, 0, 0]])}
+        reply = insert(replay.endpoint, segment, "actor-seg")
+        assert reply.type == "error" and reply["reason"] == "bad_value" and "-5" in reply["detail"]
