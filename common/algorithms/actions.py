@@ -13,6 +13,7 @@ import torch
 from common.algorithms.acting import PolicyBase
 from common.algorithms.contract import Columns
 from common.algorithms.mlp import numpy_layers, numpy_mlp
+from common.algorithms.noise import ExplorationNoise
 from common.algorithms.weights import check_arrays
 
 NO_EXTRAS: Columns = {}
@@ -51,8 +52,9 @@ class ActionScale:
 class BoundedActorPolicy(PolicyBase):
     """A published actor (``actor.{0,2,..}.weight``/``.bias``) acting in numpy in [-1, 1], scaled to the
     env's bounds; uniform random actions until the fleet has taken ``learning_starts`` env steps. The
-    algorithm says how the actor's output becomes an action (:meth:`unit_actions`) and makes the actor's
-    starting arrays (:meth:`actor_arrays`). No extras: the learner needs none."""
+    algorithm says how the actor's output becomes an action (:meth:`unit_actions`, drawing its Gaussian
+    noise from :attr:`noise`: white or coloured, ``noise_color``) and makes the actor's starting arrays
+    (:meth:`actor_arrays`). No extras: the learner needs none."""
 
     def setup(self, observation_space: gym.Space, action_space: gym.Space, seed: int) -> None:
         assert isinstance(action_space, gym.spaces.Box)
@@ -62,6 +64,7 @@ class BoundedActorPolicy(PolicyBase):
         self._layers = numpy_layers(arrays, "actor")
         self.scale = ActionScale(action_space)
         self.warmup = self.cfg.learning_starts > 0  # uniform random actions until explore() says otherwise
+        self.noise = ExplorationNoise(self.cfg.noise_color, self.cfg.noise_length, self.rng)
 
     def actor_arrays(self, observation_space: gym.Space, action_space: gym.Space, seed: int) -> dict[str, np.ndarray]:
         """The actor's arrays as initialised from ``seed`` (what the learner starts from)."""

@@ -37,6 +37,21 @@ class AlgorithmSettings(Strict):
         return False
 
 
+class ColoredNoiseSettings(AlgorithmSettings):
+    """Exploration noise of continuous-action actors (SAC, TD3) with a colour: the Gaussian noise of each
+    env lane and action dimension is drawn as a sequence whose power falls as 1/f^noise_color (0: white,
+    each step independent, as SB3; 1: pink; 2: red, a random walk's). Eberhard et al. 2023 ("Pink noise is
+    all you need"): temporally correlated noise carries an actor across a valley that white noise of the
+    same scale only jitters in (MountainCarContinuous)."""
+
+    noise_color: Annotated[float, Field(ge=0, le=2)] = Field(
+        0.0, description="exponent beta of the exploration noise's 1/f^beta spectrum: 0 white (independent"
+        " steps), 1 pink, 2 red; allowed 0 to 2")
+    noise_length: Annotated[int, Field(ge=16)] = Field(
+        1000, description="coloured noise: the length of each generated sequence per env lane (its lowest"
+        " frequency is 1/noise_length); about an episode")
+
+
 class AtariConfig(Strict):
     """The standard Atari preprocessing (Mnih et al. 2015; Machado et al. 2018), applied to every
     ``ALE/...`` env id. The training-only parts (episodic life, reward clipping) are left out of
@@ -220,10 +235,19 @@ class GradientsConfig(Strict):
         " <run_dir>/paramserver/shard-<i>.npz this often (and on SIGTERM); a restarted shard goes on from it")
 
 
+DEFAULT_MAX_GRADIENT_NORM = 1e4
+
+
 class ParamServerConfig(Strict):
     shards: PosInt = Field(1, description="servers the weights are split across")
     liveness_timeout_s: PosFloat = Field(5.0, description="an actor silent this long leaves the registry")
     gradients: GradientsConfig = Field(default_factory=GradientsConfig)
+    max_gradient_norm: PosFloat = Field(
+        DEFAULT_MAX_GRADIENT_NORM,
+        description="a gradient push whose L2 norm is larger (on each shard: the norm of that shard's slice;"
+        " with one shard, the global norm) is refused (bad_gradients) and changes nothing; workers that clip"
+        " (A3C: algorithm.max_grad_norm 0.5) stay far below it, a poisoned push of 1e19 cannot wreck the"
+        " optimizer state")
 
 
 class NetworkConfig(Strict):

@@ -12,10 +12,10 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from common.config.sections import AlgorithmSettings, PosFloat, PosInt
+from common.config.sections import ColoredNoiseSettings, PosFloat, PosInt
 
 
-class SACConfig(AlgorithmSettings):
+class SACConfig(ColoredNoiseSettings):
     """Soft actor-critic: tanh-squashed Gaussian actor, twin Q critics, learned temperature."""
 
     table_kinds: ClassVar[tuple[str, ...]] = ("uniform", "prioritized")

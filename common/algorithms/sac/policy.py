@@ -1,6 +1,7 @@
-"""SAC acting, in numpy: tanh(mean + std * noise) of the published actor, scaled to the env's
-bounds; uniform random actions while the fleet is within ``learning_starts`` env steps;
-``deterministic=True`` (evaluators) is tanh(mean). No extras: the learner needs none.
+"""SAC acting, in numpy: tanh(mean + std * noise) of the published actor (the noise white or
+coloured: ``noise_color``), scaled to the env's bounds; uniform random actions while the fleet is
+within ``learning_starts`` env steps; ``deterministic=True`` (evaluators) is tanh(mean). No extras:
+the learner needs none.
 """
 
 from __future__ import annotations
@@ -24,4 +25,4 @@ class SACPolicy(BoundedActorPolicy):
         if deterministic:
             return np.tanh(mean)  # type: ignore[no-any-return]
         std = np.exp(np.clip(log_std, self.cfg.log_std_min, self.cfg.log_std_max))
-        return np.tanh(mean + std * self.rng.standard_normal(mean.shape))  # type: ignore[no-any-return]
+        return np.tanh(mean + std * self.noise(mean.shape))  # type: ignore[no-any-return]

@@ -13,10 +13,10 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from common.config.sections import AlgorithmSettings, PosFloat, PosInt
+from common.config.sections import ColoredNoiseSettings, PosFloat, PosInt
 
 
-class TD3Config(AlgorithmSettings):
+class TD3Config(ColoredNoiseSettings):
     """Twin delayed DDPG: deterministic actor, twin Q critics, delayed actor and target updates."""
 
     table_kinds: ClassVar[tuple[str, ...]] = ("uniform", "prioritized")

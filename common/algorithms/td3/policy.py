@@ -1,5 +1,6 @@
 """TD3 acting, in numpy: tanh of the published actor, plus Gaussian exploration noise
-(``exploration_noise``, in units of half the action range, from the policy's own rng), clipped
+(``exploration_noise``, in units of half the action range, from the policy's own rng, white or
+coloured: ``noise_color``), clipped
 to [-1, 1] and scaled to the env's bounds; uniform random actions while the fleet is within
 ``learning_starts`` env steps; ``deterministic=True`` (evaluators) is the actor's action without
 noise. No extras: the learner needs none.
@@ -27,5 +28,5 @@ class TD3Policy(BoundedActorPolicy):
     def unit_actions(self, out: np.ndarray, deterministic: bool) -> np.ndarray:
         unit = np.tanh(out)
         if not deterministic and self.cfg.exploration_noise > 0:
-            unit = np.clip(unit + self.cfg.exploration_noise * self.rng.standard_normal(unit.shape), -1.0, 1.0)
+            unit = np.clip(unit + self.cfg.exploration_noise * self.noise(unit.shape), -1.0, 1.0)
         return unit  # type: ignore[no-any-return]
