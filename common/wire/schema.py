@@ -196,7 +196,7 @@ _SPECS = [
     }, open_arrays=True),
     MessageSpec("gradients_ack", "A push is applied (or was a duplicate of an applied one).", {
         "ref_seq": _int("seq of the push", SEQ_RANGE),
-        "version": _int("this shard's newest version after the push", PUBLISHED_RANGE),
+        "version": _int("this shard's newest version after the push", VERSION_RANGE),
         "applied": _f("bool", "true when this push made that version"),
         "duplicate": _f("bool", "true when (sender, seq) was applied before (nothing applied now)"),
         "staleness": _int("versions between the push's version and the newest when applied", COUNT_RANGE),

@@ -64,7 +64,7 @@ class GradientRequests:
                 raise Refusal("bad_field", "barrier pushes (synchronous gradient rounds) need a single paramserver"
                               f" shard, which counts the live workers; this paramserver has {num_shards}")
             ack, new = self.applier.push(msg, policy.layout, policy.versions,
-                                         policy.held[0].arrays if policy.held else None, peer)
+                                         policy.held[0].arrays if policy.held else None, peer, policy.first)
         except Refusal as exc:
             self.m.refused.labels(exc.reason).inc()
             # a stale push is the expected cost of asynchrony, not a protocol error
@@ -84,7 +84,13 @@ class GradientRequests:
         policy = self.store.default
         if self.registry is None or policy.layout is None or not self.applier.round.pushes:
             return
-        done = self.applier.complete(self.registry.num_actors)
+        try:
+            done = self.applier.complete(self.registry.num_actors)
+        except Refusal as exc:  # the round's mean would have made the slice non-finite: every push refused
+            for _, held in self.applier.round.take():
+                self.m.refused.labels(exc.reason).inc()
+                self.replier.reply_error(held.peer, exc.reason, exc.detail)
+            return
         if done is None:
             return
         acks, new = done

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from common.config.sections import GradientsConfig
+from common.config.sections import DEFAULT_MAX_GRADIENT_NORM, GradientsConfig
 from common.tensor_shards import Layout
 from common.wire.codec import Message
 from common.wire.dedup import Dedup
@@ -54,15 +54,18 @@ def check_push(
     versions: list[int],
     max_staleness: int,
     tensors: bool = True,
+    first: int | None = None,
 ) -> int:
-    """The push's staleness (newest held version minus ``version``), or raise :class:`Refusal`."""
+    """The push's staleness (newest held version minus ``version``), or raise :class:`Refusal`.
+    ``first``: the oldest version this shard has held (a push on an older one is on weights it never had)."""
     if not versions:
         raise Refusal("no_weights", "this shard holds no weights yet: a worker publishes the initial weights"
                       " first (publish), then pushes gradients computed on them")
     newest = versions[0]
-    if version > newest:
-        raise Refusal("unknown_version", f"gradients computed on version {version}; this shard's newest is"
-                      f" {newest} (a version it never held)")
+    oldest = versions[-1] if first is None else min(first, versions[-1])
+    if not oldest <= version <= newest:
+        raise Refusal("unknown_version", f"gradients computed on version {version}; this shard has held versions"
+                      f" {oldest} to {newest} only (a version it never held)")
     if newest >= INT64_MAX:
         raise Refusal("bad_field", f"this shard's newest version is {newest}, the largest a version may be"
                       f" ({range_text(PUBLISHED_RANGE)}): no push can make a newer one")
@@ -94,15 +97,21 @@ def check_tensors(slice_specs: list[tuple[str, str, tuple[int, ...]]], arrays: M
 
 
 class SliceTrainer:
-    """The shard's own copy of its slice (one flat buffer) and the optimizer stepping it."""
+    """The shard's own copy of its slice (one flat buffer) and the optimizer stepping it.
 
-    def __init__(self, cfg: GradientsConfig) -> None:
+    A push is refused, with nothing changed, if its gradient holds a NaN or an Inf, if its L2 norm
+    exceeds ``max_norm``, or if stepping with it leaves the weights or the optimizer state
+    non-finite (then both are put back as they were)."""
+
+    def __init__(self, cfg: GradientsConfig, max_norm: float = DEFAULT_MAX_GRADIENT_NORM) -> None:
         self.cfg = cfg
+        self.max_norm = max_norm
         self.version = -1  # the version ``params`` holds
         self.flat: FlatSlice | None = None
         self.params = np.empty(0, np.float32)
         self.grads = np.empty(0, np.float32)
         self.optimizer: ShardOptimizer | None = None
+        self._backup: list[np.ndarray] = []  # params and optimizer state before a step, to put back
 
     def follow(self, version: int, arrays: Mapping[str, np.ndarray]) -> None:
         """Start from ``arrays`` (a version published by a learner or a worker), keeping optimizer state
@@ -114,6 +123,7 @@ class SliceTrainer:
             self.flat = FlatSlice(arrays)
             self.optimizer = ShardOptimizer(self.cfg, self.flat.size)
             self.grads = np.zeros(self.flat.size, np.float32)  # the padding between tensors stays 0
+            self._backup = []
         self.params = self.flat.pack(arrays)
         self.version = version
 
@@ -121,20 +131,26 @@ class SliceTrainer:
                packed: Any = None) -> np.ndarray:
         """``grads`` as one flat array (the packed payload itself when ``packed``, the message's layout,
         is the slice's; else copied into ``out``, or the trainer's buffer); raises Refusal if one holds a
-        NaN or an Inf."""
+        NaN or an Inf, or if their L2 norm exceeds ``max_norm``."""
         assert self.flat is not None
         g = self.flat.payload(grads, packed) if out is None else None
         if g is None:
             g = self.flat.pack(grads, self.grads if out is None else out)
-        # a NaN or an Inf makes the sum non-finite; so can a float32 overflow of finite values, which the
-        # exact check then tells apart
-        if not np.isfinite(g.sum()) and not np.isfinite(g).all():
-            name = next((n for n in self.flat.names if not np.isfinite(grads[n]).all()), None)
-            if name is None:  # only the padding of a packed payload: the tensors alone, copied
-                return self.flat.pack(grads, self.grads if out is None else out)
+        # one pass: a NaN or an Inf makes the sum of squares non-finite; so can a float32 overflow of
+        # finite values (a norm far above any bound), which the exact check then tells apart
+        with np.errstate(over="ignore", invalid="ignore"):
+            squares = float(np.dot(g, g))
+        if squares <= self.max_norm ** 2:
+            return g
+        if g is not self.grads and g is not out:  # the payload's padding counted: the tensors alone, copied
+            return self.gather(grads, self.grads if out is None else out)
+        name = next((n for n in self.flat.names if not np.isfinite(grads[n]).all()), None)
+        if name is not None:
             bad = int(np.count_nonzero(~np.isfinite(grads[name])))
             raise Refusal("bad_gradients", f"gradient {name!r} has {bad} NaN or Inf values; nothing applied")
-        return g
+        raise Refusal("bad_gradients", f"the gradients' L2 norm is {np.sqrt(squares):.4g}; allowed: at most"
+                      f" {self.max_norm:g} (paramserver.max_gradient_norm, the norm of this shard's slice);"
+                      " nothing applied")
 
     def apply(self, grads: Mapping[str, np.ndarray], packed: Any = None) -> dict[str, np.ndarray]:
         """Step once; the new slice as read-only views of one copy (the shard keeps it as a version).
@@ -142,9 +158,22 @@ class SliceTrainer:
         return self.step(self.gather(grads, packed=packed))
 
     def step(self, g: np.ndarray) -> dict[str, np.ndarray]:
-        """Step once with the flat gradient ``g``; the new slice, as :meth:`apply`."""
+        """Step once with the flat gradient ``g``; the new slice, as :meth:`apply`. Raises Refusal, with
+        the weights and optimizer state put back, if the step left either non-finite."""
         assert self.optimizer is not None and self.flat is not None
-        self.optimizer.step(self.params, g)
+        kept = [self.params, *self.optimizer.state.values()]
+        if not self._backup:
+            self._backup = [np.empty_like(a) for a in kept]
+        for a, b in zip(kept, self._backup, strict=True):
+            np.copyto(b, a)
+        with np.errstate(over="ignore", invalid="ignore"):  # what overflows is undone below
+            self.optimizer.step(self.params, g)
+        if not all(finite(a) for a in kept):
+            for a, b in zip(kept, self._backup, strict=True):
+                np.copyto(a, b)
+            self.optimizer.steps -= 1
+            raise Refusal("bad_gradients", "stepping the optimizer with these gradients made the weights or its"
+                          " state non-finite; both are as they were, nothing applied")
         self.version += 1
         out = self.params.copy()
         out.flags.writeable = False
@@ -167,6 +196,12 @@ class SliceTrainer:
         self.optimizer.steps = steps
 
 
+def finite(a: np.ndarray) -> bool:
+    """Every value of ``a`` finite (one pass when they are: a sum overflows only if some value is huge)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(a.sum()) or np.isfinite(a).all())
+
+
 class GradientApplier:
     """What a shard does with ``push_gradients``: dedup, checks, the optimizer step, checkpoints.
 
@@ -176,12 +211,13 @@ class GradientApplier:
     with the same moments and still answers a resend as a duplicate.
     """
 
-    def __init__(self, cfg: GradientsConfig, path: str | None, shard: int, experiment: str = "") -> None:
+    def __init__(self, cfg: GradientsConfig, path: str | None, shard: int, experiment: str = "",
+                 max_gradient_norm: float = DEFAULT_MAX_GRADIENT_NORM) -> None:
         self.cfg = cfg
         self.path = path
         self.experiment = experiment  # a checkpoint of another experiment (same run_dir) is not restored
         self.shard = shard
-        self.trainer = SliceTrainer(cfg)
+        self.trainer = SliceTrainer(cfg, max_gradient_norm)
         self.dedup = Dedup(10_000, service=f"paramserver shard {shard}", what="push")
         self.dirty = False  # applied since the last checkpoint
         self._specs: tuple[Layout, list[tuple[str, str, tuple[int, ...]]]] | None = None  # this shard's tensors
@@ -190,7 +226,8 @@ class GradientApplier:
         self.round = GradientRound()  # barrier: the pushes of the round being collected
 
     def push(self, msg: Message, layout: Layout, versions: list[int], newest: Mapping[str, np.ndarray] | None,
-             peer: Peer | None = None) -> tuple[dict[str, Any] | None, dict[str, np.ndarray] | None]:
+             peer: Peer | None = None, first: int | None = None,
+             ) -> tuple[dict[str, Any] | None, dict[str, np.ndarray] | None]:
         """The ``gradients_ack`` body and, if the push was applied, the new slice; raises Refusal.
 
         A ``barrier`` push is held in the round (body None): :meth:`complete` answers it."""
@@ -212,7 +249,7 @@ class GradientApplier:
         # needs no second look at its tensors
         known = msg.layout is not None and msg.layout is self._checked
         staleness = check_push(self._specs[1], msg.arrays, version, versions, 0 if barrier else self.cfg.max_staleness,
-                               tensors=not known)
+                               tensors=not known, first=first)
         if msg.layout is not None:
             self._checked = msg.layout
         assert newest is not None
@@ -256,6 +293,11 @@ class GradientApplier:
         if not self.dirty or self.path is None:
             return
         state = self.trainer.state()
+        if not all(finite(a) for a in [*state["params"].values(), *state["optimizer"].values()]):
+            # never reached (a step that makes them non-finite is undone), and never written if it were
+            log.error("paramserver shard %d: its weights or optimizer state are not finite: %s not written",
+                      self.shard, self.path)
+            return
         meta = {"experiment": self.experiment, "version": state["version"], "steps": state["steps"],
                 "num_shards": layout.num_shards,
                 "tensors": layout.to_wire(), "dedup": self.dedup.state()}
@@ -295,6 +337,10 @@ class GradientApplier:
             problem = layout.check_shard(self.shard, params)
             if problem:
                 raise ValueError(problem)
+            if not all(finite(a) for a in [*params.values(), *opt.values()]):
+                log.warning("paramserver shard %d: %s holds non-finite weights or optimizer state: not restored"
+                            " (the workers publish their weights again)", self.shard, self.path)
+                return None
             self.trainer.load(int(meta["version"]), int(meta["steps"]), params, opt)
             self.dedup.restore(meta["dedup"])
         except (OSError, KeyError, ValueError, json.JSONDecodeError) as exc:

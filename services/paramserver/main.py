@@ -49,6 +49,7 @@ class ParamServerService:
             curve=curve if curve is not None else server_curve(cfg),
             limits=cfg.limits,
             gradients=cfg.paramserver.gradients,
+            max_gradient_norm=cfg.paramserver.max_gradient_norm,
             checkpoint=checkpoint_path(cfg, args.shard),
             experiment=cfg.name,
         )

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from common import weights_shm as shmlib
-from common.config.sections import GradientsConfig
+from common.config.sections import DEFAULT_MAX_GRADIENT_NORM, GradientsConfig
 from common.metrics import ServiceMetrics
 from common.wire.codec import Message
 from common.wire.server import Peer, Server
@@ -48,6 +48,7 @@ class ShardServer(Server):
         shm: bool = True,
         shm_dir: str = shmlib.SHM_DIR,
         gradients: GradientsConfig | None = None,
+        max_gradient_norm: float = DEFAULT_MAX_GRADIENT_NORM,
         checkpoint: str | None = None,
         experiment: str = "",
         **kw: Any,
@@ -61,7 +62,7 @@ class ShardServer(Server):
         self.shm = ShmVersions(self.name, shard, shm, shm_dir, self.tick_interval_s)
         self.registry = Registry(liveness_s) if shard == 0 else None
         self.weights_requests = WeightsRequests(self, self.weights, self.long_polls, self.shm, self.registry, m)
-        applier = GradientApplier(gradients or GradientsConfig(), checkpoint, shard, experiment)
+        applier = GradientApplier(gradients or GradientsConfig(), checkpoint, shard, experiment, max_gradient_norm)
         self.gradient_requests = GradientRequests(self, applier, self.weights, self.weights_requests,
                                                   self.registry, m)
         self.gradient_requests.restore()

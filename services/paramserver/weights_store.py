@@ -50,6 +50,7 @@ class Model:
     name: str
     layout: Layout | None = None
     held: list[Held] = field(default_factory=list)  # newest first
+    first: int | None = None  # the oldest version this shard has held of it (since it started)
 
     @property
     def versions(self) -> list[int]:
@@ -141,6 +142,8 @@ class WeightsStore:
     def keep(self, model: Model, held: Held, layout: Layout) -> list[int]:
         """Make ``held`` the model's newest version (storing the model if new); the versions dropped."""
         model.layout = layout
+        if model.first is None:
+            model.first = held.version
         self.models.setdefault(model.name, model)
         model.held = [held, *model.held]
         dropped = [h.version for h in model.held[KEEP_VERSIONS:]]
