@@ -125,7 +125,8 @@ class Fuzzer:
     def __init__(self, service: str, seed: int = 0) -> None:
         self.rng = np.random.default_rng(seed)
         self.seeds = [(m, [bytes(f) for f in encode(m)]) for m in valid(service)]
-        self.refusals = [[bytes(f) for f in encode(m)] for m in refused(service)]
+        self.refusals = [[bytes(f) for f in encode(Message(m.type, m.body, m.arrays, "fuzz", 1))]
+                         for m in refused(service)]
         self.mutations: list[Callable[[], Frames]] = [
             self._random_frames, self._truncated, self._flipped, self._broken_field, self._frames_off,
             self._random_header,

@@ -195,6 +195,9 @@ def _decode(buffers: list[memoryview], limits: Limits) -> Message:
     spec = MESSAGES.get(mtype)
     if spec is None:
         raise ProtocolError("unknown_type", f"message type {mtype!r} is not defined; known: {sorted(MESSAGES)}")
+    if spec.needs_sender and not sender:
+        raise ProtocolError("bad_field", f"header.sender of {mtype} is empty; allowed: 1 to 256 characters, the"
+                            " sender's own id ((sender, seq) is what makes it exactly-once)")
     _check_body(spec, body)
     packed = header.get("packed")
     if packed is not None and type(packed) is not bool:

@@ -60,6 +60,7 @@ class MessageSpec:
     fields: dict[str, FieldSpec] = field(default_factory=dict)
     arrays: dict[str, ArraySpec] = field(default_factory=dict)
     open_arrays: bool = False  # True: arrays beyond those listed are data columns / tensors
+    needs_sender: bool = False  # True: (sender, seq) names the message (exactly-once), so sender is not ""
 
 
 def _f(kind: str, doc: str, required: bool = True, bounds: tuple[int, int] | None = None) -> FieldSpec:
@@ -134,7 +135,7 @@ _SPECS = [
                          False),
     }, {
         "priority": ArraySpec(("float32", "float64"), 1, False, "initial priorities, shape [N]"),
-    }, open_arrays=True),
+    }, open_arrays=True, needs_sender=True),
     MessageSpec("ack", "An insert is stored (or was a duplicate of a stored one).", {
         "ref_seq": _int("seq of the insert", SEQ_RANGE),
         "stored": _int("transitions stored by this insert (0 for a duplicate)", COUNT_RANGE),
@@ -193,7 +194,7 @@ _SPECS = [
         "window_start": _int("lowest seq the sender has not seen answered; older pushes are never resent",
                              SEQ_RANGE, False),
         "barrier": _f("bool", "true: part of a synchronous round, answered once every live worker pushed", False),
-    }, open_arrays=True),
+    }, open_arrays=True, needs_sender=True),
     MessageSpec("gradients_ack", "A push is applied (or was a duplicate of an applied one).", {
         "ref_seq": _int("seq of the push", SEQ_RANGE),
         "version": _int("this shard's newest version after the push", VERSION_RANGE),

@@ -231,10 +231,7 @@ class GradientApplier:
         """The ``gradients_ack`` body and, if the push was applied, the new slice; raises Refusal.
 
         A ``barrier`` push is held in the round (body None): :meth:`complete` answers it."""
-        sender, seq, version = msg.sender, msg.seq, msg["version"]
-        if not sender:
-            raise Refusal("bad_gradients", "push_gradients needs a sender (the worker's id): a push is applied"
-                          " once per (sender, seq)")
+        sender, seq, version = msg.sender, msg.seq, msg["version"]  # sender: never "" (the decoder's check)
         refusal = self.dedup.refusal(sender, seq)
         if refusal is not None:
             raise Refusal(*refusal)

@@ -240,7 +240,7 @@ def test_a_packed_push_is_the_flat_gradient_and_its_padding_is_not_trusted() -> 
     trainer = SliceTrainer(GradientsConfig(optimizer="sgd", lr=1.0))
     trainer.follow(0, w)
     frames = encode(Message("push_gradients", {"version": 0, "num_shards": 1, "layout": "x"},
-                            {"a": np.full(3, 2, np.float32), "b": np.full((2, 1), 3, np.float32)}), packed=True)
+                            {"a": np.full(3, 2, np.float32), "b": np.full((2, 1), 3, np.float32)}, "w", 1), packed=True)
     msg = decode(frames)
     assert trainer.flat is not None and trainer.flat.payload(msg.arrays, msg.layout) is not None
     payload = bytearray(frames[1])

@@ -36,7 +36,7 @@ def reason_of(frames: list[bytes], limits: Limits | None = None) -> str:
 def test_every_allowed_dtype_round_trips(dtype: str) -> None:
     rng = np.random.default_rng(0)
     arr = (rng.random((3, 5)) * 100).astype(dtype)
-    out = decode(wire(Message("insert", {"table": "t"}, {"x": arr})))
+    out = decode(wire(Message("insert", {"table": "t"}, {"x": arr}, sender="s")))
     assert out.arrays["x"].dtype == np.dtype(dtype).newbyteorder("<")
     np.testing.assert_array_equal(out.arrays["x"], arr)
 
@@ -65,7 +65,7 @@ def test_decode_is_zero_copy_over_zmq_frames() -> None:
     b.connect("inproc://zero-copy")
     try:
         big = np.arange(100_000, dtype=np.float32)
-        a.send_multipart(encode(Message("insert", {"table": "t"}, {"x": big})), copy=False)
+        a.send_multipart(encode(Message("insert", {"table": "t"}, {"x": big}, sender="s")), copy=False)
         frames = b.recv_multipart(copy=False)
         out = decode(frames)
         assert np.shares_memory(out.arrays["x"], np.frombuffer(frames[1].buffer, np.uint8))
@@ -338,3 +338,13 @@ def test_out_of_range_ints_are_refused_naming_the_field(mtype: str, body: dict[s
     assert info.value.reason == "bad_field" and f"{mtype}.{field}" in info.value.detail and "allowed" in \
         info.value.detail
     assert info.value.seq == 1  # readable: the error's ref_seq
+
+
+def test_an_empty_sender_is_refused_where_it_names_the_message() -> None:
+    """(sender, seq) makes an insert or a push exactly-once: an empty sender would share every seq."""
+    for mtype, body in (("insert", {"table": "t"}), ("push_gradients", {"version": 0, "num_shards": 1,
+                                                                        "layout": "x"})):
+        with pytest.raises(ProtocolError, match="bad_field") as err:
+            decode(wire(Message(mtype, body, {"x": np.zeros(2, np.float32)}, sender="", seq=1)))
+        assert "header.sender" in str(err.value) and "1 to 256" in str(err.value)
+    assert decode(wire(Message("info", sender=""))).sender == ""  # a request that names nothing may omit it
