@@ -19,6 +19,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from gymnasium.vector.utils import concatenate, iterate
 
 from common import algorithms, atari
+from common.algorithms.values import ValueRules, value_rules
 from common.config import EnvConfig, Experiment
 
 
@@ -166,9 +167,15 @@ def probe_env(cfg: Experiment) -> tuple[gym.Space, gym.Space]:  # type: ignore[t
 
 def experience_schema(cfg: Experiment) -> algorithms.ColumnSchema:
     """The columns actors insert for this config (its algorithm's adder on its env's spaces)."""
+    return experience_spec(cfg)[0]
+
+
+def experience_spec(cfg: Experiment) -> tuple[algorithms.ColumnSchema, ValueRules]:
+    """The columns actors insert for this config, and the values each may hold (common/algorithms/values.py)."""
     obs_space, act_space = probe_env(cfg)
     algo = algorithms.get(cfg.algorithm.name)
-    return algo.make_adder(cfg.algorithm, 1, obs_space, act_space, algo.autoreset_mode).schema()
+    schema = algo.make_adder(cfg.algorithm, 1, obs_space, act_space, algo.autoreset_mode).schema()
+    return schema, value_rules(schema, act_space)
 
 
 def acting_policy(cfg: Experiment, act_seed: int | Sequence[int] | None = None) -> algorithms.Policy:

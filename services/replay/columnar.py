@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from common.algorithms.values import ValueRules
 from common.config import TableConfig
 from common.wire.codec import DTYPE_NAMES
 from common.wire.frames import FRAMES, unpack_frames
@@ -97,6 +98,7 @@ class Table:
         self.limiter = RateLimiter(cfg.min_size, cfg.samples_per_insert, cfg.error_buffer)
         self.rng = rng if rng is not None else np.random.default_rng()
         self.schema: Schema | None = None
+        self.values: ValueRules = {}  # what declared columns' values may be (the algorithm's; none otherwise)
         self._signature: Layout | None = None
         self._packed = PackedLayouts()  # the same for inserts with packed frames
         self.generation = 0  # counts allocations of the columns: a packed_plan is for one generation
@@ -156,9 +158,11 @@ class Table:
                              f"{sorted(self.schema)}")
         return n
 
-    def declare(self, columns: Mapping[str, tuple[str, tuple[int, ...]]]) -> None:
+    def declare(self, columns: Mapping[str, tuple[str, tuple[int, ...]]], values: ValueRules | None = None) -> None:
         """Fix the columns before any insert: (dtype name, per-item shape) each, as the algorithm's
-        adder emits them. A table restored with other columns raises TableError."""
+        adder emits them, and what their values may be (``values``, checked by :meth:`value_problem`
+        at every insert). A table restored with other columns raises TableError."""
+        self.values = dict(values or {})
         declared = {name: ColumnSpec(np.dtype(dtype), tuple(shape)) for name, (dtype, shape) in columns.items()}
         if self.schema is None:
             self._allocate(declared)
@@ -166,6 +170,14 @@ class Table:
             have = {k: v.describe() for k, v in self.schema.items()}
             want = {k: v.describe() for k, v in declared.items()}
             raise TableError("schema_mismatch", f"table {self.name!r} holds columns {have}; the algorithm emits {want}")
+
+    def value_problem(self, arrays: Mapping[str, np.ndarray]) -> str | None:
+        """What is wrong with the values of a batch that fits the schema (None: nothing)."""
+        for name, rule in self.values.items():
+            column = arrays.get(name)
+            if column is not None and (problem := rule.problem(name, column)) is not None:
+                return problem
+        return None
 
     def _allocate(self, schema: Schema) -> None:
         self.schema = dict(schema)

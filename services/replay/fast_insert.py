@@ -54,6 +54,7 @@ class FastInsert:
     items: tuple[tuple[str, np.dtype[Any], tuple[int, ...], int], ...]  # the decoder's, priority included
     priority: tuple[np.dtype[Any], int] | None  # its dtype and offset in the payload
     version: tuple[np.dtype[Any], tuple[int, ...], int] | None  # the version column's dtype, shape and offset
+    ruled: tuple[tuple[str, np.dtype[Any], tuple[int, ...], int], ...]  # the items whose values the table checks
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class FastInsertPath:
             return
         priority = next(((dtype, offset) for name, dtype, _, offset in items if name == "priority"), None)
         version = next(((dtype, shape, offset) for name, dtype, shape, offset in items if name == VERSION), None)
+        ruled = tuple(item for item in items if item[0] in table.values)
         layouts = self.layouts.get(identity)
         if layouts is None:
             if len(self.layouts) >= MAX_FAST_PEERS:
@@ -168,7 +170,7 @@ class FastInsertPath:
         if len(layouts) >= MAX_LAYOUTS:
             layouts.clear()
         layouts[nbytes] = FastInsert(prefix, table, table.generation, n, nbytes, peer.sender, owner, plan, items,
-                                     priority, version)
+                                     priority, version, ruled)
 
     def _insert(self, fast: FastInsert, identity: bytes, frames: list[Any]) -> bool:
         """Store an insert whose header is ``fast.prefix`` and two ints and whose payload has the
@@ -206,6 +208,9 @@ class FastInsertPath:
             dtype, shape, offset = fast.version
             if not self.versions.known(np.ndarray(shape, dtype, memoryview(payload), offset)):
                 return False
+        if fast.ruled and table.value_problem({name: np.ndarray(shape, dtype, memoryview(payload), offset)
+                                               for name, dtype, shape, offset in fast.ruled}) is not None:
+            return False  # the full path refuses it, naming the column
         loop.count("insert", "in", len(header) + fast.nbytes)
         if not self.logged:
             table.insert_packed(fast.plan, payload, n, priority)

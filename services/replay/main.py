@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import Experiment, load
-from common.envs import EnvError, experience_schema
+from common.envs import EnvError, experience_spec
 from common.metrics import ServiceMetrics
 from common.runtime import FatalError, ServiceArgs, run_service, setup_logging
 from common.security import server_curve
@@ -58,7 +58,9 @@ class ReplayService:
     def _declare_schema(self) -> None:
         """Fix the learner's table (and the planners' imagined one) to the columns the algorithm's actors
         insert, so an insert of anything else is refused (with the column, what was sent and what is
-        expected) before it is acked or reaches the learner. Without the env here, the first insert fixes them."""
+        expected) before it is acked or reaches the learner, and the learner's table to the values actors'
+        columns may hold (common/algorithms/values.py; the imagined table takes what the planners' model
+        makes). Without the env here, the first insert fixes the columns and no values are checked."""
         names = [self.cfg.learner.table] + ([self.cfg.planning.table] if self.cfg.planning.enabled else [])
         specs = {t.name: t for t in self.cfg.replay.tables}
         tables = [self.server.tables[n] for n in names
@@ -66,14 +68,14 @@ class ReplayService:
         if not tables:
             return
         try:
-            columns = experience_schema(self.cfg)
+            columns, values = experience_spec(self.cfg)
         except EnvError as exc:
             log.warning("replay shard %d: tables %s take their columns from their first insert: the env could not "
                         "be made here to learn them (%s)", self.shard, [t.name for t in tables], exc)
             return
         for table in tables:
             try:
-                table.declare(columns)
+                table.declare(columns, values if table.name == self.cfg.learner.table else None)
             except TableError as exc:
                 raise FatalError(f"{exc.detail}: this run directory holds another experiment's data; start with a "
                                  f"new run_dir or the matching config") from None

@@ -145,7 +145,7 @@ class ReplayServer(Server):
         layout = msg.layout
         known = table.known_batch(arrays)  # the columns of the table's last good batch: nothing more to check
         n = self._check_batch(table, arrays) if known is None else known
-        problem = self.versions.problem(arrays)
+        problem = table.value_problem(arrays) or self.versions.problem(arrays)
         if problem is not None:
             raise RequestError("bad_value", problem)
         if priority is not None:

@@ -48,8 +48,14 @@ class PublishedVersions:
         self._warned = False  # since the last answer
 
     def known(self, versions: np.ndarray) -> bool:
-        """Whether every one of ``versions`` is from 0 to the newest version known (no need to ask)."""
-        return versions.size == 0 or (int(versions.min()) >= 0 and int(versions.max()) <= self.newest)
+        """Whether :meth:`problem` would take ``versions`` without asking the paramserver: none negative, and
+        none above the newest version known unless replay cannot ask now (it would take them then too)."""
+        if versions.size == 0:
+            return True
+        return int(versions.min()) >= 0 and (int(versions.max()) <= self.newest or not self._may_ask())
+
+    def _may_ask(self) -> bool:
+        return self._conn is not None and time.monotonic() >= self._quiet_until
 
     def problem(self, arrays: Mapping[str, np.ndarray]) -> str | None:
         """What is wrong with the insert's ``version`` column (None: nothing, or no such int column)."""
@@ -67,7 +73,7 @@ class PublishedVersions:
 
     def _ask(self) -> bool:
         """Ask shard 0 for its newest version; False if it could not tell."""
-        if self._conn is None or time.monotonic() < self._quiet_until:
+        if self._conn is None or not self._may_ask():
             return False
         try:
             reply = self._conn.request(Message("get", {"have_version": INT64_MAX}), ASK_TIMEOUT_S)

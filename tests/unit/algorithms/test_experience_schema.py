@@ -1,6 +1,6 @@
-"""What replay fixes a learner's table to (the algorithm's adder's schema) is exactly what the
-actors' acting path inserts, for every shipped config: a drift between the two would make replay
-refuse every real insert."""
+"""What replay fixes a learner's table to (the algorithm's adder's schema, and the values its columns
+may hold) is exactly what the actors' acting path inserts, for every shipped config: a drift between the
+two would make replay refuse every real insert."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from common import algorithms, config
-from common.envs import acting_policy, experience_schema, make_vector_env
+from common.envs import acting_policy, experience_spec, make_vector_env
 from harness.fleet_helpers import CONFIGS
 
 SHIPPED = sorted(p.name for p in CONFIGS.glob("*.yaml"))
@@ -18,7 +18,8 @@ SHIPPED = sorted(p.name for p in CONFIGS.glob("*.yaml"))
 def test_the_declared_columns_are_what_actors_insert(name: str) -> None:
     short = ["algorithm.segment_length=8"] if "ppo" in name else []  # segments within 300 steps
     cfg = config.load(CONFIGS / name, sets=["env.num_envs=2", "env.vectorization=sync", *short], environ={})
-    declared = experience_schema(cfg)
+    declared, rules = experience_spec(cfg)
+    assert rules, "no value is checked"
     algo = algorithms.get(cfg.algorithm.name)
     envs = make_vector_env(cfg.env, 0, algo.autoreset_mode)
     try:
@@ -36,6 +37,8 @@ def test_the_declared_columns_are_what_actors_insert(name: str) -> None:
             if n:
                 emitted = {k: (np.asarray(v).dtype.name, tuple(np.asarray(v).shape[1:])) for k, v in items.items()}
                 assert emitted == declared
+                for column, rule in rules.items():
+                    assert rule.problem(column, np.asarray(items[column])) is None, column
                 seen += n
             if seen >= 4:
                 break
