@@ -141,11 +141,13 @@ def side_key(row: Row, side: str) -> str:
 
 
 def config_digest(row: Row) -> str:
-    """What a fleet or serial run ran: the config's settings as loaded (its comments aside) and the row's
-    overrides (a run of an older config no longer counts for the row)."""
+    """What a fleet or serial run ran: the config's settings as loaded (its comments aside) that differ
+    from their defaults, and the row's overrides. A run of an older config no longer counts for the row;
+    a new field whose default keeps the old behaviour leaves every run counted (a changed default does
+    too: change the config, or run ``--again``)."""
     from common import config as config_mod
 
-    settings = config_mod.load(ROOT / "configs" / row.config, environ={}).model_dump_json()
+    settings = config_mod.load(ROOT / "configs" / row.config, environ={}).model_dump_json(exclude_defaults=True)
     return hashlib.sha256((settings + "\0" + "\0".join(row.sets)).encode()).hexdigest()[:12]
 
 
