@@ -7,12 +7,18 @@ contiguous seqs, and also to ``window_start - 1`` when the sender says so:
 every insert of :class:`~common.clients.replay_insert.InsertClient` carries
 ``window_start``, the lowest seq still un-acked on its side, so seqs below it
 will never be resent. The set therefore holds at most the sender's window.
-Whether or not the sender says, the floor also never trails the highest seq
-stored by more than ``WINDOW`` (4,096): only the newest ``WINDOW`` seqs are
-remembered, so a sender cannot grow the set without bound (e.g. with a stale
-``window_start``). This is safe for any sender that keeps at most ``WINDOW``
-inserts un-acked with consecutive seqs, which is why the config caps
-``actor.max_unacked`` at 4,096; older seqs would be taken as already stored.
+Whether or not the sender says, the set holds at most ``WINDOW`` (4,096) seqs:
+only the newest ``WINDOW`` stored seqs are remembered (the floor moves up to
+the newest of those dropped), so a sender cannot grow the set without bound
+(e.g. with a stale ``window_start``). This is safe for any sender that keeps at
+most ``WINDOW`` inserts un-acked with consecutive seqs, which is why the config
+caps ``actor.max_unacked`` at 4,096; older seqs would be taken as already
+stored. It is a count of stored seqs, not a distance, and ``window_start``
+moves the floor no higher than the highest seq stored before the insert that
+carries it (a sender has seen acks only of what was stored): one insert far
+ahead, with any ``window_start``, moves the floor over none of the seqs the
+sender has yet to send (it once moved it 4,096 to 8,192 seqs up, so that the
+sender's next inserts were acked as duplicates and never stored).
 
 Senders are kept in order of their last insert. Beyond ``max_senders`` the least
 recent is forgotten only if it has been silent for ``idle_s`` (the documented
@@ -23,12 +29,17 @@ A forgotten sender's name is kept (names only, as many as ``max_senders``): if i
 again, its inserts are refused (``sender_forgotten``) instead of taken as new, so a resend
 older than the horizon is never stored twice; its client starts over with a new sender id.
 
-A known sender's seq more than ``MAX_AHEAD`` (8,192) above its floor is refused
-(``seq_out_of_window``): no client that keeps at most ``WINDOW`` inserts un-acked sends one,
-and taking it would move the window past every seq the sender has yet to send, which would
-then be acked as duplicates with nothing stored. After a restart from a snapshot (without a
-write-ahead log the snapshot may be older than what the sender has since sent), each restored
-sender's first insert re-anchors its window instead.
+A known sender's seq more than ``MAX_AHEAD`` (8,192) above its floor, or more than
+``MAX_AHEAD`` below it, is refused (``seq_out_of_window``): no client that keeps at most
+``WINDOW`` inserts un-acked sends either (a resend is never more than ``WINDOW`` below the
+newest seq it sent). Ahead, taking it would move the window past seqs the sender has yet to
+send; below, acking it as a duplicate would hide that someone else claimed the sender's seqs
+(without CurveZMQ anyone who knows a sender id can): its owner is told, not silently dropped.
+After a restart from a snapshot (without a write-ahead log the snapshot may be older than
+what the sender has since sent), each restored sender's first insert re-anchors its window
+instead. A new sender's first seq must be below ``MAX_FIRST_SEQ`` (2^53: InsertClient's
+seqs start at the wall clock in microseconds, 2^53 is the year 2255), so nobody can claim
+every seq of a sender before its first insert.
 """
 
 from __future__ import annotations
@@ -39,7 +50,8 @@ from typing import Any
 
 WINDOW = 4096
 IDLE_S = 600.0  # a sender silent this long may be forgotten (its later inserts are then refused)
-MAX_AHEAD = 2 * WINDOW  # how far above its floor a known sender's seq may be
+MAX_AHEAD = 2 * WINDOW  # how far above (or below) its floor a known sender's seq may be
+MAX_FIRST_SEQ = 1 << 53  # a new sender's first seq is below this
 
 
 class _Sender:
@@ -48,7 +60,7 @@ class _Sender:
     def __init__(self, floor: int, anchored: bool = True) -> None:
         self.floor = floor
         self.above: set[int] = set()
-        self.top = floor  # highest seq seen
+        self.top = floor  # highest seq stored
         self.at = time.monotonic()  # last insert
         self.anchored = anchored  # False for a sender restored from a snapshot, until its next insert
 
@@ -76,14 +88,20 @@ class Dedup:
         """Why an insert of ``sender`` with ``seq`` cannot be taken (reason, detail), or None."""
         s = self.senders.get(sender)
         if s is not None:
-            if s.anchored and seq > s.floor + MAX_AHEAD:
-                return ("seq_out_of_window", f"seq {seq} is more than {MAX_AHEAD} above {s.floor}, the highest"
-                        f" seq of sender {sender!r} below which all are stored; a sender keeps at most {self.window}"
-                        f" {self.what}s un-acked with consecutive seqs")
+            if s.anchored and not s.floor - MAX_AHEAD <= seq <= s.floor + MAX_AHEAD:
+                where = "above" if seq > s.floor else "below"
+                return ("seq_out_of_window", f"seq {seq} is more than {MAX_AHEAD} {where} {s.floor}, the highest"
+                        f" seq of sender {sender!r} below which all are stored; allowed:"
+                        f" {max(0, s.floor - MAX_AHEAD)} to {s.floor + MAX_AHEAD} (a sender keeps at most"
+                        f" {self.window} {self.what}s un-acked with consecutive seqs; one far below means another"
+                        " client claimed this sender id's seqs)")
             return None
         if sender in self.forgotten:
             return ("sender_forgotten", f"{self.service} forgot sender {sender!r} after {self.idle_s:.0f} s without"
                     " a message, so it cannot tell its resends from new ones; send as a new sender id")
+        if seq >= MAX_FIRST_SEQ:
+            return ("seq_out_of_window", f"seq {seq} is the first of sender {sender!r}; allowed: a first seq"
+                    f" below 2^53 ({MAX_FIRST_SEQ})")
         if len(self.senders) < self.max_senders:
             return None
         oldest = next(iter(self.senders.values()))
@@ -98,6 +116,7 @@ class Dedup:
 
     def add(self, sender: str, seq: int, window_start: int | None = None) -> None:
         s = self.senders.get(sender)
+        reanchor = s is None or not s.anchored  # window_start may move a new or restored sender's floor anywhere
         if s is None:
             start = window_start if window_start is not None else seq - self.window
             s = self.senders[sender] = _Sender(min(start, seq) - 1)
@@ -110,16 +129,19 @@ class Dedup:
             s.at = time.monotonic()
             s.anchored = True  # a restored sender's window goes on from here, however far ahead
             if seq == s.floor + 1 and not s.above:
-                # the next seq in order (the usual case): nothing above the floor, so nothing
-                # above it was seen (top <= floor) and window_start cannot pass seq
+                # the next seq in order (the usual case): nothing above the floor, and window_start
+                # cannot pass seq
                 s.floor = s.top = seq
                 return
         if seq > s.floor:
             s.above.add(seq)
+        floor = s.floor
+        if window_start is not None:  # else only over seqs up to the highest stored before: never future ones
+            floor = max(floor, min(window_start, seq, seq if reanchor else s.top + 1) - 1)
         s.top = max(s.top, seq)
-        floor = max(s.floor, s.top - self.window)
-        if window_start is not None:
-            floor = max(floor, min(window_start, seq) - 1)
+        excess = len(s.above) - self.window
+        if excess > 0:  # only the newest WINDOW stored seqs are remembered: the floor passes the others
+            floor = max(floor, sorted(s.above)[excess - 1])
         s.advance(floor)
 
     def __len__(self) -> int:

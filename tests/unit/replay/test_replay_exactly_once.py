@@ -14,7 +14,7 @@ import common.wire.dedup as dedup_mod
 from common.clients.replay_sample import SampleClient
 from common.wire.codec import Message, encode
 from common.wire.decoder import decode
-from common.wire.dedup import WINDOW, Dedup
+from common.wire.dedup import MAX_AHEAD, WINDOW, Dedup
 from common.wire.transport import make_socket
 from harness.replay_helpers import PYTHON, ROOT, replay_config, serving, transitions
 
@@ -61,7 +61,7 @@ def test_four_writers_exactly_once() -> None:
 
 
 def test_dedup_window_bound_applies_with_and_without_window_start() -> None:
-    """As docs/protocol.md says: seqs below window_start, and all but the newest 4,096 seqs, are done."""
+    """As docs/protocol.md says: seqs below window_start, and all but the newest 4,096 stored seqs, are done."""
     d = Dedup()
     ws = 1_000
     d.add("a", ws + WINDOW - 1, ws)  # a full window of 4,096 un-acked inserts: ws .. ws + 4095
@@ -70,13 +70,16 @@ def test_dedup_window_bound_applies_with_and_without_window_start() -> None:
     for seq in range(ws, ws + WINDOW - 1):
         d.add("a", seq, ws)
     assert all(d.seen("a", s) for s in range(ws, ws + WINDOW)) and len(d.senders["a"].above) == 0
-    # a sender that keeps more than 4,096 un-acked (here 10 .. 4106) loses the oldest, even while
-    # window_start names it: only the newest 4,096 seqs are remembered
-    d.add("b", 10 + WINDOW, 10)
-    assert d.seen("b", 10) and not d.seen("b", 11)
-    # without window_start, only the 4,096 bound applies
-    d.add("c", 5 + WINDOW)
-    assert d.seen("c", 5) and not d.seen("c", 6)
+    # only the newest 4,096 stored seqs are remembered: a sender with more than 4,096 stored above
+    # its floor (here every other seq from 12, gaps never filled) has its oldest taken as done, even
+    # while window_start names them
+    for seq in range(12, 12 + 2 * (WINDOW + 1), 2):
+        d.add("b", seq, 10)
+    assert d.seen("b", 11) and d.seen("b", 12) and not d.seen("b", 13) and len(d.senders["b"].above) == WINDOW
+    # a count, not a distance: one insert far ahead (with or without window_start) moves nothing
+    d.add("c", 5)
+    d.add("c", 5 + MAX_AHEAD)
+    assert d.seen("c", 5) and not d.seen("c", 6) and not d.seen("c", 5 + MAX_AHEAD - 1)
 
 
 def test_a_flood_of_new_senders_never_makes_a_live_sender_forget(monkeypatch: pytest.MonkeyPatch) -> None:
