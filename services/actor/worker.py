@@ -167,6 +167,9 @@ class WorkerService(FleetMember):
                 if reason == "stale_gradients":
                     self.m_pushes.labels("stale").inc()
                     break
+                if reason == "not_registered":  # the registry expired us: a heartbeat joins again
+                    self.links.heartbeat(self.version, self.env_steps)
+                    break
                 self._recover(reason)
                 break
         self._pull()

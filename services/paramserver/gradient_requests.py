@@ -13,6 +13,7 @@ import logging
 from common.wire.codec import Message
 from common.wire.errors import RequestError
 from common.wire.server import Peer
+from services.paramserver.gradient_rounds import actor_of
 from services.paramserver.gradients import GradientApplier, Refusal
 from services.paramserver.metrics import ShardMetrics
 from services.paramserver.registry import Registry
@@ -63,6 +64,10 @@ class GradientRequests:
             if msg.get("barrier") and (self.registry is None or num_shards > 1):
                 raise Refusal("bad_field", "barrier pushes (synchronous gradient rounds) need a single paramserver"
                               f" shard, which counts the live workers; this paramserver has {num_shards}")
+            if msg.get("barrier") and not self._live_actor(actor_of(msg.sender)):
+                raise Refusal("not_registered", f"a barrier push counts for the live actor its sender names"
+                              f" (<actor id>/<token>); {actor_of(msg.sender)!r} is not one: say hello (or"
+                              " heartbeat) first")
             ack, new = self.applier.push(msg, policy.layout, policy.versions,
                                          policy.held[0].arrays if policy.held else None, peer, policy.first)
         except Refusal as exc:
@@ -84,8 +89,13 @@ class GradientRequests:
         policy = self.store.default
         if self.registry is None or policy.layout is None or not self.applier.round.pushes:
             return
+        live = {m.actor_id for m in self.registry.actors}
+        for held in self.applier.round.gone(live):  # expired (or left) since it pushed: counts no more
+            self.m.refused.labels("not_registered").inc()
+            self.replier.reply_error(held.peer, "not_registered", f"{actor_of(held.sender)!r} left the registry"
+                                     " before its round completed: heartbeat, then push for the next round")
         try:
-            done = self.applier.complete(self.registry.num_actors)
+            done = self.applier.complete(live)
         except Refusal as exc:  # the round's mean would have made the slice non-finite: every push refused
             for _, held in self.applier.round.take():
                 self.m.refused.labels(exc.reason).inc()
@@ -100,6 +110,10 @@ class GradientRequests:
         self.weights.keep(policy, Held(acks[0][1]["version"], new, policy.layout.fingerprint), policy.layout)
         for peer, body in acks:
             self.replier.reply(peer, Message("gradients_ack", body))
+
+    def _live_actor(self, actor_id: str) -> bool:
+        member = self.registry.get(actor_id) if self.registry is not None else None
+        return member is not None and member.role == "actor"
 
     def tick(self, now: float) -> None:
         self.complete_round()  # the registry may have expired a worker the round waited for

@@ -35,7 +35,7 @@ from common.wire.codec import Message
 from common.wire.dedup import Dedup
 from common.wire.schema import INT64_MAX, PUBLISHED_RANGE, range_text
 from common.wire.server import Peer
-from services.paramserver.gradient_rounds import GradientRound, RoundPush
+from services.paramserver.gradient_rounds import GradientRound, RoundPush, actor_of
 from services.paramserver.shard_optimizer import FlatSlice, ShardOptimizer
 
 log = logging.getLogger(__name__)
@@ -254,29 +254,31 @@ class GradientApplier:
         if barrier:
             assert peer is not None
             grads = self.trainer.gather(msg.arrays)  # a refused push leaves a held contribution as it was
-            held = self.round.pushes.get(sender)
+            actor = actor_of(sender)
+            held = self.round.pushes.get(actor)
             if held is not None and held.grads.shape == grads.shape:
                 np.copyto(held.grads, grads)
                 grads = held.grads
             else:
                 grads = grads.copy()
-            self.round.add(version, sender, RoundPush(peer, seq, msg.get("window_start"), grads))
+            self.round.add(version, actor, RoundPush(peer, sender, seq, msg.get("window_start"), grads))
             return None, None
         new = self.trainer.apply(msg.arrays, msg.layout)
         self.dedup.add(sender, seq, msg.get("window_start"))
         self.dirty = True
         return {"version": self.trainer.version, "applied": True, "duplicate": False, "staleness": staleness}, new
 
-    def complete(self, live_workers: int) -> tuple[list[tuple[Peer, dict[str, Any]]], dict[str, np.ndarray]] | None:
-        """If every live worker pushed for the round: apply their mean once; (the held pushes' peers and
-        acks, the new slice). None while the round waits."""
-        if not self.round.ready(live_workers):
+    def complete(self, live: set[str]) -> tuple[list[tuple[Peer, dict[str, Any]]], dict[str, np.ndarray]] | None:
+        """If every live worker (``live``: their registry ids; the round holds pushes of those only) pushed
+        for the round: apply their mean once; (the held pushes' peers and acks, the new slice). None while
+        the round waits."""
+        if not self.round.ready(live):
             return None
         new = self.trainer.step(self.round.mean(self.trainer.grads))
         self.dirty = True
         acks = []
-        for sender, held in self.round.take():
-            self.dedup.add(sender, held.seq, held.window_start)
+        for _, held in self.round.take():
+            self.dedup.add(held.sender, held.seq, held.window_start)
             acks.append((held.peer, {"version": self.trainer.version, "applied": True, "duplicate": False,
                                      "staleness": 0}))
         return acks, new

@@ -313,6 +313,6 @@ def test_a_refused_resend_leaves_a_held_round_contribution_as_it_was() -> None:
     assert applier.push(push(1, 2.0), layout, [0], w, Peer(b"x", 1)) == (None, None)
     with pytest.raises(Refusal, match="NaN"):
         applier.push(push(2, np.nan), layout, [0], w, Peer(b"x", 2))
-    done = applier.complete(1)
+    done = applier.complete({"w"})
     assert done is not None
     np.testing.assert_array_equal(done[1]["a"], [-2.0, -2.0, -2.0])

@@ -1,0 +1,105 @@
+"""A synchronous gradient round counts the live registered actors only (issue 42, attack 5): a real
+shard 0 in a thread, real sockets. Two strangers pushing ``barrier: true`` used to complete a round in
+place of the two registered workers, whose own pushes were then refused as stale."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from common.clients.registry import RegistryClient
+from common.clients.weights_publisher import WeightsPublisher
+from common.clients.weights_reader import WeightsReader
+from common.config.sections import GradientsConfig
+from common.metrics import ServiceMetrics
+from common.tensor_shards import Layout
+from common.wire.codec import Message
+from common.wire.connection import Connection
+from common.wire.transport import free_tcp_port
+from harness.paramserver_procs import serving
+from services.paramserver.shard import ShardServer
+
+W = np.zeros(4, np.float32)
+
+
+@pytest.fixture
+def shard() -> Iterator[tuple[str, Layout]]:
+    server = ShardServer(ServiceMetrics("paramserver", 0), f"tcp://127.0.0.1:{free_tcp_port()}", 0, 1, 30.0,
+                         shm=False, gradients=GradientsConfig(optimizer="sgd", lr=1.0))
+    with serving(server):
+        pub = WeightsPublisher([server.endpoint], "w0-publish", shm=False)
+        pub.publish(0, {"w": W}, timeout_s=5)
+        layout = pub.layout_for({"w": W})
+        pub.close()
+        yield server.endpoint, layout
+
+
+def send_push(conn: Connection, layout: Layout, value: float, seq: int) -> int:
+    body = {"version": 0, "num_shards": 1, "layout": layout.fingerprint, "barrier": True, "window_start": seq}
+    return conn.send(Message("push_gradients", body, {"w": np.full(4, value, np.float32)}), seq=seq)
+
+
+def reply(conn: Connection, seq: int, timeout_s: float = 5.0) -> Message | None:
+    deadline = time.monotonic() + timeout_s
+    while (got := conn.reply_to(seq)) is None:
+        if time.monotonic() >= deadline or not conn.wait(deadline - time.monotonic()):
+            return None
+    return got
+
+
+def weights(address: str) -> np.ndarray:
+    reader = WeightsReader([address], "reader", shm=False)
+    try:
+        got = reader.get(-1, timeout_s=5)
+        assert got is not None
+        return got[1]["w"]
+    finally:
+        reader.close()
+
+
+def test_strangers_cannot_complete_or_weigh_in_a_round(shard: tuple[str, Layout]) -> None:
+    address, layout = shard
+    actors = [RegistryClient(address, f"w{i}") for i in range(2)]
+    for a in actors:
+        a.hello()
+    strangers = [Connection(address, f"x{i}/token") for i in range(2)]
+    workers = [Connection(address, f"w{i}/token") for i in range(2)]
+    try:
+        for i, c in enumerate(strangers):
+            got = reply(c, send_push(c, layout, 100.0, 1))
+            assert got is not None and got.type == "error" and got["reason"] == "not_registered", got
+            assert f"'x{i}'" in got["detail"]
+        first = send_push(workers[0], layout, 1.0, 1)
+        assert reply(workers[0], first, 0.5) is None  # held: w1 has not pushed yet
+        second = send_push(workers[1], layout, 3.0, 1)
+        for c, seq in ((workers[0], first), (workers[1], second)):
+            got = reply(c, seq)
+            assert got is not None and got.type == "gradients_ack" and got["applied"] and got["version"] == 1, got
+        np.testing.assert_array_equal(weights(address), np.full(4, -2.0, np.float32))  # the mean of 1 and 3 only
+    finally:
+        for c in strangers + workers:
+            c.close()
+
+
+def test_a_push_of_an_actor_that_left_counts_no_more(shard: tuple[str, Layout]) -> None:
+    address, layout = shard
+    actors = [RegistryClient(address, f"w{i}") for i in range(2)]
+    for a in actors:
+        a.hello()
+    workers = [Connection(address, f"w{i}/token") for i in range(2)]
+    try:
+        first = send_push(workers[0], layout, 1.0, 1)
+        assert reply(workers[0], first, 0.3) is None
+        actors[0].goodbye()
+        got = reply(workers[0], first, 3.0)  # refused at the next tick: w0 is not live any more
+        assert got is not None and got.type == "error" and got["reason"] == "not_registered", got
+        second = send_push(workers[1], layout, 3.0, 1)
+        got = reply(workers[1], second)
+        assert got is not None and got.type == "gradients_ack" and got["applied"], got
+        np.testing.assert_array_equal(weights(address), np.full(4, -3.0, np.float32))
+    finally:
+        for c in workers:
+            c.close()
