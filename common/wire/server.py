@@ -225,6 +225,9 @@ class Server:
                         except zmq.Again:
                             break
                         self.handle_frames(frames)
+                        # a message's frames (up to the message limit, a refused one too) are freed once
+                        # it is handled, not when the next message comes
+                        del frames
                 self.tick()
                 self.flush_counts()
         finally:

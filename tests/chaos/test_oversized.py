@@ -68,3 +68,29 @@ def test_the_message_limit_comes_from_the_config(tmp_path: Path) -> None:
         assert ask(address, Message(type="info", body={}), sender="after", seq=1).type == "info_reply"
     finally:
         svc.stop()
+
+
+@pytest.mark.parametrize("service", ["replay", "paramserver"])
+def test_a_refused_large_message_is_released_at_once(service: str, tmp_path: Path) -> None:
+    """Frames that add up to more than the limit are read, refused with message_too_large, and their
+    memory released as soon as the error is sent: it once stayed resident until the next message came
+    (the serving loop still held the last frames it had read). Issue 42."""
+    address = f"tcp://127.0.0.1:{free_tcp_port()}"
+    svc = ServiceProcess(service, tmp_path, [f"network.{service}=[{address}]", "network.max_message_mib=64"])
+    svc.wait_healthy(60)
+    try:
+        before = rss_mib(svc.proc.pid)
+        part = np.ones(48 << 20, np.uint8)  # each frame under the limit, the two of them over it
+        hostile = make_socket(zmq.DEALER, connect=address, send_timeout_ms=60_000)
+        try:
+            hostile.send_multipart([b"\x81\xa1v\x02", memoryview(part), memoryview(part)], copy=False)
+            assert hostile.poll(30_000), "no reply"
+            assert b"message_too_large" in hostile.recv_multipart()[0]
+        finally:
+            hostile.close(linger=0)
+        time.sleep(0.5)  # no other message comes meanwhile
+        after = rss_mib(svc.proc.pid)
+        assert svc.alive(), svc.log()
+        assert after - before < 32, f"RSS {before:.0f} -> {after:.0f} MiB after a refused 96 MiB message"
+    finally:
+        svc.stop()
