@@ -47,7 +47,9 @@ class PushOutcome:
 class GradientPusher:
     def __init__(self, addresses: Sequence[str], sender: str, *, curve: CurveConfig | None = None,
                  ctx: zmq.Context[Any] | None = None, timeout_s: float = 10.0) -> None:
-        self.shards = ParamserverShards(addresses, sender, curve, ctx)
+        # seqs from the wall clock in microseconds, as InsertClient's: above every seq of a sender a shard
+        # has forgotten (common/wire/dedup.py), so a new worker's pushes are never taken for old resends
+        self.shards = ParamserverShards(addresses, sender, curve, ctx, seq_start=time.time_ns() // 1000)
         self.timeout_s = timeout_s
         self._layout: Layout | None = None
         self._names: set[str] = set()

@@ -27,14 +27,14 @@ class ParamserverShards:
     """A :class:`~common.wire.connection.Connection` to each shard, in shard order."""
 
     def __init__(self, addresses: Sequence[str], sender: str, curve: CurveConfig | None = None,
-                 ctx: zmq.Context[Any] | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+                 ctx: zmq.Context[Any] | None = None, limits: Limits = DEFAULT_LIMITS, seq_start: int = 1) -> None:
         if not addresses:
             raise ValueError("the paramserver needs at least one shard address")
         self.addresses = list(addresses)
         # handshakes watched: a shard that restarts while a reply is awaited lost the request with its
         # old connection, and gets it again at once instead of at the caller's timeout
-        self.connections = [Connection(a, sender, curve=curve, ctx=ctx, limits=limits, watch_handshakes=True)
-                            for a in addresses]
+        self.connections = [Connection(a, sender, curve=curve, ctx=ctx, limits=limits, watch_handshakes=True,
+                                       seq_start=seq_start) for a in addresses]
 
     def __len__(self) -> int:
         return len(self.connections)

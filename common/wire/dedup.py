@@ -25,9 +25,16 @@ recent is forgotten only if it has been silent for ``idle_s`` (the documented
 horizon, 10 minutes): a live sender is never forgotten to make room, so a flood of
 new sender ids cannot make a live sender's resend look new and be stored twice.
 When every sender is live, a new one is refused (:meth:`refusal`, ``too_many_senders``).
-A forgotten sender's name is kept (names only, as many as ``max_senders``): if it inserts
-again, its inserts are refused (``sender_forgotten``) instead of taken as new, so a resend
-older than the horizon is never stored twice; its client starts over with a new sender id.
+Of the senders it forgot, one number is kept, for as long as the server lives and across
+restarts (it is in the snapshot and the checkpoint): the ``watermark``, the highest seq any
+of them had stored. An insert of a sender it does not remember whose seq is at or below the
+watermark is refused (``sender_forgotten``) instead of taken as new, and so is one at or
+below the watermark of the moment a sender was first seen: a forgotten sender's resend, at
+most its highest seq, is never stored twice however many senders come and go (a list of
+forgotten names once did that only until it overflowed). Its client starts over under a new
+sender id, with seqs from the wall clock in microseconds (InsertClient's, GradientPusher's),
+which are above the watermark. Memory: the remembered senders only (``max_senders``, each its
+floor and at most ``WINDOW`` seqs), and one int.
 
 A known sender's seq more than ``MAX_AHEAD`` (8,192) above its floor, or more than
 ``MAX_AHEAD`` below it, is refused (``seq_out_of_window``): no client that keeps at most
@@ -55,12 +62,13 @@ MAX_FIRST_SEQ = 1 << 53  # a new sender's first seq is below this
 
 
 class _Sender:
-    __slots__ = ("floor", "above", "top", "at", "anchored")
+    __slots__ = ("floor", "above", "top", "at", "anchored", "born")
 
-    def __init__(self, floor: int, anchored: bool = True) -> None:
+    def __init__(self, floor: int, anchored: bool = True, born: int = -1) -> None:
         self.floor = floor
         self.above: set[int] = set()
         self.top = floor  # highest seq stored
+        self.born = born  # the watermark when it was first seen: its seqs at or below it are refused
         self.at = time.monotonic()  # last insert
         self.anchored = anchored  # False for a sender restored from a snapshot, until its next insert
 
@@ -82,11 +90,13 @@ class Dedup:
         self.window = window
         self.idle_s = idle_s
         self.senders: OrderedDict[str, _Sender] = OrderedDict()
-        self.forgotten: OrderedDict[str, None] = OrderedDict()  # names of senders forgotten for room
+        self.watermark = -1  # the highest seq stored by any sender forgotten (to make room) so far
 
     def refusal(self, sender: str, seq: int) -> tuple[str, str] | None:
         """Why an insert of ``sender`` with ``seq`` cannot be taken (reason, detail), or None."""
         s = self.senders.get(sender)
+        if s is not None and seq <= s.born:
+            return self._forgotten(sender, seq)
         if s is not None:
             if s.anchored and not s.floor - MAX_AHEAD <= seq <= s.floor + MAX_AHEAD:
                 where = "above" if seq > s.floor else "below"
@@ -96,9 +106,8 @@ class Dedup:
                         f" {self.window} {self.what}s un-acked with consecutive seqs; one far below means another"
                         " client claimed this sender id's seqs)")
             return None
-        if sender in self.forgotten:
-            return ("sender_forgotten", f"{self.service} forgot sender {sender!r} after {self.idle_s:.0f} s without"
-                    " a message, so it cannot tell its resends from new ones; send as a new sender id")
+        if seq <= self.watermark:
+            return self._forgotten(sender, seq)
         if seq >= MAX_FIRST_SEQ:
             return ("seq_out_of_window", f"seq {seq} is the first of sender {sender!r}; allowed: a first seq"
                     f" below 2^53 ({MAX_FIRST_SEQ})")
@@ -110,6 +119,12 @@ class Dedup:
         return ("too_many_senders", f"{self.service} remembers {self.max_senders} senders and all sent within"
                 f" {self.idle_s:.0f} s; try again later")
 
+    def _forgotten(self, sender: str, seq: int) -> tuple[str, str]:
+        return ("sender_forgotten", f"{self.service} does not remember sender {sender!r} at seq {seq}: it may have"
+                f" forgotten it (after {self.idle_s:.0f} s without a message), so it cannot tell a resend from a new"
+                f" {self.what}; allowed: seqs above {self.watermark}, the highest seq of any sender it forgot (send as"
+                " a new sender id whose seqs start at the wall clock in microseconds, as InsertClient's do)")
+
     def seen(self, sender: str, seq: int) -> bool:
         s = self.senders.get(sender)
         return s is not None and (seq <= s.floor or seq in s.above)
@@ -119,11 +134,9 @@ class Dedup:
         reanchor = s is None or not s.anchored  # window_start may move a new or restored sender's floor anywhere
         if s is None:
             start = window_start if window_start is not None else seq - self.window
-            s = self.senders[sender] = _Sender(min(start, seq) - 1)
+            s = self.senders[sender] = _Sender(min(start, seq) - 1, born=self.watermark)
             while len(self.senders) > self.max_senders:  # only idle ones: the server asks refusal() first
-                self.forgotten[self.senders.popitem(last=False)[0]] = None
-                while len(self.forgotten) > self.max_senders:
-                    self.forgotten.popitem(last=False)
+                self.watermark = max(self.watermark, self.senders.popitem(last=False)[1].top)
         else:
             self.senders.move_to_end(sender)
             s.at = time.monotonic()
@@ -150,8 +163,9 @@ class Dedup:
     def state(self) -> dict[str, Any]:
         return {name: [s.floor, sorted(s.above)] for name, s in self.senders.items()}
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: dict[str, Any], watermark: int = -1) -> None:
         self.senders.clear()
+        self.watermark = watermark
         for name, (floor, above) in state.items():
             s = self.senders[name] = _Sender(int(floor), anchored=False)
             s.above = {int(x) for x in above}

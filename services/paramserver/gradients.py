@@ -299,7 +299,8 @@ class GradientApplier:
             return
         meta = {"experiment": self.experiment, "version": state["version"], "steps": state["steps"],
                 "num_shards": layout.num_shards,
-                "tensors": layout.to_wire(), "dedup": self.dedup.state()}
+                "tensors": layout.to_wire(), "dedup": self.dedup.state(),
+                "dedup_watermark": self.dedup.watermark}
         arrays = {f"param/{n}": a for n, a in state["params"].items()}
         arrays.update({f"opt/{n}": a for n, a in state["optimizer"].items()})
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
@@ -341,7 +342,7 @@ class GradientApplier:
                             " (the workers publish their weights again)", self.shard, self.path)
                 return None
             self.trainer.load(int(meta["version"]), int(meta["steps"]), params, opt)
-            self.dedup.restore(meta["dedup"])
+            self.dedup.restore(meta["dedup"], int(meta.get("dedup_watermark", -1)))
         except (OSError, KeyError, ValueError, json.JSONDecodeError) as exc:
             raise ValueError(f"paramserver checkpoint {self.path} cannot be read: {exc}") from None
         assert self.trainer.flat is not None

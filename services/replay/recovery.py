@@ -87,7 +87,7 @@ def start_snapshot(snapshotter: Snapshotter, wal: WriteAheadLog | None, shard: i
     """Copy every table now (in the caller's thread); ``snapshotter`` writes the copy in a thread."""
     covered = wal.rotate() if wal is not None else 0
     index: dict[str, Any] = {"format": 1, "shard": shard, "time": time.time(), COVERED: covered,
-                             "dedup": dedup.state(), "tables": {}}
+                             "dedup": dedup.state(), "dedup_watermark": dedup.watermark, "tables": {}}
     arrays: dict[str, np.ndarray] = {}
     for name, t in tables.items():
         meta, arrs = t.state()
@@ -111,7 +111,7 @@ def restore_tables(directory: Path, wal: WriteAheadLog | None, shard: int, table
                 continue
             prefix = f"{name}/"
             table.restore(meta, {k[len(prefix):]: a for k, a in arrays.items() if k.startswith(prefix)})
-        dedup.restore(index.get("dedup", {}))
+        dedup.restore(index.get("dedup", {}), int(index.get("dedup_watermark", -1)))
         covered = int(index.get(COVERED, covered_by_older_index(index)))
     if wal is not None:
         for header, arrays in wal.replay(covered, wal.log_file):

@@ -1,0 +1,82 @@
+"""Exactly-once with no horizon that can be outlived (issue 42, attack 1), real sockets.
+
+Replay forgets a sender (to make room for new ones) only after 10 minutes of silence. It
+used to keep the names of forgotten senders, "as many again": after two horizons and twice
+as many new senders, a forgotten sender's resend was acked ``stored=1 duplicate=false`` and
+stored twice. Now it keeps one number instead, the highest seq any forgotten sender had
+stored, for as long as it lives and across restarts; a resend at or below it from a sender
+it does not remember is refused (``sender_forgotten``), whatever came in between.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import common.wire.dedup as dedup_mod
+from common.config import ReplayConfig, TableConfig
+from common.wire.codec import Message
+from common.wire.dedup import Dedup
+from harness.replay_helpers import ask, serving, transitions
+from services.replay.server import ReplayServer
+
+T0 = 1_700_000_000_000_000  # InsertClient's seqs: the wall clock in microseconds
+
+
+def insert(server: ReplayServer, sender: str, seq: int) -> Message:
+    return ask(server.endpoint, Message("insert", {"table": "main"}, transitions(0, 0, 1)), sender, seq)
+
+
+def config() -> ReplayConfig:
+    return ReplayConfig(tables=[TableConfig(name="main", kind="uniform", capacity=10_000, min_size=1)],
+                        durability="checkpoint")
+
+
+def test_a_forgotten_senders_resend_is_refused_after_any_number_of_horizons(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(dedup_mod.time, "monotonic", lambda: clock[0])
+    with serving(config(), tmp_path) as server:
+        server.dedup.max_senders = 3
+        assert insert(server, "victim", T0)["stored"] == 1
+        for i in range(2):
+            assert insert(server, f"early-{i}", T0 + 1 + i)["stored"] == 1
+        newest = T0 + 10
+        for horizon in range(5):  # each horizon as many new senders as it remembers: 5 times over in all
+            clock[0] += dedup_mod.IDLE_S + 1
+            for i in range(3):
+                newest += 1
+                assert insert(server, f"new-{horizon}-{i}", newest)["stored"] == 1
+            assert "victim" not in server.dedup.senders
+            clock[0] += dedup_mod.IDLE_S + 1  # all idle again: there is room for a sender
+            reply = insert(server, "victim", T0)  # its resend, its ack lost long ago
+            assert reply.type == "error" and reply["reason"] == "sender_forgotten", (horizon, reply.body)
+        assert "'victim'" in reply["detail"] and f"allowed: seqs above {newest - 3}" in reply["detail"]
+        assert server.tables["main"].size == 3 + 15  # the victim's insert once
+        server.snapshot(wait=True)
+    with serving(config(), tmp_path) as server:  # and after a restart from the snapshot
+        server.dedup.max_senders = 3
+        reply = insert(server, "victim", T0)
+        assert reply.type == "error" and reply["reason"] == "sender_forgotten", reply.body
+        clock[0] += dedup_mod.IDLE_S + 1  # room for one more
+        assert insert(server, "victim-again", time.time_ns() // 1000)["stored"] == 1  # a new id goes on
+
+
+def test_memory_stays_bounded_at_a_million_senders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1M senders through a Dedup that remembers 10,000: it holds 10,000 and one int, and every
+    forgotten sender's resend is refused. (Measured with tracemalloc at the default 100,000
+    remembered: 64 MB, about 650 bytes a sender, flat from there to 1M senders.)"""
+    clock = [0.0]
+    monkeypatch.setattr(dedup_mod.time, "monotonic", lambda: clock[0])
+    d = Dedup(max_senders=10_000)
+    for i in range(1_000_000):
+        if i % 10_000 == 0:
+            clock[0] += dedup_mod.IDLE_S + 1
+        name = f"actor-{i % 64}/{i:032x}"
+        assert d.refusal(name, T0 + i) is None
+        d.add(name, T0 + i, T0 + i)
+    assert len(d) == 10_000 and d.watermark == T0 + 990_000 - 1
+    for i in range(0, 990_000, 9_973):  # forgotten: each one's resend is refused
+        assert d.refusal(f"actor-{i % 64}/{i:032x}", T0 + i) is not None
