@@ -38,8 +38,9 @@ class BurstReplies:
         self.wal = wal
         self._m_inserts = dict(inserts_by_table)  # each table's replay_inserts counter
         self.items_stored = dict.fromkeys(self._m_inserts, 0)  # since the last flush, by table
-        # by sender identity (merge_acks) or by (identity, seq): where the ack goes (the Peer of the
-        # first insert it answers: the fast path makes none) and what it answers
+        # by (connection, sender) with merge_acks, else by (connection, sender, seq): where the ack goes
+        # (the Peer of the first insert it answers: the fast path makes none) and what it answers. An ack
+        # names seqs only, so the inserts of two senders sharing a connection never share one
         self.acks: dict[Any, tuple[Peer, list[AckItem]]] = {}
         self.deferred: list[tuple[Peer, list[Any], str]] = []  # encoded now, so that the sends are back to back
 
@@ -53,7 +54,7 @@ class BurstReplies:
         self._queue(identity, seq, sender, (seq, 0, True), merge)
 
     def _queue(self, identity: bytes, seq: int, sender: str, item: AckItem, merge: bool) -> None:
-        key = identity if merge else (identity, seq)
+        key = (identity, sender) if merge else (identity, sender, seq)
         pending = self.acks.get(key)
         if pending is None:
             self.acks[key] = (Peer(identity, seq, sender), [item])
