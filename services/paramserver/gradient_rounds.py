@@ -25,7 +25,7 @@ from common.wire.server import Peer
 
 
 def actor_of(sender: str) -> str:
-    """The registry id a push's sender names: ``<actor id>/<token>`` (a suffix after ``@``: CurveZMQ's key)."""
+    """The registry id a push's sender names: ``<actor id>/<token>`` (with CurveZMQ, ``@<key>`` follows)."""
     return sender.split("/", 1)[0]
 
 
@@ -51,8 +51,7 @@ class GradientRound:
 
     def gone(self, live: set[str]) -> list[RoundPush]:
         """Take out the pushes of actors no longer live (they count no more)."""
-        out = [self.pushes.pop(a) for a in [a for a in self.pushes if a not in live]]
-        return out
+        return [self.pushes.pop(a) for a in [a for a in self.pushes if a not in live]]
 
     def ready(self, live: set[str]) -> bool:
         return bool(self.pushes) and live <= set(self.pushes)
