@@ -23,7 +23,8 @@ A2C_EVAL_EVERY = {"CartPole-v1": 5_000}
 A2C_BUDGET = {env: int(hp["n_timesteps"]) for env, hp in ZOO_A2C.items()}
 
 
-def run_sb3_a2c(env_id: str, seed: int, budget: int | None = None) -> dict[str, Any]:
+def run_sb3_a2c(env_id: str, seed: int, budget: int | None = None, max_seconds: float | None = None
+                ) -> dict[str, Any]:
     """SB3 A2C: evaluations once the env steps pass each multiple of A2C_EVAL_EVERY."""
     from stable_baselines3 import A2C
     from stable_baselines3.common.env_util import make_vec_env
@@ -35,6 +36,6 @@ def run_sb3_a2c(env_id: str, seed: int, budget: int | None = None) -> dict[str, 
     start = time.perf_counter()
     env = make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs={"render_mode": None})
     model = A2C("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hp)
-    cb = evaluations(env_id, seed, start, crossing(A2C_EVAL_EVERY[env_id]))
+    cb = evaluations(env_id, seed, start, crossing(A2C_EVAL_EVERY[env_id]), max_seconds)
     model.learn(total_timesteps=budget, callback=cb)
     return {**peer_result(seed, cb, model, start), "budget": budget}

@@ -5,7 +5,10 @@ LunarLander particles and slows it 4-5x), the faster of one torch thread and one
 (PEER_THREADS, :func:`run_peer`), the zoo's hyperparameters for the env. Its wall time runs from
 building the envs and the model (start-up) to the first evaluation at or above the target,
 evaluations included; a run that never reaches the target within its budget reports the wall time it
-took to spend that budget.
+took to spend that budget. A peer given a wall budget (``max_seconds``, the heavy rows of bench.learning.suite)
+also stops there, counted from the same start: checked at every env step and within evaluations (an
+evaluation the budget cuts short does not count, as the fleet's evaluator stopped with the fleet); a
+learning phase under way when it runs out (PPO's epochs after a rollout) finishes first.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ DQN_EVAL_EVERY, EVAL_EPISODES = 5000, 10
 # 6,447 / 6,732 and LunarLander 8,395 / 8,247 (within the noise: one, as its published runs), A2C CartPole
 # 14,572 / 13,846.
 CORES = len(os.sched_getaffinity(0))
-PEER_THREADS = {"dqn": CORES, "sac": CORES, "td3": CORES, "ppo": 1, "a3c": 1}
+# The Atari peers' (bench/peers/sb3_atari.py): one per core, torch's default, not measured against 1.
+PEER_THREADS = {"dqn": CORES, "sac": CORES, "td3": CORES, "ppo": 1, "a3c": 1, "dqn-atari": CORES, "ppo-atari": CORES}
 
 # rl-baselines3-zoo hyperparams/ppo.yml (LunarLander-v2 entry for v3), default MlpPolicy. "lin_X" is
 # X falling linearly to 0 over the zoo's n_timesteps ("anneal"), whatever budget the run is given.
@@ -80,16 +84,17 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def run_peer(peer: Callable[..., dict[str, Any]], threads: int, *args: Any) -> dict[str, Any]:
+def run_peer(peer: Callable[..., dict[str, Any]], threads: int, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """One peer run with ``threads`` torch threads; the count goes into its result."""
     with torch_threads(threads):
-        result = peer(*args)
+        result = peer(*args, **kwargs)
     return {**result, "torch_threads": threads}
 
 
-def run_sb3_dqn(env_id: str, seed: int, budget: int | None = None) -> dict[str, Any]:
+def run_sb3_dqn(env_id: str, seed: int, budget: int | None = None, max_seconds: float | None = None
+                ) -> dict[str, Any]:
     """SB3 DQN: 10 deterministic episodes on one env every 5,000 env steps; budget: the zoo's n_timesteps
-    unless given (epsilon then falls over as many env steps as in the zoo's run)."""
+    unless given (epsilon then falls over as many env steps as in the zoo's run), and ``max_seconds``."""
     from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
@@ -109,6 +114,8 @@ def run_sb3_dqn(env_id: str, seed: int, budget: int | None = None) -> dict[str, 
             self.curve: list[list[float]] = []
 
         def _on_step(self) -> bool:
+            if max_seconds is not None and time.perf_counter() - start >= max_seconds:
+                return False
             if self.num_timesteps % DQN_EVAL_EVERY:
                 return True
             returns, _ = evaluate_policy(self.model, self.eval_env, n_eval_episodes=EVAL_EPISODES,
@@ -126,8 +133,10 @@ def run_sb3_dqn(env_id: str, seed: int, budget: int | None = None) -> dict[str, 
     cb = EveryNSteps()
     model.learn(total_timesteps=budget, callback=cb)
     took = time.perf_counter() - start
+    cb.eval_env.close()
+    env.close()
     return {"seed": seed, "solved": cb.hit is not None, "wall_s": round(cb.hit[1] if cb.hit else took, 2),
-            "env_steps": cb.hit[0] if cb.hit else budget,
+            "env_steps": cb.hit[0] if cb.hit else int(model.num_timesteps),
             "best_return": max((c[2] for c in cb.curve), default=None), "curve": cb.curve}
 
 
@@ -141,7 +150,12 @@ def _linear(value: float, anneal: int, budget: int) -> Callable[[float], float]:
 
 def ppo_kwargs(env_id: str, budget: int) -> tuple[int, dict[str, Any]]:
     """(n_envs, PPO keyword arguments) of the zoo's entry, lin_X turned into schedules."""
-    hp = dict(ZOO_PPO[env_id])
+    return zoo_ppo_kwargs(ZOO_PPO[env_id], budget)
+
+
+def zoo_ppo_kwargs(zoo: dict[str, Any], budget: int) -> tuple[int, dict[str, Any]]:
+    """(n_envs, PPO keyword arguments) of a zoo entry as ZOO_PPO holds them, lin_X turned into schedules."""
+    hp = dict(zoo)
     n_envs, anneal = int(hp.pop("n_envs")), int(hp.pop("anneal"))
     for key in ("learning_rate", "clip_range"):
         if isinstance(hp.get(key), str) and hp[key].startswith("lin_"):
@@ -149,12 +163,16 @@ def ppo_kwargs(env_id: str, budget: int) -> tuple[int, dict[str, Any]]:
     return n_envs, hp
 
 
-def deterministic_returns(model: Any, envs: gym.vector.VectorEnv, seed: int) -> np.ndarray:  # type: ignore[type-arg]
-    """One deterministic episode per slot, slots seeded seed..seed+K-1 (as rlfleet's evaluator)."""
+def deterministic_returns(model: Any, envs: gym.vector.VectorEnv, seed: int,  # type: ignore[type-arg]
+                          deadline: float | None = None) -> np.ndarray | None:
+    """One deterministic episode per slot, slots seeded seed..seed+K-1 (as rlfleet's evaluator); None if
+    ``deadline`` (a time.perf_counter reading) passed first."""
     k = envs.num_envs
     obs, _ = envs.reset(seed=[seed + i for i in range(k)])  # type: ignore[arg-type]  # a list is allowed
     returns, running = np.zeros(k), np.ones(k, bool)
     while running.any():
+        if deadline is not None and time.perf_counter() >= deadline:
+            return None
         actions, _ = model.predict(obs, deterministic=True)
         obs, rewards, terminated, truncated, _ = envs.step(actions)
         returns[running] += np.asarray(rewards, np.float64)[running]
@@ -162,30 +180,47 @@ def deterministic_returns(model: Any, envs: gym.vector.VectorEnv, seed: int) -> 
     return returns
 
 
-def evaluations(env_id: str, seed: int, start: float, due: Callable[[Any, int], bool]) -> Any:
+def evaluations(env_id: str, seed: int, start: float, due: Callable[[Any, int], bool],
+                max_seconds: float | None = None,
+                make_eval_envs: Callable[[], gym.vector.VectorEnv] | None = None) -> Any:  # type: ignore[type-arg]
     """An SB3 callback: 10 deterministic episodes (10 vector slots, fixed seeds) at each step where
-    ``due(model, num_timesteps)``; stops learning at the first mean at or above the env's target."""
+    ``due(model, num_timesteps)``; stops learning at the first mean at or above the env's target (none: a
+    heavy env, run to its budgets) and once ``max_seconds`` have passed since ``start``.
+    ``make_eval_envs``: the evaluation's vector env of 10 slots (default: ``gym.make(env_id)`` in each)."""
     from stable_baselines3.common.callbacks import BaseCallback
 
-    target = TARGETS[env_id]
+    target = TARGETS.get(env_id)
+    deadline = None if max_seconds is None else start + max_seconds
 
     class Evaluations(BaseCallback):
         def __init__(self) -> None:
             super().__init__()
             self.hit: tuple[int, float] | None = None
             self.evals = 0
+            self.out_of_time = False
             self.curve: list[list[float]] = []  # [env steps, wall seconds, mean return] per evaluation
-            self.eval_envs = gym.vector.SyncVectorEnv(
-                [lambda: gym.make(env_id, render_mode=None) for _ in range(EVAL_EPISODES)])
+            self.eval_envs: gym.vector.VectorEnv | None = None  # type: ignore[type-arg]  # at the first evaluation
+
+        def envs(self) -> gym.vector.VectorEnv:  # type: ignore[type-arg]
+            if self.eval_envs is None:
+                self.eval_envs = make_eval_envs() if make_eval_envs else gym.vector.SyncVectorEnv(
+                    [lambda: gym.make(env_id, render_mode=None) for _ in range(EVAL_EPISODES)])
+            return self.eval_envs
 
         def _on_step(self) -> bool:
+            if deadline is not None and time.perf_counter() >= deadline:
+                self.out_of_time = True
+                return False
             if not due(self.model, self.num_timesteps):
                 return True
+            returns = deterministic_returns(self.model, self.envs(), seed + EVAL_SEED_OFFSET, deadline)
+            if returns is None:
+                self.out_of_time = True
+                return False
             self.evals += 1
-            returns = deterministic_returns(self.model, self.eval_envs, seed + EVAL_SEED_OFFSET)
             self.curve.append([self.num_timesteps, round(time.perf_counter() - start, 2),
                                round(float(returns.mean()), 2)])
-            if float(returns.mean()) >= target:
+            if target is not None and float(returns.mean()) >= target:
                 self.hit = (self.num_timesteps, time.perf_counter() - start)
                 return False
             return True
@@ -194,13 +229,17 @@ def evaluations(env_id: str, seed: int, start: float, due: Callable[[Any, int], 
 
 
 def peer_result(seed: int, cb: Any, model: Any, start: float) -> dict[str, Any]:
-    """A peer run's figures once ``model.learn`` returned (``cb``: its :func:`evaluations`)."""
+    """A peer run's figures once ``model.learn`` returned (``cb``: its :func:`evaluations`); closes its envs.
+    ``out_of_time``: the wall budget stopped it."""
     took = time.perf_counter() - start
-    cb.eval_envs.close()
+    if cb.eval_envs is not None:
+        cb.eval_envs.close()
+    model.get_env().close()
     wall = cb.hit[1] if cb.hit else took
     steps = cb.hit[0] if cb.hit else int(model.num_timesteps)
     return {"seed": seed, "solved": cb.hit is not None, "wall_s": round(wall, 2), "env_steps": steps,
-            "env_steps_per_s": round(steps / wall, 1), "evaluations": cb.evals,
+            "env_steps_per_s": round(steps / wall, 1) if wall > 0 else 0.0, "evaluations": cb.evals,
+            "out_of_time": cb.out_of_time,
             "best_return": max((c[2] for c in cb.curve), default=None), "curve": cb.curve}
 
 
@@ -218,15 +257,9 @@ def crossing(every: int) -> Callable[[Any, int], bool]:
     return due
 
 
-def run_sb3_ppo(env_id: str, seed: int, budget: int | None = None) -> dict[str, Any]:
-    """SB3 PPO: evaluations once the env steps pass each multiple of PPO_EVAL_EVERY, skipped while the
-    weights are those already evaluated (PPO learns once a rollout)."""
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.env_util import make_vec_env
-
-    budget = budget or PPO_BUDGET[env_id]
-    every = PPO_EVAL_EVERY[env_id]
-    n_envs, hp = ppo_kwargs(env_id, budget)
+def once_per_update(every: int) -> Callable[[Any, int], bool]:
+    """:func:`crossing` for an on-policy learner, skipped while the weights are those already evaluated
+    (PPO learns once a rollout)."""
     state = {"evaluated": -1}  # model._n_updates at the last evaluation
     passed = crossing(every)
 
@@ -239,9 +272,20 @@ def run_sb3_ppo(env_id: str, seed: int, budget: int | None = None) -> dict[str, 
         state["evaluated"] = updates
         return True
 
+    return due
+
+
+def run_sb3_ppo(env_id: str, seed: int, budget: int | None = None, max_seconds: float | None = None
+                ) -> dict[str, Any]:
+    """SB3 PPO: evaluations once the env steps pass each multiple of PPO_EVAL_EVERY, once per update."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    budget = budget or PPO_BUDGET[env_id]
+    n_envs, hp = ppo_kwargs(env_id, budget)
     start = time.perf_counter()
     env = make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs={"render_mode": None})
     model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hp)
-    cb = evaluations(env_id, seed, start, due)
+    cb = evaluations(env_id, seed, start, once_per_update(PPO_EVAL_EVERY[env_id]), max_seconds)
     model.learn(total_timesteps=budget, callback=cb)
     return peer_result(seed, cb, model, start)

@@ -23,7 +23,8 @@ ZOO_TD3: dict[str, dict[str, Any]] = {
 TD3_EVAL_EVERY = {"Pendulum-v1": 1_000}
 
 
-def run_sb3_td3(env_id: str, seed: int, budget: int | None = None) -> dict[str, Any]:
+def run_sb3_td3(env_id: str, seed: int, budget: int | None = None, max_seconds: float | None = None
+                ) -> dict[str, Any]:
     """SB3 TD3 with the zoo's Gaussian action noise: evaluations every TD3_EVAL_EVERY env steps."""
     import gymnasium as gym
     from stable_baselines3 import TD3
@@ -34,4 +35,4 @@ def run_sb3_td3(env_id: str, seed: int, budget: int | None = None) -> dict[str, 
     space = gym.make(env_id).action_space
     assert space.shape is not None
     hp["action_noise"] = NormalActionNoise(np.zeros(space.shape), std * np.ones(space.shape))
-    return run_off_policy(TD3, hp, TD3_EVAL_EVERY[env_id], env_id, seed, budget)
+    return run_off_policy(TD3, hp, TD3_EVAL_EVERY[env_id], env_id, seed, budget, max_seconds)
