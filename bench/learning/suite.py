@@ -50,6 +50,7 @@ import numpy as np
 from bench.learning.serial import run_serial_config
 from bench.learning.time_to_solve import run_fleet
 from bench.peers.sb3_a2c import run_sb3_a2c
+from bench.peers.sb3_atari import run_sb3_atari_dqn, run_sb3_atari_ppo
 from bench.peers.sb3_peers import PEER_THREADS, run_peer, run_sb3_dqn, run_sb3_ppo
 from bench.peers.sb3_sac import run_sb3_sac
 from bench.peers.sb3_td3 import run_sb3_td3
@@ -59,11 +60,13 @@ RUNS_FILE = ROOT / "docs" / "results" / "runs.jsonl"
 REPORT = ROOT / "docs" / "results.md"
 CORES = len(os.sched_getaffinity(0))
 
-# peer name -> (run function taking (env, seed, budget), its algorithm's torch threads)
+# peer name -> (run function taking (env, seed, budget, max_seconds=), its algorithm's torch threads)
 PEERS: dict[str, tuple[Callable[..., dict[str, Any]], int]] = {
     "dqn": (run_sb3_dqn, PEER_THREADS["dqn"]), "ppo": (run_sb3_ppo, PEER_THREADS["ppo"]),
     "sac": (run_sb3_sac, PEER_THREADS["sac"]), "a2c": (run_sb3_a2c, PEER_THREADS["a3c"]),
     "td3": (run_sb3_td3, PEER_THREADS["td3"]),
+    "dqn-atari": (run_sb3_atari_dqn, PEER_THREADS["dqn-atari"]),
+    "ppo-atari": (run_sb3_atari_ppo, PEER_THREADS["ppo-atari"]),
 }
 
 
@@ -123,12 +126,13 @@ SUITE: tuple[Row, ...] = (
     Row("mountaincarcontinuous-sac", "mountaincarcontinuous-sac.yaml", "MountainCarContinuous-v0", "SAC", "async",
         90, 50_000, 2_000, "sac"),
     Row("bipedalwalker-sac", "bipedalwalker-sac.yaml", "BipedalWalker-v3", "SAC", "async", None, 10_000_000,
-        20_000, max_seconds=1800),
-    Row("hopper-sac", "hopper-sac.yaml", "Hopper-v5", "SAC", "async", None, 10_000_000, 20_000, max_seconds=1800),
-    Row("pong-dqn", "pong-dqn.yaml", "ALE/Pong-v5", "Ape-X DQN", "async", None, 10_000_000, 50_000,
+        20_000, "sac", max_seconds=1800),
+    Row("hopper-sac", "hopper-sac.yaml", "Hopper-v5", "SAC", "async", None, 10_000_000, 20_000, "sac",
+        max_seconds=1800),
+    Row("pong-dqn", "pong-dqn.yaml", "ALE/Pong-v5", "Ape-X DQN", "async", None, 10_000_000, 50_000, "dqn-atari",
         max_seconds=1800),
     Row("breakout-ppo", "breakout-ppo.yaml", "ALE/Breakout-v5", "DPPO", "barrier", None, 10_000_000, 50_000,
-        max_seconds=1800),
+        "ppo-atari", max_seconds=1800),
 )
 ROWS = {row.name: row for row in SUITE}
 
@@ -180,7 +184,7 @@ def run_side(row: Row, side: str, seed: int) -> dict[str, Any]:
                                  row.max_seconds, sets)
     assert row.peer is not None
     peer, threads = PEERS[row.peer]
-    return run_peer(peer, threads, row.env, seed, row.budget)
+    return run_peer(peer, threads, row.env, seed, row.budget, max_seconds=row.max_seconds)
 
 
 def sides_of(row: Row, wanted: list[str]) -> list[str]:
