@@ -6,9 +6,8 @@ LunarLander particles and slows it 4-5x), the faster of one torch thread and one
 building the envs and the model (start-up) to the first evaluation at or above the target,
 evaluations included; a run that never reaches the target within its budget reports the wall time it
 took to spend that budget. A peer given a wall budget (``max_seconds``, the heavy rows of bench.learning.suite)
-also stops there, counted from the same start: checked at every env step and within evaluations (an
-evaluation the budget cuts short does not count, as the fleet's evaluator stopped with the fleet); a
-learning phase under way when it runs out (PPO's epochs after a rollout) finishes first.
+also stops there, counted from the same start, checked at every env step; a learning phase under way
+(PPO's epochs after a rollout) finishes first, and so does an evaluation, within EVAL_GRACE_S.
 """
 
 from __future__ import annotations
@@ -69,6 +68,9 @@ PPO_BUDGET = {"CartPole-v1": 200_000, "LunarLander-v3": 1_500_000, "LunarLanderC
 PPO_EVAL_EVERY = {"CartPole-v1": 2_000, "LunarLander-v3": 10_000, "LunarLanderContinuous-v3": 10_000}
 # The evaluation seeds: the same fixed seeds every evaluation, as rlfleet's evaluator (seed + 1,000,000 + i).
 EVAL_SEED_OFFSET = 1_000_000
+# How long past a wall budget an evaluation under way may go on and count: as the fleet's, whose evaluator
+# finishes the one under way when stopped, within the launcher's stop timeout (cli/launcher.py, Fleet.stop).
+EVAL_GRACE_S = 20.0
 
 
 @contextlib.contextmanager
@@ -185,7 +187,8 @@ def evaluations(env_id: str, seed: int, start: float, due: Callable[[Any, int], 
                 make_eval_envs: Callable[[], gym.vector.VectorEnv] | None = None) -> Any:  # type: ignore[type-arg]
     """An SB3 callback: 10 deterministic episodes (10 vector slots, fixed seeds) at each step where
     ``due(model, num_timesteps)``; stops learning at the first mean at or above the env's target (none: a
-    heavy env, run to its budgets) and once ``max_seconds`` have passed since ``start``.
+    heavy env, run to its budgets) and once ``max_seconds`` have passed since ``start`` (an evaluation under
+    way then has EVAL_GRACE_S more to end and count).
     ``make_eval_envs``: the evaluation's vector env of 10 slots (default: ``gym.make(env_id)`` in each)."""
     from stable_baselines3.common.callbacks import BaseCallback
 
@@ -213,7 +216,8 @@ def evaluations(env_id: str, seed: int, start: float, due: Callable[[Any, int], 
                 return False
             if not due(self.model, self.num_timesteps):
                 return True
-            returns = deterministic_returns(self.model, self.envs(), seed + EVAL_SEED_OFFSET, deadline)
+            returns = deterministic_returns(self.model, self.envs(), seed + EVAL_SEED_OFFSET,
+                                            None if deadline is None else deadline + EVAL_GRACE_S)
             if returns is None:
                 self.out_of_time = True
                 return False
@@ -223,7 +227,8 @@ def evaluations(env_id: str, seed: int, start: float, due: Callable[[Any, int], 
             if target is not None and float(returns.mean()) >= target:
                 self.hit = (self.num_timesteps, time.perf_counter() - start)
                 return False
-            return True
+            self.out_of_time = deadline is not None and time.perf_counter() >= deadline
+            return not self.out_of_time
 
     return Evaluations()
 

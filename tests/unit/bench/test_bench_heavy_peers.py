@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bench.learning.suite import PEERS, ROWS, SUITE, run_side
+from bench.peers import sb3_peers
 from bench.peers.sb3_atari import ATARI_EVAL_EVERY
 from bench.peers.sb3_peers import run_peer
 from bench.peers.sb3_sac import SAC_EVAL_EVERY
@@ -62,10 +63,11 @@ def test_the_suite_hands_a_peer_its_rows_wall_budget(monkeypatch: pytest.MonkeyP
 def test_a_heavy_peer_stops_at_its_wall_budget(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     row = ROWS[name]
     assert row.peer is not None
-    # evaluations due from the first steps: a MuJoCo or Box2D one may end within the budget, an Atari one
-    # (10 whole games) is cut short and not counted
+    # evaluations due from the first steps, with no grace past the budget: a MuJoCo or Box2D one may end
+    # within it, an Atari one (10 whole games) is cut short and not counted
     monkeypatch.setitem(SAC_EVAL_EVERY, row.env, 50)
     monkeypatch.setitem(ATARI_EVAL_EVERY, row.env, 50)
+    monkeypatch.setattr(sb3_peers, "EVAL_GRACE_S", 0.0)
     peer, _ = PEERS[row.peer]
     before = children()
     result = run_peer(peer, 1, row.env, 0, row.budget, max_seconds=WALL)
