@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -60,37 +61,44 @@ def weights(address: str) -> np.ndarray:
         reader.close()
 
 
-def test_strangers_cannot_complete_or_weigh_in_a_round(shard: tuple[str, Layout]) -> None:
-    address, layout = shard
-    actors = [RegistryClient(address, f"w{i}") for i in range(2)]
+@contextmanager
+def registered_workers(address: str, n: int = 2) -> Iterator[tuple[list[RegistryClient], list[Connection]]]:
+    """``n`` actors w0.. that said hello, and a connection pushing as each (``w<i>/token``)."""
+    actors = [RegistryClient(address, f"w{i}") for i in range(n)]
     for a in actors:
         a.hello()
-    strangers = [Connection(address, f"x{i}/token") for i in range(2)]
-    workers = [Connection(address, f"w{i}/token") for i in range(2)]
+    workers = [Connection(address, f"w{i}/token") for i in range(n)]
     try:
-        for i, c in enumerate(strangers):
-            got = reply(c, send_push(c, layout, 100.0, 1))
-            assert got is not None and got.type == "error" and got["reason"] == "not_registered", got
-            assert f"'x{i}'" in got["detail"]
-        first = send_push(workers[0], layout, 1.0, 1)
-        assert reply(workers[0], first, 0.5) is None  # held: w1 has not pushed yet
-        second = send_push(workers[1], layout, 3.0, 1)
-        for c, seq in ((workers[0], first), (workers[1], second)):
-            got = reply(c, seq)
-            assert got is not None and got.type == "gradients_ack" and got["applied"] and got["version"] == 1, got
-        np.testing.assert_array_equal(weights(address), np.full(4, -2.0, np.float32))  # the mean of 1 and 3 only
+        yield actors, workers
     finally:
-        for c in strangers + workers:
+        for c in workers:
+            c.close()
+
+
+def test_strangers_cannot_complete_or_weigh_in_a_round(shard: tuple[str, Layout]) -> None:
+    address, layout = shard
+    strangers = [Connection(address, f"x{i}/token") for i in range(2)]
+    try:
+        with registered_workers(address) as (_, workers):
+            for i, c in enumerate(strangers):
+                got = reply(c, send_push(c, layout, 100.0, 1))
+                assert got is not None and got.type == "error" and got["reason"] == "not_registered", got
+                assert f"'x{i}'" in got["detail"]
+            first = send_push(workers[0], layout, 1.0, 1)
+            assert reply(workers[0], first, 0.5) is None  # held: w1 has not pushed yet
+            second = send_push(workers[1], layout, 3.0, 1)
+            for c, seq in ((workers[0], first), (workers[1], second)):
+                got = reply(c, seq)
+                assert got is not None and got.type == "gradients_ack" and got["applied"] and got["version"] == 1, got
+            np.testing.assert_array_equal(weights(address), np.full(4, -2.0, np.float32))  # the mean of 1 and 3 only
+    finally:
+        for c in strangers:
             c.close()
 
 
 def test_a_push_of_an_actor_that_left_counts_no_more(shard: tuple[str, Layout]) -> None:
     address, layout = shard
-    actors = [RegistryClient(address, f"w{i}") for i in range(2)]
-    for a in actors:
-        a.hello()
-    workers = [Connection(address, f"w{i}/token") for i in range(2)]
-    try:
+    with registered_workers(address) as (actors, workers):
         first = send_push(workers[0], layout, 1.0, 1)
         assert reply(workers[0], first, 0.3) is None
         actors[0].goodbye()
@@ -100,6 +108,3 @@ def test_a_push_of_an_actor_that_left_counts_no_more(shard: tuple[str, Layout]) 
         got = reply(workers[1], second)
         assert got is not None and got.type == "gradients_ack" and got["applied"], got
         np.testing.assert_array_equal(weights(address), np.full(4, -3.0, np.float32))
-    finally:
-        for c in workers:
-            c.close()
