@@ -89,8 +89,10 @@ class Row:
 
     @property
     def peer_key(self) -> str:
-        """Runs of the peer are shared by the rows that race it on the same env and budget."""
-        return f"sb3-{self.peer}:{self.env}:{self.budget}"
+        """Runs of the peer are shared by the rows that race it on the same env and budget (env steps, and
+        wall seconds where the row has a wall budget)."""
+        wall = f":{self.max_seconds:g}s" if self.max_seconds is not None else ""
+        return f"sb3-{self.peer}:{self.env}:{self.budget}{wall}"
 
 
 SUITE: tuple[Row, ...] = (
