@@ -20,16 +20,19 @@ ahead, with any ``window_start``, moves the floor over none of the seqs the
 sender has yet to send (it once moved it 4,096 to 8,192 seqs up, so that the
 sender's next inserts were acked as duplicates and never stored).
 
-Senders are kept in order of their last insert. Beyond ``max_senders`` the least
-recent is forgotten only if it has been silent for ``idle_s`` (the documented
-horizon, 10 minutes): a live sender is never forgotten to make room, so a flood of
-new sender ids cannot make a live sender's resend look new and be stored twice.
-When every sender is live, a new one is refused (:meth:`refusal`, ``too_many_senders``).
-Of the senders it forgot, one number is kept, for as long as the server lives and across
-restarts (it is in the snapshot and the checkpoint): the ``watermark``, the highest seq any
-of them had stored. An insert of a sender it does not remember whose seq is at or below the
-watermark is refused (``sender_forgotten``) instead of taken as new, and so is one at or
-below the watermark of the moment a sender was first seen: a forgotten sender's resend, at
+Senders are kept in order of their last insert. Beyond ``max_senders`` the least recent is
+forgotten only if it has been silent for ``idle_s`` (the documented horizon, 10 minutes): a live
+sender is never forgotten to make room, so a flood of new sender ids cannot make a live sender's
+resend look new and be stored twice. When every sender is live, a new one is refused
+(:meth:`refusal`, ``too_many_senders``). Of the senders it forgot, one number is kept, for as
+long as the server lives and across restarts (it is in the snapshot and the checkpoint): the
+``watermark``, the highest seq any of them had stored, capped at the server's wall clock in
+microseconds when it forgot them (an honest sender's seqs start at its wall clock and it was
+silent for ``idle_s``, so the cap changes nothing for it unless its clock runs more than
+``idle_s`` ahead; a sender that stored one seq far in the future cannot push the watermark above
+every new sender's first seq). An insert of a sender it does not remember whose seq is at or
+below the watermark is refused (``sender_forgotten``) instead of taken as new, and so is one at
+or below the watermark of the moment a sender was first seen: a forgotten sender's resend, at
 most its highest seq, is never stored twice however many senders come and go (a list of
 forgotten names once did that only until it overflowed). Its client starts over under a new
 sender id, with seqs from the wall clock in microseconds (InsertClient's, GradientPusher's),
@@ -136,7 +139,11 @@ class Dedup:
             start = window_start if window_start is not None else seq - self.window
             s = self.senders[sender] = _Sender(min(start, seq) - 1, born=self.watermark)
             while len(self.senders) > self.max_senders:  # only idle ones: the server asks refusal() first
-                self.watermark = max(self.watermark, self.senders.popitem(last=False)[1].top)
+                forgotten = self.senders.popitem(last=False)[1].top
+                # no higher than this server's clock in microseconds: an honest sender's seqs start at its
+                # wall clock and it has been silent for idle_s, so its highest seq is below; one that stored
+                # a seq in the future (2^53 - 1, say) would otherwise refuse every new sender for good
+                self.watermark = max(self.watermark, min(forgotten, time.time_ns() // 1000))
         else:
             self.senders.move_to_end(sender)
             s.at = time.monotonic()

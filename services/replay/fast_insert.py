@@ -160,7 +160,10 @@ class FastInsertPath:
         if plan is None:
             return
         priority = next(((dtype, offset) for name, dtype, _, offset in items if name == "priority"), None)
-        version = next(((dtype, shape, offset) for name, dtype, shape, offset in items if name == VERSION), None)
+        # an int column only, as PublishedVersions.problem reads it (a float "version" of an undeclared table
+        # holding NaN made known() raise: an internal error and a traceback per insert)
+        version = next(((dtype, shape, offset) for name, dtype, shape, offset in items
+                        if name == VERSION and dtype.kind in "iu"), None)
         ruled = tuple(item for item in items if item[0] in table.values)
         layouts = self.layouts.get(identity)
         if layouts is None:

@@ -50,7 +50,7 @@ class PublishedVersions:
     def known(self, versions: np.ndarray) -> bool:
         """Whether :meth:`problem` would take ``versions`` without asking the paramserver: none negative, and
         none above the newest version known unless replay cannot ask now (it would take them then too)."""
-        if versions.size == 0:
+        if versions.size == 0 or versions.dtype.kind not in "iu":  # problem() checks int columns only
             return True
         return int(versions.min()) >= 0 and (int(versions.max()) <= self.newest or not self._may_ask())
 
@@ -85,7 +85,8 @@ class PublishedVersions:
                             " newer version than %d are taken until it does", exc, self.newest)
             return False
         held = [v for v in reply.body.get("versions", []) if type(v) is int]
-        if not held:  # a shard that holds nothing (just restarted) cannot tell
+        if not held:  # a shard that holds nothing (just restarted) cannot tell: ask again later, not per insert
+            self._quiet_until = time.monotonic() + RETRY_AFTER_S
             return False
         self._warned = False
         self.newest = max(self.newest, *held)

@@ -80,3 +80,23 @@ def test_memory_stays_bounded_at_a_million_senders(monkeypatch: pytest.MonkeyPat
     assert len(d) == 10_000 and d.watermark == T0 + 990_000 - 1
     for i in range(0, 990_000, 9_973):  # forgotten: each one's resend is refused
         assert d.refusal(f"actor-{i % 64}/{i:032x}", T0 + i) is not None
+
+
+def test_a_sender_that_stored_a_future_seq_cannot_lock_out_new_senders_once_forgotten(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watermark is capped at the server's clock: one insert at 2^53 - 1 (allowed as a first seq), then
+    silence until forgotten, used to refuse every new sender (seqs from the wall clock) for good."""
+    clock = [0.0]
+    monkeypatch.setattr(dedup_mod.time, "monotonic", lambda: clock[0])
+    d = Dedup(max_senders=2)
+    future = dedup_mod.MAX_FIRST_SEQ - 1
+    assert d.refusal("squatter", future) is None
+    d.add("squatter", future, future)
+    d.add("honest", T0, T0)
+    clock[0] += dedup_mod.IDLE_S + 1
+    d.add("newcomer", T0 + 5, T0 + 5)  # the squatter is forgotten to make room
+    assert "squatter" not in d.senders
+    assert T0 <= d.watermark <= time.time_ns() // 1000
+    now = time.time_ns() // 1000 + 1
+    assert d.refusal("actor-0/fresh", now) is None  # a new client, seqs from the wall clock: taken
+    assert d.refusal("honest-resend", T0) is not None  # below the watermark: still refused

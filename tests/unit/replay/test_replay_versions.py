@@ -26,6 +26,7 @@ from harness.paramserver_procs import serving as serving_shard
 from harness.replay_helpers import replay_config
 from harness.replay_helpers import serving as serving_replay
 from services.paramserver.shard import ShardServer
+from services.replay import versions as versions_mod
 from services.replay.server import ReplayServer
 
 FORGED = [10**12, (1 << 63) - 1, -1, -(1 << 63)]
@@ -50,7 +51,10 @@ def size(server: ReplayServer) -> int:
 
 
 @pytest.fixture
-def fleet() -> Iterator[tuple[WeightsPublisher, ReplayServer]]:
+def fleet(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[WeightsPublisher, ReplayServer]]:
+    # replay waits 50 ms for shard 0's answer in a fleet; both serve from threads of this process here, and a
+    # loaded CI machine can take longer: a late answer would make replay take the forged inserts for 5 s
+    monkeypatch.setattr(versions_mod, "ASK_TIMEOUT_S", 5.0)
     shard = ShardServer(ServiceMetrics("paramserver", 0), f"tcp://127.0.0.1:{free_tcp_port()}", 0, 1, 30.0,
                         shm=False)
     with serving_shard(shard):
