@@ -9,6 +9,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -88,3 +91,31 @@ class ServiceProcess:
                 self.proc.kill()
                 self.proc.wait(5)
         return self.proc.returncode
+
+
+@dataclass
+class LearnerFleet:
+    replay: str  # replay's endpoint
+    replay_proc: ServiceProcess
+    learner: ServiceProcess
+
+
+@contextmanager
+def learner_fleet(run_dir: Path, replay_sets: list[str]) -> Iterator[LearnerFleet]:
+    """Replay, paramserver and learner processes of the CartPole DQN config on free ports, the learner
+    sampling batches of 32 from a table of min size 64 with no rate limiter (whatever is inserted is
+    sampled at once); ``replay_sets``: replay's own overrides. The learner is healthy when it yields."""
+    replay, params = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))
+    sets = [f"network.replay=[{replay}]", f"network.paramserver=[{params}]", "replay.tables.0.min_size=64",
+            "replay.tables.0.samples_per_insert=null", "algorithm.batch_size=32"]
+    procs = [ServiceProcess("replay", run_dir, [*sets, *replay_sets]), ServiceProcess("paramserver", run_dir, sets)]
+    try:
+        for p in procs:
+            p.wait_healthy(60)
+        learner = ServiceProcess("learner", run_dir, sets)
+        procs.append(learner)
+        learner.wait_healthy(120)
+        yield LearnerFleet(replay, procs[0], learner)
+    finally:
+        for p in reversed(procs):
+            p.stop()

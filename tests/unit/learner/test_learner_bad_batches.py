@@ -17,7 +17,7 @@ from common.clients.replay_sample import SampleClient
 from common.wire.errors import RemoteError
 from common.wire.transport import free_tcp_port
 from harness.fleet_helpers import wait_for
-from harness.service_procs import ServiceProcess
+from harness.service_procs import ServiceProcess, learner_fleet
 
 
 def _not_dqn_columns(n: int) -> dict[str, np.ndarray]:
@@ -49,19 +49,10 @@ def test_replay_refuses_columns_the_algorithm_does_not_emit(tmp_path: Path) -> N
 
 
 def test_learner_skips_batches_it_cannot_learn_from_and_stays_up(tmp_path: Path) -> None:
-    replay, params = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))
-    sets = [f"network.replay=[{replay}]", f"network.paramserver=[{params}]", "replay.tables.0.min_size=64",
-            "replay.tables.0.samples_per_insert=null", "algorithm.batch_size=32"]
     # replay cannot make the env to learn the algorithm's columns: the first insert fixes them
-    procs = [ServiceProcess("replay", tmp_path, [*sets, "env.id=NoSuchEnv-v0"]),
-             ServiceProcess("paramserver", tmp_path, sets)]
-    for p in procs:
-        p.wait_healthy(60)
-    learner = ServiceProcess("learner", tmp_path, sets)
-    procs.append(learner)
-    client = InsertClient(replay, "not-an-actor")
-    try:
-        learner.wait_healthy(120)
+    with learner_fleet(tmp_path, ["env.id=NoSuchEnv-v0"]) as fleet, \
+            InsertClient(fleet.replay, "not-an-actor") as client:
+        learner = fleet.learner
         client.insert("main", _not_dqn_columns(256))
         client.flush(30)
         wait_for(lambda: learner.metric("rlfleet_learner_items_dropped_total", reason="malformed") >= 32 * 5, 60,
@@ -74,8 +65,4 @@ def test_learner_skips_batches_it_cannot_learn_from_and_stays_up(tmp_path: Path)
         assert len(warnings) == 1, warnings  # logged once, however many batches
         assert "discount" in warnings[0] and "done" in warnings[0], warnings[0]
         assert "Traceback" not in learner.log()
-        assert "take their columns from their first insert" in procs[0].log()
-    finally:
-        client.close()
-        for p in reversed(procs):
-            p.stop()
+        assert "take their columns from their first insert" in fleet.replay_proc.log()

@@ -14,7 +14,7 @@ import numpy as np
 from common.clients.replay_insert import InsertClient
 from common.wire.transport import free_tcp_port
 from harness.fleet_helpers import wait_for
-from harness.service_procs import ServiceProcess
+from harness.service_procs import learner_fleet
 
 
 def _transitions(n: int, version: int) -> dict[str, np.ndarray]:
@@ -25,18 +25,10 @@ def _transitions(n: int, version: int) -> dict[str, np.ndarray]:
 
 
 def test_the_learner_drops_items_from_the_future(tmp_path: Path) -> None:
-    replay, params, nowhere = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(3))
-    sets = [f"network.replay=[{replay}]", f"network.paramserver=[{params}]", "replay.tables.0.min_size=64",
-            "replay.tables.0.samples_per_insert=null", "algorithm.batch_size=32"]
-    procs = [ServiceProcess("replay", tmp_path, [*sets, f"network.paramserver=[{nowhere}]"]),
-             ServiceProcess("paramserver", tmp_path, sets)]
-    for p in procs:
-        p.wait_healthy(60)
-    learner = ServiceProcess("learner", tmp_path, sets)
-    procs.append(learner)
-    client = InsertClient(replay, "forger/1")
-    try:
-        learner.wait_healthy(120)
+    nowhere = f"tcp://127.0.0.1:{free_tcp_port()}"
+    with learner_fleet(tmp_path, [f"network.paramserver=[{nowhere}]"]) as fleet, \
+            InsertClient(fleet.replay, "forger/1") as client:
+        learner = fleet.learner
         client.insert("main", _transitions(128, 10**12))
         client.insert("main", _transitions(128, (1 << 63) - 1))
         client.flush(30)
@@ -45,7 +37,3 @@ def test_the_learner_drops_items_from_the_future(tmp_path: Path) -> None:
         assert learner.alive(), learner.log()
         assert learner.metric("rlfleet_learner_updates_total") == 0  # nothing else to learn from
         assert "Traceback" not in learner.log()
-    finally:
-        client.close()
-        for p in reversed(procs):
-            p.stop()
