@@ -24,7 +24,7 @@ from common.wire.codec import Message
 from common.wire.transport import CurveConfig
 
 #: reasons a shard refuses a push that say "try again with newer weights", not "this push is wrong"
-RETRYABLE = frozenset({"stale_gradients", "unknown_version", "no_weights", "not_registered"})
+RETRYABLE = frozenset({"stale_gradients", "unknown_version", "no_weights", "not_registered", "busy"})
 #: a shard's slice up to this size is sent as one packed frame, larger ones a frame per tensor
 PACK_MAX_BYTES = 256 << 10
 

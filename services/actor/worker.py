@@ -164,8 +164,8 @@ class WorkerService(FleetMember):
             for reason, detail in out.refused.values():
                 if reason not in RETRYABLE:  # our gradients do not fit the model: retrying cannot help
                     raise FatalError(f"paramserver refused our gradients: {reason}: {detail}")
-                if reason == "stale_gradients":
-                    self.m_pushes.labels("stale").inc()
+                if reason in ("stale_gradients", "busy"):  # busy: the round holds too many pushes in our name
+                    self.m_pushes.labels("stale" if reason == "stale_gradients" else "refused").inc()
                     break
                 if reason == "not_registered":  # the registry expired us: a heartbeat joins again
                     self.links.heartbeat(self.version, self.env_steps)

@@ -72,8 +72,8 @@ class GradientRequests:
                                          policy.held[0].arrays if policy.held else None, peer, policy.first)
         except Refusal as exc:
             self.m.refused.labels(exc.reason).inc()
-            # a stale push is the expected cost of asynchrony, not a protocol error
-            self.replier.reply_error(peer, exc.reason, exc.detail, count=exc.reason != "stale_gradients")
+            # a stale push is the expected cost of asynchrony, not a protocol error; busy says "not now"
+            self.replier.reply_error(peer, exc.reason, exc.detail, count=exc.reason not in ("stale_gradients", "busy"))
             return
         if ack is None:  # held in the barrier round
             self.complete_round()

@@ -35,7 +35,7 @@ from common.wire.codec import Message
 from common.wire.dedup import Dedup
 from common.wire.schema import INT64_MAX, PUBLISHED_RANGE, range_text
 from common.wire.server import Peer
-from services.paramserver.gradient_rounds import GradientRound, RoundPush, actor_of
+from services.paramserver.gradient_rounds import MAX_SENDERS_PER_ACTOR, GradientRound, RoundPush, actor_of
 from services.paramserver.shard_optimizer import FlatSlice, ShardOptimizer
 
 log = logging.getLogger(__name__)
@@ -253,15 +253,18 @@ class GradientApplier:
         self.trainer.follow(versions[0], newest)
         if barrier:
             assert peer is not None
-            grads = self.trainer.gather(msg.arrays)  # a refused push leaves a held contribution as it was
+            held = self.round.held(version, sender)  # the round slot is the full sender's, never another's
             actor = actor_of(sender)
-            held = self.round.pushes.get(actor)
+            if held is None and self.round.senders_of(version, actor) >= MAX_SENDERS_PER_ACTOR:
+                raise Refusal("busy", f"round {version} already holds {MAX_SENDERS_PER_ACTOR} pushes of senders"
+                              f" naming actor {actor!r}; push again for the next round")
+            grads = self.trainer.gather(msg.arrays)  # a refused push leaves a held contribution as it was
             if held is not None and held.grads.shape == grads.shape:
                 np.copyto(held.grads, grads)
                 grads = held.grads
             else:
                 grads = grads.copy()
-            self.round.add(version, actor, RoundPush(peer, sender, seq, msg.get("window_start"), grads))
+            self.round.add(version, RoundPush(peer, sender, seq, msg.get("window_start"), grads))
             return None, None
         new = self.trainer.apply(msg.arrays, msg.layout)
         self.dedup.add(sender, seq, msg.get("window_start"))

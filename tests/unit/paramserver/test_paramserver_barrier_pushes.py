@@ -108,3 +108,59 @@ def test_a_push_of_an_actor_that_left_counts_no_more(shard: tuple[str, Layout]) 
         got = reply(workers[1], second)
         assert got is not None and got.type == "gradients_ack" and got["applied"], got
         np.testing.assert_array_equal(weights(address), np.full(4, -3.0, np.float32))
+
+
+@pytest.mark.parametrize("attacker_first", [False, True])
+def test_a_push_in_another_actors_name_cannot_displace_its_own(shard: tuple[str, Layout], attacker_first: bool) -> None:
+    """A push sent as ``w0/x`` used to take the round slot of actor w0: the victim's held push (``w0/token``)
+    was replaced, never answered, and its gradients never counted. The slot is the full sender's now."""
+    address, layout = shard
+    attacker = Connection(address, "w0/x")
+    try:
+        with registered_workers(address) as (_, workers):
+            if attacker_first:
+                forged = send_push(attacker, layout, 101.0, 1)
+                victim = send_push(workers[0], layout, 1.0, 1)
+            else:
+                victim = send_push(workers[0], layout, 1.0, 1)
+                forged = send_push(attacker, layout, 101.0, 1)
+            assert reply(workers[0], victim, 0.3) is None  # held: w1 has not pushed yet
+            other = send_push(workers[1], layout, 3.0, 1)
+            for c, seq in ((workers[0], victim), (workers[1], other), (attacker, forged)):
+                got = reply(c, seq)
+                assert got is not None and got.type == "gradients_ack" and got["applied"] and got["version"] == 1, got
+            # each live actor weighs alike: w0 the mean of its two senders' pushes (1 and 101), w1 its 3
+            np.testing.assert_array_equal(weights(address), np.full(4, -(51.0 + 3.0) / 2, np.float32))
+    finally:
+        attacker.close()
+
+
+def test_senders_in_one_actors_name_are_bounded_per_round(shard: tuple[str, Layout]) -> None:
+    from services.paramserver.gradient_rounds import MAX_SENDERS_PER_ACTOR
+
+    address, layout = shard
+    forgers = [Connection(address, f"w0/x{i}") for i in range(MAX_SENDERS_PER_ACTOR + 1)]
+    try:
+        with registered_workers(address) as (_, workers):
+            seqs = [send_push(c, layout, 1.0, 1) for c in forgers]
+            deadline = time.monotonic() + 5  # connections race: whichever arrives last is the one refused
+            answered: dict[int, Message] = {}
+            while not answered and time.monotonic() < deadline:
+                time.sleep(0.01)
+                answered = {i: r for i, c in enumerate(forgers) if (r := c.reply_to(seqs[i])) is not None}
+            assert len(answered) == 1, answered
+            ((i, r),) = answered.items()
+            assert r.type == "error" and r["reason"] == "busy", r
+            busy = [i]
+            del forgers[busy[0]], seqs[busy[0]]
+            # the round holds them inside w0's one share: w1's push completes it and every held push is answered
+            own = send_push(workers[1], layout, 3.0, 1)
+            got = reply(workers[1], own)
+            assert got is not None and got.type == "gradients_ack" and got["applied"], got
+            for c, seq in zip(forgers, seqs, strict=True):
+                got = reply(c, seq)
+                assert got is not None and got.type == "gradients_ack", got
+            np.testing.assert_array_equal(weights(address), np.full(4, -(1.0 + 3.0) / 2, np.float32))
+    finally:
+        for c in forgers:
+            c.close()
