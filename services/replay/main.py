@@ -58,9 +58,10 @@ class ReplayService:
     def _declare_schema(self) -> None:
         """Fix the learner's table (and the planners' imagined one) to the columns the algorithm's actors
         insert, so an insert of anything else is refused (with the column, what was sent and what is
-        expected) before it is acked or reaches the learner, and the learner's table to the values actors'
-        columns may hold (common/algorithms/values.py; the imagined table takes what the planners' model
-        makes). Without the env here, the first insert fixes the columns and no values are checked."""
+        expected) before it is acked or reaches the learner, and both to the values actors' columns may hold
+        (common/algorithms/values.py: planners insert the same adder's items, made by stepping the world
+        model, so a NaN the model predicts is refused as an env's would be). Without the env here, the first
+        insert fixes the columns and no values are checked."""
         names = [self.cfg.learner.table] + ([self.cfg.planning.table] if self.cfg.planning.enabled else [])
         specs = {t.name: t for t in self.cfg.replay.tables}
         tables = [self.server.tables[n] for n in names
@@ -75,7 +76,7 @@ class ReplayService:
             return
         for table in tables:
             try:
-                table.declare(columns, values if table.name == self.cfg.learner.table else None)
+                table.declare(columns, values)
             except TableError as exc:
                 raise FatalError(f"{exc.detail}: this run directory holds another experiment's data; start with a "
                                  f"new run_dir or the matching config") from None

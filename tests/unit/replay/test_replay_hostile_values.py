@@ -24,7 +24,9 @@ from common.wire.errors import RemoteError
 from common.wire.transport import free_tcp_port, make_socket
 from harness.fuzzing import rows
 from harness.replay_helpers import replay_config, serving
-from harness.service_procs import ServiceProcess
+from harness.service_procs import ROOT, ServiceProcess
+
+DYNAQ = ROOT / "configs" / "cartpole-dynaq.yaml"
 
 
 @pytest.fixture
@@ -43,9 +45,9 @@ def send(endpoint: str, frames: list[bytes]) -> Message:
         sock.close(linger=0)
 
 
-def table_size(endpoint: str) -> int:
+def table_size(endpoint: str, table: str = "main") -> int:
     info = send(endpoint, encode(Message("info", sender="probe", seq=1)))
-    return int(info["stats"]["tables"]["main"]["size"])
+    return int(info["stats"]["tables"][table]["size"])
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -80,8 +82,9 @@ def transitions(n: int, **columns: object) -> dict[str, np.ndarray]:
 def dqn_replay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     address = f"tcp://127.0.0.1:{free_tcp_port()}"
     nowhere = f"tcp://127.0.0.1:{free_tcp_port()}"  # no paramserver: versions are not the point here
+    # parallel Dyna-Q's config: the learner's table main and the planners' imagined one, both fixed to DQN's columns
     proc = ServiceProcess("replay", Path(tmp_path_factory.mktemp("replay")),
-                          [f"network.replay=[{address}]", f"network.paramserver=[{nowhere}]"])
+                          [f"network.replay=[{address}]", f"network.paramserver=[{nowhere}]"], config=DYNAQ)
     try:
         proc.wait_healthy(60)
         yield address
@@ -94,15 +97,24 @@ BAD = [("obs", np.nan, "nan"), ("next_obs", -np.inf, "-inf"), ("reward", np.inf,
        ("action", -1, "0 to 1")]
 
 
+@pytest.mark.parametrize("table", ["main", "imagined"])  # imagined: the planners' (Dyna-Q), the same columns
 @pytest.mark.parametrize("column,value,allowed", BAD)
 def test_values_no_actor_could_insert_are_refused_naming_the_column(dqn_replay: str, column: str, value: object,
-                                                                    allowed: str) -> None:
-    before = table_size(dqn_replay)
-    reply = send(dqn_replay, encode(Message("insert", {"table": "main"}, transitions(3, **{column: value}),
-                                            sender=f"forger-{column}-{value}", seq=1)))
+                                                                    allowed: str, table: str) -> None:
+    before = table_size(dqn_replay, table)
+    reply = send(dqn_replay, encode(Message("insert", {"table": table}, transitions(3, **{column: value}),
+                                            sender=f"forger-{table}-{column}-{value}", seq=1)))
     assert reply.type == "error" and reply["reason"] == "bad_value", reply.body
     assert f"column {column!r}" in reply["detail"] and allowed in reply["detail"], reply["detail"]
-    assert table_size(dqn_replay) == before
+    assert table_size(dqn_replay, table) == before
+
+
+def test_the_imagined_table_stores_valid_transitions(dqn_replay: str) -> None:
+    before = table_size(dqn_replay, "imagined")
+    reply = send(dqn_replay, encode(Message("insert", {"table": "imagined"}, transitions(3), sender="planner-0/1",
+                                            seq=1)))
+    assert reply.type == "ack" and reply["stored"] == 3, reply.body
+    assert table_size(dqn_replay, "imagined") == before + 3
 
 
 def test_the_fast_path_refuses_bad_values_too(dqn_replay: str) -> None:
