@@ -83,3 +83,22 @@ class LopsidedReach(Reach):
         self.pos = float(np.clip(self.pos + 0.25 * float(a[0]), -2.0, 2.0))
         self.steps += 1
         return self._obs(), -abs(self.pos - self.target), False, self.steps >= 20, {}
+
+
+class NaNCorridor(Corridor):
+    """Corridor whose sensor fails now and then: every ``nan_every``-th step's observation is NaN, and every
+    ``inf_reward_every``-th step's reward is Inf (steps counted over the env's life, resets included)."""
+
+    def __init__(self, length: int = 5, nan_every: int = 37, inf_reward_every: int = 53) -> None:
+        super().__init__(length)
+        self.nan_every, self.inf_reward_every = nan_every, inf_reward_every
+        self.total = 0
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        self.total += 1
+        if self.total % self.nan_every == 0:
+            obs = np.full_like(obs, np.nan)
+        if self.total % self.inf_reward_every == 0:
+            reward = float("inf")
+        return obs, reward, terminated, truncated, info

@@ -29,6 +29,14 @@ and ``merge_acks``: replay answers all of a burst's inserts with one ack.
 
 Coalescing (``coalesce``, ``actor.coalesce_inserts``): inserts made while
 others are in flight go merged into one message (common/clients/insert_window.py).
+
+Refusals: one of :data:`DATA_REFUSALS` (``bad_value``: the insert's values, an
+env's NaN observation or Inf reward, are outside what the table takes) is about
+that insert's data alone: it is dropped (its items counted in ``items_refused``,
+logged at most every :data:`REFUSAL_LOG_EVERY_S`) and the client goes on. Every
+other refusal (``schema_mismatch``, ``batch_too_large``, a decoder's error, ...)
+says the client or its config is wrong, which the next insert would repeat: it is
+raised (RemoteError) at the next call.
 """
 
 from __future__ import annotations
@@ -56,6 +64,9 @@ from common.wire.transport import DEFAULT_HWM, CurveConfig
 log = logging.getLogger(__name__)
 
 MAX_RESEND_AFTER_S = 30.0
+#: refusals of one insert's data, not of the client: dropped and counted, not raised
+DATA_REFUSALS = frozenset({"bad_value"})
+REFUSAL_LOG_EVERY_S = 30.0  # a refused insert is logged at most this often (with the count since)
 PEEK_EVERY_S = 0.002  # insert() looks for acks (and resends due) at most this often while the window has room
 
 
@@ -121,6 +132,9 @@ class InsertClient:
         self.duplicates = 0
         self.resends = 0
         self.wal_refusals = 0  # inserts replay answered wal_failed (kept and resent later)
+        self.inserts_refused = 0  # inserts replay refused for their data (DATA_REFUSALS): dropped
+        self.items_refused = 0  # their items
+        self._refusals_logged = (0, -math.inf)  # (inserts_refused, monotonic time) at the last log line
         self._refused: set[int] = set()  # seqs of the window replay answered wal_failed
         self._probe: int | None = None  # the one of them resent every resend_after_s
 
@@ -338,12 +352,27 @@ class InsertClient:
             return 1
         entry = self._window.pop(ref, None) if isinstance(ref, int) else None
         if msg.type == "error":
-            if entry is not None or ref == -1:
+            if entry is not None and msg.get("reason") in DATA_REFUSALS:
+                self._dropped(entry, msg)
+            elif entry is not None or ref == -1:
                 self._errors.append(RemoteError(msg["reason"], msg["detail"]))
         if entry is not None:
             self._bytes -= entry.nbytes
             self._inserts -= entry.inserts
         return 1
+
+    def _dropped(self, entry: Unacked, msg: Message) -> None:
+        """Replay refused an insert's data (an env's NaN, ...): dropped, counted, logged now and then."""
+        self.inserts_refused += 1
+        self.items_refused += entry.items
+        logged, at = self._refusals_logged
+        now = time.monotonic()
+        if now - at >= REFUSAL_LOG_EVERY_S:
+            log.warning("insert client %s: replay at %s refused %d insert(s) for their values since the last such "
+                        "line (%d items dropped in all; the data is dropped, the client goes on): %s: %s",
+                        self.sender, self.address, self.inserts_refused - logged, self.items_refused,
+                        msg.get("reason"), msg.get("detail"))
+            self._refusals_logged = (self.inserts_refused, now)
 
     def _acked(self, seq: Any, duplicate: Any) -> None:
         self.duplicates += duplicate is True  # counted even when a first ack came before

@@ -125,7 +125,9 @@ class ActorService(FleetMember):
         self.m_unacked_peak = m.gauge("actor_unacked_bytes_peak", "Most un-acked bytes held at once so far.")
         self.m_acked = m.counter("actor_transitions_acked", "Transitions replay acked.")
         self.m_resends = m.counter("actor_insert_resends", "Inserts sent again (no ack in time, or reconnect).")
-        self._counted = {"acked": 0, "resends": 0}
+        self.m_refused = m.counter("actor_transitions_refused", "Transitions replay refused for their values"
+                                   " (bad_value: an env's NaN or Inf, ...), dropped by the actor, which goes on.")
+        self._counted = {"acked": 0, "resends": 0, "refused": 0}
         self._peak_bytes = 0
         self._replay_state: dict[str, int] = {}
 
@@ -250,14 +252,16 @@ class ActorService(FleetMember):
         if r.unacked_bytes > self._peak_bytes:
             self._peak_bytes = r.unacked_bytes
             self.m_unacked_peak.set(r.unacked_bytes)
-        for key, metric, now in (("acked", self.m_acked, r.items_acked), ("resends", self.m_resends, r.resends)):
+        for key, metric, now in (("acked", self.m_acked, r.items_acked), ("resends", self.m_resends, r.resends),
+                                 ("refused", self.m_refused, r.items_refused)):
             if now > self._counted[key]:
                 metric.inc(now - self._counted[key])
                 self._counted[key] = now
 
     # -- loop -------------------------------------------------------------------
     def run(self) -> None:
-        # replay refused an insert (schema_mismatch, ...)
+        # replay refused an insert for a reason the next one would repeat (schema_mismatch, ...); one refused for
+        # its values (an env's NaN: bad_value) is dropped and counted by the client (actor_transitions_refused)
         with refusal_is_fatal(f"replay at {self.replay.address} refused our transitions"):
             self._run()
 
@@ -318,6 +322,7 @@ class ActorService(FleetMember):
             self.replay.flush(timeout_s=2.0)
         except (CommTimeout, RemoteError) as exc:
             log.warning("actor %s: %s un-acked at stop: %s", self.actor_id, self.replay.unacked, exc)
+        self._replay_metrics()  # the last acks (and refusals) counted too
         self.links.close()
         self.replay.close()
         self.envs.close()

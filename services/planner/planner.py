@@ -84,6 +84,9 @@ class PlannerService:
         m = self.metrics
         self.m_steps = m.counter("planner_imagined_steps", "Model steps taken (imagined env steps).")
         self.m_sent = m.counter("planner_imagined_inserts", "Imagined transitions inserted into planning.table.")
+        self.m_refused = m.counter("planner_imagined_refused", "Imagined transitions replay refused for their values"
+                                   " (bad_value: a NaN the model predicted, ...), dropped by the planner.")
+        self._refused = 0
         self.m_gate = m.gauge("planner_gate_open", "1 while the world model is good enough to plan with.")
         self.m_val = m.gauge("planner_model_val_error", "Validation error of the world model planned with.")
         self.m_model = m.gauge("planner_model_version", "World model version planned with (-1: none).")
@@ -138,7 +141,8 @@ class PlannerService:
 
     # -- loop ---------------------------------------------------------------------
     def run(self) -> None:
-        # replay refused an insert (schema_mismatch, ...)
+        # replay refused an insert for a reason the next one would repeat (schema_mismatch, ...); one refused for
+        # its values (bad_value) is dropped and counted by the client (planner_imagined_refused)
         with refusal_is_fatal(f"replay at {self.replay.address} refused imagined transitions"):
             self._run()
 
@@ -179,6 +183,9 @@ class PlannerService:
             try:
                 self.replay.insert(table, items, priorities, timeout_s=self.cfg.actor.heartbeat_s)
                 self.m_sent.inc(rows)
+                if self.replay.items_refused > self._refused:  # dropped by the client, which goes on
+                    self.m_refused.inc(self.replay.items_refused - self._refused)
+                    self._refused = self.replay.items_refused
                 return
             except CommTimeout:  # replay away, or its rate limiter holds our acks: wait, keep the window
                 self.replay.poll()

@@ -20,7 +20,6 @@ import zmq
 from common.clients.replay_insert import InsertClient
 from common.wire.codec import Message, encode
 from common.wire.decoder import decode
-from common.wire.errors import RemoteError
 from common.wire.transport import free_tcp_port, make_socket
 from harness.fuzzing import rows
 from harness.replay_helpers import replay_config, serving
@@ -125,9 +124,8 @@ def test_the_fast_path_refuses_bad_values_too(dqn_replay: str) -> None:
             client.flush(10)
         assert send(dqn_replay, encode(Message("info", sender="probe", seq=1)))["stats"]["fast_inserts"] > 0
         client.insert("main", transitions(4, obs=np.nan))
-        with pytest.raises(RemoteError, match="bad_value") as err:
-            client.flush(10)
-    assert "'obs'" in str(err.value)
+        client.flush(10)  # refused for its values: dropped and counted by the client, not raised
+        assert (client.inserts_refused, client.items_refused) == (1, 4)
     assert table_size(dqn_replay) == before + 40
 
 
