@@ -168,12 +168,16 @@ class Dedup:
         return len(self.senders)
 
     def state(self) -> dict[str, Any]:
-        return {name: [s.floor, sorted(s.above)] for name, s in self.senders.items()}
+        """Each sender's [floor, stored seqs above it, born]: what a snapshot or checkpoint keeps."""
+        return {name: [s.floor, sorted(s.above), s.born] for name, s in self.senders.items()}
 
     def restore(self, state: dict[str, Any], watermark: int = -1) -> None:
+        """From :meth:`state` (a state written before ``born`` was kept, [floor, above], restores -1)."""
         self.senders.clear()
         self.watermark = watermark
-        for name, (floor, above) in state.items():
-            s = self.senders[name] = _Sender(int(floor), anchored=False)
+        for name, (floor, above, *rest) in state.items():
+            # born too: a sender restored without it (and not anchored until its next insert) would take a
+            # forgotten namesake's resend at or below the watermark as new after every restart
+            s = self.senders[name] = _Sender(int(floor), anchored=False, born=int(rest[0]) if rest else -1)
             s.above = {int(x) for x in above}
             s.top = max(s.above, default=s.floor)

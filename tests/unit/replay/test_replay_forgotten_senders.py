@@ -100,3 +100,33 @@ def test_a_sender_that_stored_a_future_seq_cannot_lock_out_new_senders_once_forg
     now = time.time_ns() // 1000 + 1
     assert d.refusal("actor-0/fresh", now) is None  # a new client, seqs from the wall clock: taken
     assert d.refusal("honest-resend", T0) is not None  # below the watermark: still refused
+
+
+def test_a_sender_id_seen_again_after_it_was_forgotten_keeps_its_bound_across_a_restart(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A sender id that comes back after replay forgot it is a new sender born at the watermark: the old
+    incarnation's resends (at or below it) stay refused. That bound (``born``) was not in the snapshot, so
+    after a restart the old incarnation's resend was stored a second time."""
+    clock = [0.0]
+    monkeypatch.setattr(dedup_mod.time, "monotonic", lambda: clock[0])
+    with serving(config(), tmp_path) as server:
+        server.dedup.max_senders = 2
+        assert insert(server, "victim", T0)["stored"] == 1
+        assert insert(server, "filler", T0 + 1)["stored"] == 1
+        clock[0] += dedup_mod.IDLE_S + 1
+        assert insert(server, "newcomer", T0 + 5)["stored"] == 1  # the victim is forgotten to make room
+        assert "victim" not in server.dedup.senders and server.dedup.watermark == T0
+        clock[0] += dedup_mod.IDLE_S + 1
+        # the same id again (no window_start: its window reaches 4,096 seqs below), born at the watermark
+        assert insert(server, "victim", T0 + 100)["stored"] == 1
+        reply = insert(server, "victim", T0)  # the first incarnation's resend
+        assert reply.type == "error" and reply["reason"] == "sender_forgotten", reply.body
+        size = server.tables["main"].size
+        server.snapshot(wait=True)
+    with serving(config(), tmp_path) as server:
+        server.dedup.max_senders = 2
+        assert server.dedup.senders["victim"].born == T0
+        reply = insert(server, "victim", T0)
+        assert reply.type == "error" and reply["reason"] == "sender_forgotten", reply.body
+        assert server.tables["main"].size == size
+        assert insert(server, "victim", T0 + 101)["stored"] == 1  # its own next insert goes on
