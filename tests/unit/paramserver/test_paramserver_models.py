@@ -245,17 +245,25 @@ def test_a_wait_for_a_named_model_does_not_count_for_the_barrier() -> None:
             assert c.request(Message("hello", {"actor_id": "actor0", "role": "actor"}), 5.0)["num_actors"] == 1
         wreader, reader = WeightsReader(addrs, "actor0", model="world"), WeightsReader(addrs, "actor0")
         pub = WeightsPublisher(addrs)
-        waits = [threading.Thread(target=_quietly, args=(wreader.wait, 2, 2.0), daemon=True),
-                 threading.Thread(target=_quietly, args=(reader.wait, 2, 2.0), daemon=True)]
+        waits = [threading.Thread(target=_quietly, args=(wreader.wait, 2, 30.0), daemon=True),
+                 threading.Thread(target=_quietly, args=(reader.wait, 2, 30.0), daemon=True)]
         try:
             waits[0].start()
-            time.sleep(0.3)
-            with pytest.raises(CommTimeout, match="0 of 1 live actors"):
+            deadline = time.monotonic() + 30
+            while stats(addrs[0])["waits_parked"] < 1:  # the world model's wait is parked on the shard...
+                assert time.monotonic() < deadline, "the world model's wait never reached the shard"
+                time.sleep(0.02)
+            with pytest.raises(CommTimeout, match="0 of 1 live actors"):  # ...and counts for nothing
                 pub.barrier(1, 0.5)  # actor0's only wait is for the world model
             waits[1].start()
             assert pub.barrier(1, 5.0) == 1
-            for t in waits:  # their waits time out (nothing is published) before the readers close
+            wpub = WeightsPublisher(addrs, "modeler", model="world")
+            pub.publish(2, policy(2))  # each wait answered by its own model's version 2
+            wpub.publish(2, world(2))
+            wpub.close()
+            for t in waits:
                 t.join(10)
+                assert not t.is_alive()
         finally:
             for client in (wreader, reader, pub):
                 client.close()
