@@ -196,7 +196,7 @@ def test_reader_falls_back_to_frames_when_a_shm_request_fails() -> None:
 
 def test_map_arrays_refuses_symlinks_and_files_not_ours() -> None:
     target = "/dev/shm/rlfleet-ps-test-target"
-    link, fifo, directory, foreign = (f"/dev/shm/rlfleet-ps-test-{n}" for n in ("link", "fifo", "dir", "foreign"))
+    link, fifo, directory = (f"/dev/shm/rlfleet-ps-test-{n}" for n in ("link", "fifo", "dir"))
     arrays = [["a", "float32", [4], 0]]
     with open(target, "wb") as f:
         f.write(b"\0" * 64)
@@ -204,10 +204,6 @@ def test_map_arrays_refuses_symlinks_and_files_not_ours() -> None:
     os.mkfifo(fifo, 0o600)  # opening a fifo read-only would block without O_NONBLOCK
     os.mkdir(directory)
     cases = [link, fifo, directory]
-    if os.getuid() == 0:  # only root can make a file owned by someone else
-        shutil.copy(target, foreign)
-        os.chown(foreign, 54321, 54321)
-        cases.append(foreign)
     try:
         assert shmlib.map_arrays({"path": target, "probe": target, "arrays": arrays})["a"].shape == (4,)
         for path in cases:
@@ -217,7 +213,25 @@ def test_map_arrays_refuses_symlinks_and_files_not_ours() -> None:
         with pytest.raises(shmlib.ShmUnavailable):
             shmlib.map_arrays({"path": "/dev/shm/rlfleet-ps-test-none", "probe": link, "arrays": arrays})
     finally:
-        for path in (target, link, fifo, foreign):
+        for path in (target, link, fifo):
             if os.path.lexists(path):
                 os.unlink(path)
         os.rmdir(directory)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can make a file owned by another uid: run as root (CI does)")
+def test_map_arrays_refuses_a_file_another_uid_owns() -> None:
+    target, foreign = "/dev/shm/rlfleet-ps-test-mine", "/dev/shm/rlfleet-ps-test-foreign"
+    arrays = [["a", "float32", [4], 0]]
+    with open(target, "wb") as f:
+        f.write(b"\0" * 64)
+    shutil.copy(target, foreign)
+    os.chown(foreign, 54321, 54321)
+    try:
+        assert shmlib.map_arrays({"path": target, "probe": target, "arrays": arrays})["a"].shape == (4,)
+        with pytest.raises(shmlib.ShmUnavailable, match="owned by uid"):  # root may open it: the owner check refuses
+            shmlib.map_arrays({"path": foreign, "probe": target, "arrays": arrays})
+    finally:
+        for path in (target, foreign):
+            if os.path.lexists(path):
+                os.unlink(path)
