@@ -222,6 +222,16 @@ class GradientsConfig(Strict):
     alpha: Annotated[float, Field(ge=0, lt=1)] = Field(0.99, description="rmsprop: squared-gradient decay")
     eps: PosFloat = Field(1e-8, description="adam, rmsprop: added to the denominator")
     momentum: Annotated[float, Field(ge=0, lt=1)] = Field(0.0, description="sgd, rmsprop: momentum")
+    lr_final: NonNegFloat | None = Field(
+        None, description="the learning rate falls linearly from lr to this over lr_decay_steps of the shard's"
+        " optimizer steps (pushes applied), then stays; null: constant lr (SB3's linear schedule: 0)")
+    lr_decay_steps: PosInt = Field(100_000, description="optimizer steps over which lr falls to lr_final")
+
+    def lr_at(self, steps: int) -> float:
+        """The learning rate of the ``steps``-th optimizer step (1 is the first)."""
+        if self.lr_final is None:
+            return self.lr
+        return self.lr + (self.lr_final - self.lr) * min(1.0, (steps - 1) / self.lr_decay_steps)
 
     @property
     def moment_decays(self) -> tuple[float, float]:

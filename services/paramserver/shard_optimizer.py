@@ -75,6 +75,7 @@ class ShardOptimizer:
     def step(self, p: np.ndarray, g: np.ndarray) -> None:
         c, s, tmp, denom = self.cfg, self.state, self._tmp, self._denom
         self.steps += 1
+        lr = c.lr_at(self.steps)
         if c.optimizer == "adam":
             b1, b2 = c.moment_decays
             m, v = s["exp_avg"], s["exp_avg_sq"]
@@ -91,7 +92,7 @@ class ShardOptimizer:
             np.sqrt(v, out=denom)
             denom += np.float32(c.eps * root_bc2)
             np.divide(m, denom, out=tmp)
-            tmp *= np.float32(c.lr * root_bc2 / (1 - b1 ** self.steps))
+            tmp *= np.float32(lr * root_bc2 / (1 - b1 ** self.steps))
         elif c.optimizer == "rmsprop":
             sq = s["square_avg"]
             sq *= c.alpha
@@ -105,9 +106,9 @@ class ShardOptimizer:
                 buf = s["momentum_buffer"]
                 buf *= c.momentum
                 buf += tmp
-                np.multiply(buf, np.float32(c.lr), out=tmp)
+                np.multiply(buf, np.float32(lr), out=tmp)
             else:
-                tmp *= np.float32(c.lr)
+                tmp *= np.float32(lr)
         else:
             if c.momentum:
                 buf = s["momentum_buffer"]
@@ -117,5 +118,5 @@ class ShardOptimizer:
                     buf *= c.momentum
                     buf += g
                 g = buf
-            np.multiply(g, np.float32(c.lr), out=tmp)
+            np.multiply(g, np.float32(lr), out=tmp)
         p -= tmp

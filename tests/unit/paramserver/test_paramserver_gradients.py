@@ -32,8 +32,11 @@ def model(seed: int = 0) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("kind,extra", [("adam", {}), ("rmsprop", {"eps": 1e-5}), ("rmsprop", {"momentum": 0.9}),
-                                        ("sgd", {"momentum": 0.9}), ("sgd", {})])
+                                        ("sgd", {"momentum": 0.9}), ("sgd", {}),
+                                        ("rmsprop", {"eps": 1e-5, "lr_final": 0.0, "lr_decay_steps": 4}),
+                                        ("adam", {"lr_final": 2e-3, "lr_decay_steps": 3})])
 def test_shard_optimizer_matches_torch(kind: str, extra: dict[str, Any]) -> None:
+    """Each rule, and the linear lr schedule (torch's LambdaLR, stepped after each step), to float32 precision."""
     cfg = GradientsConfig(optimizer=kind, lr=1e-2, **extra)
     params = model(1)
     tparams = {n: torch.nn.Parameter(torch.tensor(a)) for n, a in params.items()}
@@ -43,6 +46,9 @@ def test_shard_optimizer_matches_torch(kind: str, extra: dict[str, Any]) -> None
         topt = torch.optim.RMSprop(tparams.values(), lr=cfg.lr, alpha=cfg.alpha, eps=cfg.eps, momentum=cfg.momentum)
     else:
         topt = torch.optim.SGD(tparams.values(), lr=cfg.lr, momentum=cfg.momentum)
+    final = cfg.lr_final if cfg.lr_final is not None else cfg.lr
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        topt, lambda k: 1 + (final / cfg.lr - 1) * min(1.0, k / cfg.lr_decay_steps))
     flat = FlatSlice(params)
     p_flat = flat.pack(params)
     opt = ShardOptimizer(cfg, flat.size)
@@ -53,9 +59,12 @@ def test_shard_optimizer_matches_torch(kind: str, extra: dict[str, Any]) -> None
         for n, p in tparams.items():
             p.grad = torch.tensor(grads[n])
         topt.step()
+        schedule.step()
     ours = flat.views(p_flat)
     for n, p in tparams.items():
         np.testing.assert_allclose(ours[n], p.detach().numpy(), rtol=1e-5, atol=1e-6)
+    if cfg.lr_final is not None:  # the schedule took effect: the last steps ran at lr_final
+        assert cfg.lr_at(6) == pytest.approx(cfg.lr_final)
 
 
 def push_raw(address: str, layout: Layout, shard: int, version: int, arrays: dict[str, Any], sender: str = "w",
