@@ -7,6 +7,7 @@ mid-run neither stops the fleet's training nor keeps the restarted planner from 
 
 from __future__ import annotations
 
+import re
 import urllib.request
 from pathlib import Path
 
@@ -51,7 +52,8 @@ def sampled(fleet: Fleet) -> tuple[float, float]:
 def test_imagined_data_flows_at_the_ratio_and_planners_survive_a_kill(tmp_path: Path) -> None:
     # half the batches imagined: the mechanism, not the shipped tuning (at 0.75 two planners on a loaded
     # 2-core machine may fall behind, and the learner then takes real batches, by design)
-    fleet, cfg = start_fleet(DYNAQ, tmp_path, actors=1, sets=[*QUICK, "planning.imagined_ratio=0.5"])
+    fleet, cfg = start_fleet(DYNAQ, tmp_path, actors=1,
+                             sets=[*QUICK, "planning.imagined_ratio=0.5", "planning.model.checkpoint_every_s=2"])
     try:
         wait_for(lambda: sampled(fleet)[1] > 0, 150, "the learner's first imagined batch")
         info = tables(fleet)
@@ -74,14 +76,27 @@ def test_imagined_data_flows_at_the_ratio_and_planners_survive_a_kill(tmp_path: 
         wait_for(lambda: metric(fleet, "planner-0", "rlfleet_planner_imagined_inserts_total") > 0, 90,
                  "the restarted planner's first imagined inserts")
 
-        # kill the modeler: it resumes from its checkpoint and publishes after what the paramserver holds
+        # kill the modeler just after a checkpoint made after ``floor`` updates: it resumes from that
+        # checkpoint (its log names the update, at least ``floor``, at most what it had done when
+        # killed), its update counter continues from there, and it publishes after what the paramserver holds
         modeler = member(fleet, "modeler")
+        ckpt = fleet.run_dir / "modeler" / "checkpoint.pt"
+        wait_for(ckpt.exists, 60, "the modeler's first checkpoint")
+        floor = metric(fleet, "modeler", "rlfleet_modeler_updates_total")
+        written = (ckpt.stat().st_ino, ckpt.stat().st_mtime_ns)
+        wait_for(lambda: (ckpt.stat().st_ino, ckpt.stat().st_mtime_ns) != written, 60,
+                 f"a modeler checkpoint after {floor:.0f} updates")
         held = metric(fleet, "modeler", "rlfleet_modeler_version")
+        done = metric(fleet, "modeler", "rlfleet_modeler_updates_total")
         kill9(modeler)
         restart(fleet, modeler)
+        log_text = (fleet.run_dir / "logs" / "modeler.log").read_text()
+        resumed = [int(n) for n in re.findall(r"modeler: resumed from \S+ at update (\d+)", log_text)]
+        assert len(resumed) == 1, f"the restarted modeler did not say it resumed from its checkpoint: {resumed}"
+        assert 0 < floor <= resumed[0] <= done, (floor, resumed, done)
+        assert metric(fleet, "modeler", "rlfleet_modeler_updates_total") >= resumed[0]
         wait_for(lambda: metric(fleet, "modeler", "rlfleet_modeler_version") > held, 90,
                  f"a world model version after {held:.0f} from the restarted modeler")
-        assert metric(fleet, "modeler", "rlfleet_modeler_updates_total") > 0
         fleet.check_alive()
     finally:
         fleet.stop()
