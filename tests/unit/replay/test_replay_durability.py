@@ -294,10 +294,10 @@ def test_insert_client_keeps_an_insert_replay_could_not_log_and_resends_it(tmp_p
 def test_insert_client_probes_with_one_refused_insert_and_resends_the_rest_once_it_is_stored(tmp_path: Path) -> None:
     """While replay cannot log, one refused insert is resent every ``resend_after_s`` (replay
     answers at once, nothing of it is held), the others wait on their back-off: once the disk has
-    room the actor goes on within about that, all refused inserts at once, not after a back-off
-    doubled for as long as the disk was full. Full for 3.3 s here: doubled from 0.05 s, the
-    next resend (6.35 s after the first refusal) would come over 3 s after room came back; the
-    flush allows 2 s. Both bounds only get safer on a loaded machine (resends come later)."""
+    room and the probe is acked, all refused inserts go at once, in the poll that took the probe's
+    ack, not after a back-off doubled for as long as the disk was full (full for 3.3 s here:
+    doubled from 0.05 s, their next resend would come over 3 s after room came back). The bound
+    on refusals only gets safer on a loaded machine (resends come later)."""
     wal_dir = tmp_path / "wal"
     proc, endpoint = limited_wal_server(wal_dir, tmp_path / "server.log")
     try:
@@ -313,7 +313,13 @@ def test_insert_client_probes_with_one_refused_insert_and_resends_the_rest_once_
             # the whole window every 0.05 s would be ~260
             assert refusals <= 67 + 3 * 7, f"{refusals} refusals in 3.3 s: more than one insert resent steadily"
             proc.send_signal(signal.SIGUSR1)  # room again
-            ic.flush(2.0)
+            deadline = time.monotonic() + 30
+            while ic.acked == 6:  # until the probe's ack
+                assert time.monotonic() < deadline, "the probe was never acked once the disk had room"
+                resends = ic.resends
+                ic.poll(0.05)
+            assert ic.acked == 7 and ic.resends - resends >= 3, "the other refused inserts waited for their back-off"
+            ic.flush(30)
             assert ic.acked == 10 and ic.items_acked == 1000
             refusals = ic.wal_refusals  # each refusal's reply came before its insert's ack
         metrics = stopped_metrics(proc)
