@@ -1,10 +1,12 @@
 """Chaos, how long it takes: the fleet acts and learns again soon after a killed service answers again.
 
 bench.fleet.faults measures the recovery (goal: the fleet's env steps/s back to 80% within 1 s of the
-restarted service's /healthz answer; measured: within one 0.25 s scrape). This test holds a local
-fleet of processes (CartPole, two actors, replay with ``wal``) to a looser bound, ``RESUME_S``
-from that answer, that a loaded machine still meets. It fails, for one, when the learner does not
-ask again for the samples a killed replay held (it waits out its request timeout, 35 s). Requests
+restarted service's /healthz answer; measured: within one 0.25 s scrape): the speed is the
+benchmark's claim. This test polls a local fleet of processes (CartPole, two actors, replay with
+``wal``) for the fleet going on, under a deadline, ``RESUME_S`` from that answer, generous for a
+loaded machine yet below the request timeout a stuck client would wait out: it fails, for one,
+when the learner does not ask again for the samples a killed replay held (it waits out its request
+timeout, 35 s). Requests
 lost with a killed paramserver or replay are rarer in a fleet (only those the old process had
 read: ZeroMQ keeps what is sent while it is down and delivers it to the new one); their resends
 are tested one by one (tests/unit/paramserver/test_paramserver_requests.py, tests/unit/replay/test_replay_client.py).
@@ -13,7 +15,8 @@ are tested one by one (tests/unit/paramserver/test_paramserver_requests.py, test
   new connection, the learner asks again for the samples the old replay held);
 - the paramserver: it holds the learner's version again (the learner's probe republishes), and
   the fleet steps and trains;
-- the learner: it trains again from its checkpoint and the fleet steps;
+- the learner: it trains again from its checkpoint (its update count at least what it had at its
+  last checkpoint before the kill) and the fleet steps;
 - an actor: the restarted actor steps.
 
 Async and barrier. Each service is down ``DOWN_S`` seconds, less than the registry's liveness
@@ -32,10 +35,11 @@ from cli.fleetview import scrape
 from cli.launcher import Fleet
 from harness.chaos_helpers import kill9, member, start_fleet
 from harness.fleet_helpers import CONFIGS, wait_for
+from services.learner.learner import checkpoint_path
 
 pytestmark = pytest.mark.chaos
 
-RESUME_S = 3.0
+RESUME_S = 20.0  # generous on a loaded machine, below the 35 s a learner that never asks again would wait
 DOWN_S = 2.0
 STEPS = 256  # env steps the fleet must make (4 inserts of 64), updates the learner must do: 10
 UPDATES = 10
@@ -70,7 +74,7 @@ def kill_and_restart(fleet: Fleet, label: str) -> float:
 
 
 def resumed_within(up: float, what: str, done: Callable[[], bool]) -> float:
-    """Seconds from ``up`` until ``done()``; fails past ``RESUME_S`` (scraped every 0.05 s)."""
+    """Seconds from ``up`` until ``done()``; fails past ``RESUME_S`` (polled every 0.05 s)."""
     while not done():
         took = time.monotonic() - up
         assert took <= RESUME_S, f"{what}: not within {RESUME_S:g} s of the restarted service's health answer"
@@ -80,7 +84,7 @@ def resumed_within(up: float, what: str, done: Callable[[], bool]) -> float:
 
 @pytest.mark.parametrize("sync", ["async", "barrier"])
 def test_the_fleet_acts_and_learns_again_soon_after_a_restarted_service_answers(sync: str, tmp_path: Path) -> None:
-    fleet, _ = start_fleet(CONFIGS / CONFIG[sync], tmp_path, 2, SETS)
+    fleet, cfg = start_fleet(CONFIGS / CONFIG[sync], tmp_path, 2, SETS)
     took: dict[str, float] = {}
     try:
         wait_for(lambda: updates(fleet) >= 300, 180, "300 learner updates")
@@ -90,7 +94,6 @@ def test_the_fleet_acts_and_learns_again_soon_after_a_restarted_service_answers(
         took["replay"] = resumed_within(
             up, "after replay's restart, the actors step and the learner trains",
             lambda: fleet_steps(fleet) >= steps + STEPS and updates(fleet) >= done + UPDATES)
-        time.sleep(2)
 
         version = metric(fleet, "learner", "rlfleet_learner_version")
         up = kill_and_restart(fleet, "paramserver-0")
@@ -99,15 +102,19 @@ def test_the_fleet_acts_and_learns_again_soon_after_a_restarted_service_answers(
             up, f"after the paramserver's restart, it holds version {version:g} or newer, the fleet steps and trains",
             lambda: metric(fleet, "paramserver-0", "rlfleet_paramserver_version") >= version
             and fleet_steps(fleet) >= steps + STEPS and updates(fleet) >= done + UPDATES)
-        time.sleep(2)
 
+        # the learner, killed just after a checkpoint written once it had done ``floor`` updates
+        ckpt = checkpoint_path(cfg)
+        floor = updates(fleet)
+        written = (ckpt.stat().st_ino, ckpt.stat().st_mtime_ns)
+        wait_for(lambda: (ckpt.stat().st_ino, ckpt.stat().st_mtime_ns) != written, 60,
+                 f"a learner checkpoint after {floor:g} updates", every_s=0.05)
         up = kill_and_restart(fleet, "learner")
         steps, done = fleet_steps(fleet), updates(fleet)
-        assert done > 0, "the restarted learner did not resume from its checkpoint"
+        assert done >= floor > 0, f"the restarted learner is at update {done:g}, its checkpoint had {floor:g} or more"
         took["learner"] = resumed_within(
             up, "after the learner's restart, it trains and the fleet steps",
             lambda: updates(fleet) >= done + UPDATES and fleet_steps(fleet) >= steps + STEPS)
-        time.sleep(2)
 
         up = kill_and_restart(fleet, "actor-0")
         took["actor"] = resumed_within(up, "the restarted actor steps",
