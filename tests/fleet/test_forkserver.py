@@ -156,11 +156,18 @@ def run_up_and_interrupt(tmp_path: Path, when: str) -> tuple[int, str, list[int]
                                 start_new_session=True)
     try:
         fleet_json = wait_for(lambda: next(tmp_path.glob("*/fleet.json"), None), 120, "fleet.json")
+        members = json.loads(fleet_json.read_text())["members"]
         if when == "healthy":
-            members = json.loads(fleet_json.read_text())["members"]
             wait_for(lambda: all(scrape(m["url"], health_only=True).healthy for m in members), 180,
                      "every member healthy")
             assert len(tagged(tag)) >= len(members) + 1  # the launcher, its zygotes, every member
+        else:  # mid-start: a member process is up (it answers /healthz) while another does not yet
+
+            def mid_start() -> bool:
+                up = [scrape(m["url"], health_only=True).healthy for m in members]
+                return any(up) and not all(up)
+
+            wait_for(mid_start, 120, "one member healthy while another is not yet", every_s=0.02)
         os.killpg(launcher.pid, signal.SIGINT)
         out, _ = launcher.communicate(timeout=120)
     finally:
