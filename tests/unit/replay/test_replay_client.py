@@ -58,10 +58,10 @@ def test_held_inserts_are_resent_with_a_growing_interval() -> None:
 
 def test_a_reconnection_resends_the_window_at_once() -> None:
     bind = f"tcp://127.0.0.1:{free_tcp_port()}"
-    with InsertClient(bind, "actor", max_unacked=2, resend_after_s=0.5, max_resend_after_s=60.0) as ic:
+    # a back-off of 120 s: within the test, only the reconnection resends
+    with InsertClient(bind, "actor", max_unacked=2, resend_after_s=120.0, max_resend_after_s=120.0) as ic:
         with serving(replay_config(**HOLDING), bind=bind):
             fill_and_hold(ic)
-            poll_for(ic, 3.6)  # resent at ~0.5, 1.5 and 3.5 s: the next resend is ~4 s away
         # replay restarts and has lost what it held; this one holds nothing back
         with contextlib.ExitStack() as stack:
             deadline = time.monotonic() + 10
@@ -72,8 +72,13 @@ def test_a_reconnection_resends_the_window_at_once() -> None:
                 except zmq.ZMQError:
                     assert time.monotonic() < deadline, f"{bind} still in use"
                     time.sleep(0.05)
-            ic.flush(2.5)  # well before the back-off would resend
-            assert ic.connects >= 2
+            deadline = time.monotonic() + 30
+            while ic.connects < 2:
+                assert time.monotonic() < deadline, "no reconnection to the restarted replay"
+                resends = ic.resends
+                ic.poll(0.05)
+            assert ic.resends - resends == 2  # the whole window, in the poll that saw the reconnection
+            ic.flush(30)  # long before the back-off would resend
             assert server.tables["main"].size == 20
             np.testing.assert_array_equal(np.sort(server.tables["main"].columns["idx"][:20]), np.arange(20, 40))
 
