@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import zmq
@@ -12,7 +11,7 @@ from common.clients.replay_insert import InsertClient
 from common.metrics import ServiceMetrics
 from common.wire.codec import Message, encode
 from common.wire.decoder import decode
-from common.wire.transport import make_socket
+from common.wire.transport import make_socket, recv_frames
 from harness.replay_helpers import replay_config, transitions
 from services.replay.server import ReplayServer
 
@@ -23,16 +22,18 @@ def insert(seq: int, merge: bool, sender: str = "actor") -> list[Any]:
 
 
 def test_one_burst_of_merge_acks_inserts_gets_one_ack_the_others_one_each() -> None:
+    """Driven by hand (no loop thread): the eight messages are handled, then the server ticks, as
+    its loop does with a burst."""
     server = ReplayServer(replay_config(), ServiceMetrics("replay"), "tcp://127.0.0.1:0")
     sock = make_socket(zmq.DEALER, connect=server.endpoint)
-    thread = threading.Thread(target=server.serve, daemon=True)
     try:
-        # queued before the server reads anything, so it reads them all in one burst
-        for frames in [insert(s, True) for s in range(1, 6)] + [insert(2, True), insert(6, False), insert(7, False)]:
+        burst = [insert(s, True) for s in range(1, 6)] + [insert(2, True), insert(6, False), insert(7, False)]
+        for frames in burst:
             sock.send_multipart(frames)
-        assert server.sock.poll(5000)
-        time.sleep(0.3)
-        thread.start()
+        for _ in burst:  # one burst: every message handled before the tick
+            assert server.sock.poll(10_000)
+            server.handle_frames(recv_frames(server.sock))
+        server.tick()
         acks = []
         while len(acks) < 3 and sock.poll(5000):
             acks.append(decode(sock.recv_multipart()))
@@ -48,9 +49,6 @@ def test_one_burst_of_merge_acks_inserts_gets_one_ack_the_others_one_each() -> N
         assert singles == [(6, 10, False, None), (7, 10, False, None)]
         assert server.tables["main"].size == 70
     finally:
-        server.stop()
-        if thread.is_alive():
-            thread.join(10)
         sock.close(linger=0)
         server.close()
 
