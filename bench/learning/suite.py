@@ -293,6 +293,37 @@ def algorithm_check(runs: dict[tuple[str, int], dict[str, Any]]) -> list[str]:
     return lines if len(lines) > 2 else []
 
 
+def scaling_section(results: Path) -> list[str]:
+    """The scaling benchmark's latest figures per slow-simulator config (``bench.learning.scaling --docs``
+    writes results/scaling-CONFIG.json and .png): time to target and env steps/s against the actor count."""
+    lines: list[str] = []
+    for path in sorted(results.glob("scaling-*.json")):
+        r = json.loads(path.read_text())
+        counts = sorted(r["actors"], key=int)
+        base = r["actors"][counts[0]]
+        lines += [f"### {Path(r['config']).name}: {r['latency_ms']:g} ms per env step, target {r['target']:g}", "",
+                  f"`bench.learning.scaling --config {r['config']} --actors {','.join(counts)} --seeds {r['seeds']}`"
+                  f" ({r.get('date', '')}, {r.get('cores', '')} cores); medians over the seeds, a dash where a"
+                  " run missed the target. Speedups against the fewest actors.", "",
+                  "| actors | solved | seconds to target | speedup | env steps to target | env steps/s "
+                  "| speedup (steps/s) | of ideal | updates/s | actor staleness |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for n in counts:
+            c = r["actors"][n]
+
+            def ratio(a: float | None, b: float | None) -> str:
+                return f"{a / b:.2f}" if a and b else "–"
+
+            lines.append(
+                f"| {n} | {c['solved']}/{len(c['runs'])} | {c['seconds_to_target'] or '–'} | "
+                f"{ratio(base['seconds_to_target'], c['seconds_to_target'])} | "
+                f"{fmt_steps(c['env_steps_to_target']) or '–'} | {c['steps_per_s']} | "
+                f"{ratio(c['steps_per_s'], base['steps_per_s'])} | {c.get('of_ideal_steps_per_s', '–')} | "
+                f"{c['updates_per_s']} | {c.get('actor_staleness') or '–'} |")
+        lines += ["", f"![scaling]({results.name}/{path.stem}.png)", ""]
+    return lines
+
+
 def curve_band(curves: list[list[list[float]]], axis: int, grid: np.ndarray, solved_value: list[float | None]
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Median, min and max over runs of each run's last evaluation at or before each grid point (a run that
@@ -374,6 +405,7 @@ def write_report(runs_file: Path, report: Path, seeds: range = range(5)) -> dict
     runs = load_runs(runs_file)
     lines, figures = table(runs, seeds)
     check = algorithm_check(runs)
+    scaling = scaling_section(report.parent / "results")
     envs = list(dict.fromkeys(row.env for row in SUITE))
     pictures = []
     for env in envs:
@@ -402,6 +434,11 @@ def write_report(runs_file: Path, report: Path, seeds: range = range(5)) -> dict
            "table's and any more gathered with `--first-seed`): env steps to solve, medians over the solved",
            "runs. tests/unit/algorithms/test_ppo_matches_sb3.py checks that one PPO learn call equals SB3's.",
            "", *check, ""] if check else []),
+        *(["## Scaling with a slow simulator", "",
+           "Time to target with 1 to 8 actors when every env step waits (`env.step_latency_ms`), on the",
+           "slow-simulator configs (configs/*-slowsim.yaml; the rule for choosing the replay ratio:",
+           "[configuration.md](configuration.md#replay-ratio-and-actors)). Reading and history:",
+           "[scaling.md](scaling.md).", "", *scaling] if scaling else []),
         *[line for picture in pictures for line in (picture, "")],
     ]
     report.write_text("\n".join(text))

@@ -114,3 +114,26 @@ def test_the_band_holds_a_solved_run_at_its_last_return_and_ends_an_unsolved_one
     assert np.isnan(mid[0])  # before any evaluation
     assert mid[1] == pytest.approx(-700.0) and low[1] == -900.0 and high[1] == -500.0
     assert mid[3] == -150.0  # the unsolved run's budget ended at 2000; the solved one holds
+
+
+def test_the_scaling_section_shows_each_count_against_the_fewest_actors(tmp_path: Path) -> None:
+    """bench.learning.scaling --docs writes results/scaling-CONFIG.json; the report tabulates it: speedups
+    against the fewest actors, a dash where a count's median is missing (a run missed the target)."""
+    def count(seconds: float | None, steps_per_s: float) -> dict[str, object]:
+        return {"solved": 3 if seconds else 2, "steps_per_s": steps_per_s, "updates_per_s": steps_per_s / 16,
+                "seconds_to_target": seconds, "env_steps_to_target": 45_000 if seconds else None,
+                "of_ideal_steps_per_s": 0.9, "actor_staleness": 1.0, "runs": [{}, {}, {}]}
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "scaling-x-slowsim.json").write_text(json.dumps({
+        "config": "configs/x-slowsim.yaml", "latency_ms": 2.0, "target": 475.0, "seeds": 3, "date": "2026-11-27",
+        "cores": 2, "actors": {"1": count(120.0, 440.0), "8": count(20.0, 3300.0), "4": count(None, 1700.0)}}))
+    report = tmp_path / "results.md"
+    write_report(tmp_path / "runs.jsonl", report)
+    text = report.read_text()
+    assert "## Scaling with a slow simulator" in text and "### x-slowsim.yaml: 2 ms per env step" in text
+    assert "| 1 | 3/3 | 120.0 | 1.00 | 45.0k | 440.0 | 1.00 |" in text
+    assert "| 4 | 2/3 | – | – | – | 1700.0 | 3.86 |" in text
+    assert "| 8 | 3/3 | 20.0 | 6.00 | 45.0k | 3300.0 | 7.50 |" in text
+    assert text.index("| 4 |") < text.index("| 8 |")  # counts in order, not as strings
+    assert "![scaling](results/scaling-x-slowsim.png)" in text
