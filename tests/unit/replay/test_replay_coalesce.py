@@ -3,6 +3,7 @@ exactly once and in order; an idle replay gets every insert at once; the window 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -11,8 +12,10 @@ import pytest
 from common.clients.replay_insert import InsertClient
 from common.clients.replay_sample import SampleClient
 from common.config import ActorConfig, ReplayConfig, TableConfig, validate
+from common.metrics import ServiceMetrics
 from common.wire.errors import CommTimeout
 from harness.replay_helpers import replay_config, serving, transitions
+from services.replay.server import ReplayServer
 
 
 def stored(server: object, n: int) -> dict[str, np.ndarray]:
@@ -24,10 +27,14 @@ def stored(server: object, n: int) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("kind", ["uniform", "prioritized"])
 def test_inserts_made_while_others_fly_are_merged_and_stored_once_in_order(kind: str) -> None:
-    with serving(replay_config(kind=kind, capacity=10_000)) as server:
+    server = ReplayServer(replay_config(kind=kind, capacity=10_000), ServiceMetrics("replay"), "tcp://127.0.0.1:0")
+    loop = threading.Thread(target=server.serve, daemon=True)
+    try:
         with InsertClient(server.endpoint, "a", max_unacked=32, coalesce=8) as ic:
             seqs = []
-            for i in range(400):  # back to back: replay is busy, so most inserts find others in flight
+            for i in range(400):  # back to back; replay serves from the 17th on: the first 16 find others in flight
+                if i == 16:
+                    loop.start()
                 prio = np.full(8, 1.0 + i) if kind == "prioritized" else None
                 seqs.append(ic.insert("main", transitions(0, 8 * i, 8), priorities=prio))
                 assert ic.unacked <= 32
@@ -36,11 +43,18 @@ def test_inserts_made_while_others_fly_are_merged_and_stored_once_in_order(kind:
             assert ic.coalesced > 0 and ic.acked == 400 - ic.coalesced  # messages, each one seq
             assert seqs == sorted(seqs) and len(set(seqs)) == ic.acked  # a merged insert shares its message's seq
             assert ic.acked_below == ic.next_seq
+        server.stop()
+        loop.join(10)
         got = stored(server, 3200)
         np.testing.assert_array_equal(got["idx"], np.arange(3200))
         np.testing.assert_array_equal(got["obs"], transitions(0, 0, 3200)["obs"])
         if kind == "prioritized":
             np.testing.assert_allclose(server.tables["main"].priority[:3200], np.repeat(np.arange(400) + 1.0, 8))
+    finally:
+        server.stop()
+        if loop.is_alive():
+            loop.join(10)
+        server.close()
 
 
 def test_an_idle_replay_gets_every_insert_at_once() -> None:
