@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYTHONPATH", str(ROOT))
 
+from harness import skips  # noqa: E402 (the repository is on sys.path from here)
+
 FOLDER_MARKERS = {"fleet": "e2e", "chaos": "chaos", "containers": "container"}
 
 
@@ -33,12 +35,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def docker_client() -> Any:
     """A Docker engine client with the images built (harness/docker_fleet.py). In CI (CI=true) an
     unusable engine fails the run; elsewhere the tests that need it skip with the reason."""
-    from harness.docker_fleet import client_or_reason, ensure_images, in_ci
+    from harness.docker_fleet import client_or_reason, ensure_images
 
     client, reason = client_or_reason()
     if client is None:
-        if in_ci():
-            pytest.fail(f"CI=true but Docker is unusable: {reason}. .ci/run installs and starts it.")
-        pytest.skip(f"Docker is unavailable here: {reason}")
+        skips.missing("docker", f"Docker is unavailable here: {reason}")
     ensure_images(client)
     return client
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """One line per group of skipped tests: how many, why, and (for a missing dependency, see
+    harness/skips.py) the command that installs it. Under CI=true those fail instead."""
+    groups: dict[str, list[Any]] = {}  # group (or the skip's own reason) -> [count, reason]
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        message = str(longrepr[2]) if isinstance(longrepr, tuple) else str(longrepr)
+        message = " ".join(message.removeprefix("Skipped: ").split())
+        parsed = skips.parse(message)
+        key, reason = parsed if parsed is not None else (message, message)
+        groups.setdefault(key, [0, reason])[0] += 1
+    if not groups:
+        return
+    terminalreporter.section("skipped tests, and what would run them")
+    for key, (count, reason) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
+        if key in skips.INSTALL:
+            terminalreporter.write_line(f"{count} skipped, they need {key}: {reason}; install: {skips.INSTALL[key]}")
+        else:
+            terminalreporter.write_line(f"{count} skipped: {reason}")

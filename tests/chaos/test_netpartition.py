@@ -37,8 +37,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.clients.registry import Welcome
-from harness import netns
-from harness.docker_fleet import in_ci
+from harness import netns, skips
 from harness.fleet_helpers import CONFIGS, ROOT
 from services.actor.actor import fleet_size
 from services.replay.storage import read_log_file
@@ -54,10 +53,7 @@ METRICS = {"replay": 9101, "paramserver": 9102, "learner": 9103, "actor": 9100}
 def lab(tmp_path: Path) -> Iterator[netns.Lab]:
     reason = netns.unavailable()
     if reason is not None:
-        if in_ci():
-            pytest.fail(f"CI=true but network namespaces are unusable: {reason}. .ci/run installs iproute2 "
-                        "and nftables; the test needs root.")
-        pytest.skip(f"network namespaces unusable: {reason}")
+        skips.missing("netns", f"network namespaces unusable: {reason}")
     with netns.Lab(tmp_path / "logs") as lab:  # namespaces and processes go, whatever happens
         yield lab
 

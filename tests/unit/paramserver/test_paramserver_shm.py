@@ -20,6 +20,7 @@ from common.metrics import ServiceMetrics
 from common.wire.codec import Message
 from common.wire.connection import Connection
 from common.wire.transport import free_tcp_port
+from harness import skips
 from harness.paramserver_procs import ShardProcesses, serving
 from services.paramserver.shard import ShardServer
 
@@ -219,8 +220,9 @@ def test_map_arrays_refuses_symlinks_and_files_not_ours() -> None:
         os.rmdir(directory)
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="only root can make a file owned by another uid: run as root (CI does)")
 def test_map_arrays_refuses_a_file_another_uid_owns() -> None:
+    if os.getuid() != 0:
+        skips.missing("root", "only root can make a file owned by another uid")
     target, foreign = "/dev/shm/rlfleet-ps-test-mine", "/dev/shm/rlfleet-ps-test-foreign"
     arrays = [["a", "float32", [4], 0]]
     with open(target, "wb") as f:
