@@ -97,6 +97,9 @@ class Server:
                                 on_reject=lambda reason, _fp: self.auth_rejected.labels(reason).inc(),
                                 max_frame_bytes=limits.max_message_bytes)
         self.handlers: dict[str, Handler] = {}
+        # other sockets whose input wakes the loop (it then ticks): e.g. the answers of a server asked
+        # without waiting; serve() polls those present when it starts
+        self.watched: list[zmq.Socket[Any]] = []
         self._stop = threading.Event()
         self.replies_dropped = metrics.counter(
             "replies_dropped", "Replies not delivered: the peer was gone or its queue full."
@@ -215,6 +218,8 @@ class Server:
         self.metrics.up.set(1)
         poller = zmq.Poller()  # one for the loop: Socket.poll builds a Poller per call
         poller.register(self.sock, zmq.POLLIN)
+        for sock in self.watched:
+            poller.register(sock, zmq.POLLIN)
         timeout_ms = int(self.tick_interval_s * 1000)
         try:
             while not self._stop.is_set():

@@ -55,7 +55,7 @@ from services.replay.recovery import Recovery
 from services.replay.sample_responder import SampleResponder
 from services.replay.storage import WriteAheadLog
 from services.replay.tables import QueueTable, make_table
-from services.replay.versions import PublishedVersions
+from services.replay.versions import DEFER, PublishedVersions
 
 RESERVED = ("key", "probability", "priority")
 MAX_SAMPLE_TIMEOUT_MS = 600_000  # a held sample waits at most this long (also without timeout_ms)
@@ -103,6 +103,9 @@ class ReplayServer(Server):
         self.held = HeldRequests(self.tables, self.writer, self.responder, self, m, max_inserts=max_held_inserts,
                                  max_samples=max_held_samples, max_bytes=max_held_bytes)
         self.versions = PublishedVersions(paramserver, f"replay-{shard}/versions", ctx=ctx)
+        if self.versions.socket is not None:  # shard 0's answers wake the loop: inserts set aside for them go on
+            self.watched.append(self.versions.socket)
+        self._frames: list[Any] | None = None  # of the message being handled (an insert may be set aside)
         self.fast_path = FastInsertPath(self, self.dedup, self.held, self.writer, self.replies, self.versions,
                                         logged=self.wal is not None)
         self.recovery = Recovery(self.dir, self.durability, cfg.checkpoint_every_s, self.wal, shard, self.tables,
@@ -121,11 +124,30 @@ class ReplayServer(Server):
     def handle_frames(self, frames: list[Any]) -> None:
         """The fast path takes the usual inserts of a connection; any other message, and any insert
         it does not take, is decoded and handled in full, then shown to it to learn from."""
+        if self.versions.deferred:
+            self._release_deferred()
         fast_path = self.fast_path
         if fast_path.take(frames):
             return
-        super().handle_frames(frames)
+        self._frames = frames
+        try:
+            super().handle_frames(frames)
+        finally:
+            self._frames = None
         fast_path.learn(frames)
+
+    def _release_deferred(self) -> None:
+        """Handle again, in order, the inserts set aside for paramserver shard 0's newest version, once
+        it answered (or did not in time): judged now, never set aside again."""
+        released = self.versions.released()
+        if not released:
+            return
+        self.versions.deciding = True
+        try:
+            for frames in released:
+                self.handle_frames(frames)
+        finally:
+            self.versions.deciding = False
 
     # -- handlers -------------------------------------------------------------
     def _table(self, name: str) -> Table:
@@ -146,6 +168,9 @@ class ReplayServer(Server):
         known = table.known_batch(arrays)  # the columns of the table's last good batch: nothing more to check
         n = self._check_batch(table, arrays) if known is None else known
         problem = table.value_problem(arrays) or self.versions.problem(arrays)
+        if problem is DEFER and self._frames is not None:  # it claims a version newer than replay knows: it
+            self.versions.defer(self._frames)  # waits for shard 0's answer, the loop does not
+            return
         if problem is not None:
             raise RequestError("bad_value", problem)
         if priority is not None:
@@ -234,10 +259,15 @@ class ReplayServer(Server):
             "durability": self.durability,
             "snapshots": self.recovery.snapshots,
             "wal_syncs": self.wal.syncs if self.wal else 0,
+            "version_asks": self.versions.asks,
+            "version_deferred": self.versions.deferred_total,
         }
 
     # -- timers ---------------------------------------------------------------
     def tick(self) -> None:
+        self.versions.poll()  # reads every answer of shard 0 (else its socket would wake the loop again at once)
+        if self.versions.deferred:
+            self._release_deferred()
         self.replies.flush()
         now = time.monotonic()
         self.held.expire(now)

@@ -8,6 +8,7 @@ one than it knows, and refuses the insert with ``bad_value`` naming the column.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -51,7 +52,7 @@ def size(server: ReplayServer) -> int:
 
 @pytest.fixture
 def fleet(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[WeightsPublisher, ReplayServer]]:
-    # replay waits 50 ms for shard 0's answer in a fleet; both serve from threads of this process here, and a
+    # replay gives shard 0 500 ms to answer in a fleet; both serve from threads of this process here, and a
     # loaded CI machine can take longer: a late answer would make replay take the forged inserts for 5 s
     monkeypatch.setattr(versions_mod, "ASK_TIMEOUT_S", 5.0)
     shard = ShardServer(ServiceMetrics("paramserver", 0), f"tcp://127.0.0.1:{free_tcp_port()}", 0, 1, 30.0,
@@ -107,3 +108,52 @@ def test_segments_carry_a_version_per_step() -> None:
         segment = {"obs": np.zeros((2, 5, 4), np.float32), "version": np.array([[0] * 5, [0, 0, -5, 0, 0]])}
         reply = insert(replay.endpoint, segment, "actor-seg")
         assert reply.type == "error" and reply["reason"] == "bad_value" and "-5" in reply["detail"]
+
+
+def gets_served(shard: ShardServer) -> float:
+    return float(shard.metrics.messages.labels("get", "in")._value.get())
+
+
+def test_replay_never_waits_for_shard_0_while_an_insert_claims_a_version_it_does_not_know(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replay used to ask shard 0 with a blocking get (50 ms in a fleet): a flood of forged future versions cost
+    one blocking round trip per insert, and with the paramserver down the loop stalled for the whole timeout.
+    Now an insert claiming a version replay does not know waits for the answer, the loop does not."""
+    monkeypatch.setattr(versions_mod, "ASK_TIMEOUT_S", 5.0)  # the forged insert waits this long, valid ones not
+    monkeypatch.setattr(versions_mod, "MIN_ASK_INTERVAL_S", 0.05)  # a loaded machine: the bound on gets below
+    shard = ShardServer(ServiceMetrics("paramserver", 0), f"tcp://127.0.0.1:{free_tcp_port()}", 0, 1, 30.0,
+                        shm=False)
+    with serving_replay(replay_config(), paramserver=shard.endpoint) as replay:
+        with serving_shard(shard):
+            publisher = WeightsPublisher([shard.endpoint])
+            publisher.publish(3, {"w": np.zeros(4, np.float32)}, timeout_s=10)
+            publisher.close()
+            assert insert(replay.endpoint, items(2, 3), "actor-a")["stored"] == 2  # replay learns version 3
+            # a burst of forged future versions: refused, with far fewer gets than inserts
+            forger = make_socket(zmq.DEALER, connect=replay.endpoint)
+            before = gets_served(shard)
+            for seq in range(1, 501):
+                forger.send_multipart(encode(Message("insert", {"table": "main"}, items(2, 10**12 + seq),
+                                                     sender="forger", seq=seq)))
+            for _ in range(500):
+                assert forger.poll(30_000), "no reply"
+                reply = decode(forger.recv_multipart())
+                assert reply.type == "error" and reply["reason"] == "bad_value", reply.body
+            forger.close(linger=0)
+            assert gets_served(shard) - before < 100  # one per round trip, not one per insert
+        # shard 0 is gone: an insert claiming version 10**12 waits for an answer that does not come ...
+        sock = make_socket(zmq.DEALER, connect=replay.endpoint)
+        try:
+            start = time.monotonic()
+            sock.send_multipart(encode(Message("insert", {"table": "main"}, items(2, 10**12), sender="f2", seq=1)))
+            # ... while inserts of known versions are acked at once (the loop used to wait 5 s here)
+            for seq in range(1, 21):
+                reply = insert(replay.endpoint, items(2, 3), "actor-b", seq)
+                assert reply["stored"] == 2, reply.body
+            assert time.monotonic() - start < versions_mod.ASK_TIMEOUT_S / 2
+            assert not sock.poll(0)  # the forged insert is still unanswered: it waits, not the loop
+            assert sock.poll(30_000)  # then, shard 0 silent, taken as the doc says (the learner drops it)
+            assert decode(sock.recv_multipart())["stored"] == 2
+        finally:
+            sock.close(linger=0)
+        assert size(replay) == 2 + 40 + 2
