@@ -251,6 +251,9 @@ DEFAULT_MAX_GRADIENT_NORM = 1e4
 class ParamServerConfig(Strict):
     shards: PosInt = Field(1, description="servers the weights are split across")
     liveness_timeout_s: PosFloat = Field(5.0, description="an actor silent this long leaves the registry")
+    max_members: PosInt = Field(
+        10_000, description="live actors and evaluators shard 0's registry holds; a hello or heartbeat that would"
+        " register one more is refused (too_many_members) until one leaves or expires")
     gradients: GradientsConfig = Field(default_factory=GradientsConfig)
     max_gradient_norm: PosFloat = Field(
         DEFAULT_MAX_GRADIENT_NORM,

@@ -50,6 +50,7 @@ class ParamServerService:
             limits=cfg.limits,
             gradients=cfg.paramserver.gradients,
             max_gradient_norm=cfg.paramserver.max_gradient_norm,
+            max_members=cfg.paramserver.max_members,
             checkpoint=checkpoint_path(cfg, args.shard),
             experiment=cfg.name,
         )

@@ -4,7 +4,13 @@ Each live actor (role ``actor``) holds an index 0..N-1, used for Ape-X
 per-actor exploration: stable while the actor lives, and the lowest free
 index goes to the next actor that joins, so indices of departed actors are
 reused. Evaluators are tracked but hold index -1 and never count for the
-barrier or for N.
+barrier or for N. The free indices below the highest ever given are kept in a
+heap, so a join costs O(log n), not a scan of the members.
+
+The registry holds at most ``max_members`` members (``paramserver.max_members``,
+10,000 by default): a ``hello`` or ``heartbeat`` that would register one more
+is refused with ``too_many_members``, naming the limit, until members leave or
+expire. A flood of ``hello``s under new ids cannot grow it past that.
 
 An actor is live from its ``hello`` (or a ``heartbeat`` after it expired)
 until its ``goodbye``, or until it has been silent for the liveness timeout.
@@ -16,6 +22,7 @@ on shard 0 whose header ``sender`` is its ``actor_id`` (the shard calls
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections.abc import Callable
@@ -28,6 +35,8 @@ log = logging.getLogger(__name__)
 
 ROLES = REGISTERED  # actor, evaluator
 MAX_ACTOR_ID = 256
+DEFAULT_MAX_MEMBERS = 10_000
+MAX_STEP_REPORTERS = 100_000  # actor ids whose env steps count in fleet_env_steps
 
 
 class BadMember(ValueError):
@@ -50,15 +59,21 @@ class Member:
 class Registry:
     """Who is alive, with what index. Not thread-safe: the shard loop owns it."""
 
-    def __init__(self, liveness_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, liveness_s: float, clock: Callable[[], float] = time.monotonic,
+                 max_members: int = DEFAULT_MAX_MEMBERS) -> None:
         self.liveness_s = liveness_s
         self.clock = clock
+        self.max_members = max_members
         self.members: dict[str, Member] = {}
+        self._num_actors = 0
+        self._next_index = 0  # every index below is held by a live actor or in _free
+        self._free: list[int] = []  # a heap: indices below _next_index that no live actor holds
         # bumped whenever someone joins or leaves: the barrier looks again only when it moved
         self.changes = 0
         # env steps each actor id reported; kept after it leaves so the fleet total never drops
         self._steps: dict[str, int] = {}
         self._steps_before_restart: dict[str, int] = {}
+        self._steps_total = 0  # the sum of both, kept as they change (a welcome does not add them up)
 
     # -- queries ------------------------------------------------------------
     @property
@@ -68,7 +83,7 @@ class Registry:
 
     @property
     def num_actors(self) -> int:
-        return sum(1 for m in self.members.values() if m.role == "actor")
+        return self._num_actors
 
     def get(self, actor_id: str) -> Member | None:
         return self.members.get(actor_id)
@@ -77,7 +92,7 @@ class Registry:
     def fleet_env_steps(self) -> int:
         """Env steps of every actor that ever reported, restarts included; saturated at the wire's
         int64 range, so reports that add up past it cannot break ``welcome`` for every actor."""
-        return min(INT64_MAX, sum(self._steps.values()) + sum(self._steps_before_restart.values()))
+        return min(INT64_MAX, self._steps_total)
 
     # -- changes ------------------------------------------------------------
     def report_steps(self, actor_id: str, env_steps: int) -> None:
@@ -85,20 +100,28 @@ class Registry:
         old = self._steps.get(actor_id, 0)
         if env_steps < old:
             self._steps_before_restart[actor_id] = self._steps_before_restart.get(actor_id, 0) + old
-        if len(self._steps) < 100_000 or actor_id in self._steps:
+            self._steps_total += old
+        if len(self._steps) < MAX_STEP_REPORTERS or actor_id in self._steps:
             self._steps[actor_id] = env_steps
+            self._steps_total += env_steps - old
 
-    def _free_index(self) -> int:
-        used = {m.index for m in self.members.values() if m.role == "actor"}
-        i = 0
-        while i in used:
-            i += 1
-        return i
+    def _take_index(self) -> int:
+        """The lowest index no live actor holds, now held."""
+        self._num_actors += 1
+        if self._free:
+            return heapq.heappop(self._free)
+        self._next_index += 1
+        return self._next_index - 1
+
+    def _removed(self, member: Member) -> None:
+        if member.role == "actor":
+            self._num_actors -= 1
+            heapq.heappush(self._free, member.index)
 
     def join(self, actor_id: str, role: str, version: int = -1) -> tuple[Member, bool]:
         """Register or refresh ``actor_id``; returns (member, newly_registered).
 
-        Raises BadMember (reason ``bad_role`` or ``bad_actor_id``).
+        Raises BadMember (reason ``bad_role``, ``bad_actor_id`` or ``too_many_members``).
         """
         if role not in ROLES:
             raise BadMember("bad_role", f"role {role!r} is not one of {list(ROLES)}")
@@ -112,7 +135,12 @@ class Registry:
             return member, False
         if member is not None:  # role changed: leave, then join afresh
             del self.members[actor_id]
-        index = self._free_index() if role == "actor" else -1
+            self._removed(member)
+        elif len(self.members) >= self.max_members:
+            raise BadMember("too_many_members", f"the registry holds {self.max_members} live members"
+                            f" (paramserver.max_members); allowed: a new member once one leaves or is silent for"
+                            f" {self.liveness_s:g} s")
+        index = self._take_index() if role == "actor" else -1
         member = Member(actor_id, role, index, now, version)
         self.members[actor_id] = member
         self.changes += 1
@@ -128,6 +156,7 @@ class Registry:
         member = self.members.pop(actor_id, None)
         if member is not None:
             self.changes += 1
+            self._removed(member)
         return member
 
     def expire(self) -> list[Member]:
@@ -138,6 +167,7 @@ class Registry:
             self.changes += 1
         for m in gone:
             del self.members[m.actor_id]
+            self._removed(m)
             log.warning(
                 "%s %r (index %d) sent nothing for %.1f s: removed from the registry",
                 m.role, m.actor_id, m.index, self.clock() - m.last_seen,

@@ -24,7 +24,7 @@ from services.paramserver.gradient_requests import GradientRequests
 from services.paramserver.gradients import GradientApplier
 from services.paramserver.long_polls import LongPolls
 from services.paramserver.metrics import ShardMetrics
-from services.paramserver.registry import Registry
+from services.paramserver.registry import DEFAULT_MAX_MEMBERS, Registry
 from services.paramserver.registry_requests import RegistryRequests
 from services.paramserver.shm_versions import ShmVersions
 from services.paramserver.weights_requests import WeightsRequests
@@ -51,6 +51,7 @@ class ShardServer(Server):
         max_gradient_norm: float = DEFAULT_MAX_GRADIENT_NORM,
         checkpoint: str | None = None,
         experiment: str = "",
+        max_members: int = DEFAULT_MAX_MEMBERS,
         **kw: Any,
     ) -> None:
         super().__init__(metrics, bind, **kw)
@@ -60,7 +61,7 @@ class ShardServer(Server):
         self.weights = WeightsStore(shard, num_shards)
         self.long_polls = LongPolls(m.waits_parked)
         self.shm = ShmVersions(self.name, shard, shm, shm_dir, self.tick_interval_s)
-        self.registry = Registry(liveness_s) if shard == 0 else None
+        self.registry = Registry(liveness_s, max_members=max_members) if shard == 0 else None
         self.weights_requests = WeightsRequests(self, self.weights, self.long_polls, self.shm, self.registry, m)
         applier = GradientApplier(gradients or GradientsConfig(), checkpoint, shard, experiment, max_gradient_norm)
         self.gradient_requests = GradientRequests(self, applier, self.weights, self.weights_requests,

@@ -60,3 +60,18 @@ def test_every_int_field_states_the_range_the_decoder_checks() -> None:
             assert row, f"{name}.{field_name} has no row"
             want = f"int, {range_text(f.bounds)}"
             assert row.group(1).strip() == want, f"{name}.{field_name}: the doc says {row.group(1)!r}; code: {want!r}"
+
+
+def test_every_reason_a_service_refuses_with_is_documented() -> None:
+    """The reasons of the handlers' refusals (RequestError, the registry's BadMember, Dedup's refusals) are
+    in docs/protocol.md too, not only the decoder's."""
+    root = Path(__file__).resolve().parents[3]
+    pattern = re.compile(r"""(?:RequestError|BadMember)\(\s*"([a-z_]+)"|^\s*return \("([a-z_]+)",""", re.M)
+    found: set[str] = set()
+    for folder in ("services", "common"):
+        for path in (root / folder).rglob("*.py"):
+            for m in pattern.finditer(path.read_text()):
+                found.add(m.group(1) or m.group(2))
+    assert {"too_many_members", "sender_forgotten", "bad_value"} <= found  # the pattern still finds them
+    missing = sorted(r for r in found if f"`{r}`" not in DOC)
+    assert not missing, f"reasons refused with but not in docs/protocol.md: {missing}"
