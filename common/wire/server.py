@@ -205,6 +205,11 @@ class Server:
                 f"{self.metrics.service} does not serve {msg.type!r}; it serves {sorted(self.handlers)}",
             )
             return
+        self.run_handler(handler, peer, msg)
+
+    def run_handler(self, handler: Handler, peer: Peer, msg: Message) -> None:
+        """Run ``handler`` on a decoded message: a RequestError is answered with its error, any other
+        exception logged and answered ``internal``; the loop goes on."""
         try:
             handler(peer, msg)
         except RequestError as exc:

@@ -105,7 +105,6 @@ class ReplayServer(Server):
         self.versions = PublishedVersions(paramserver, f"replay-{shard}/versions", ctx=ctx)
         if self.versions.socket is not None:  # shard 0's answers wake the loop: inserts set aside for them go on
             self.watched.append(self.versions.socket)
-        self._frames: list[Any] | None = None  # of the message being handled (an insert may be set aside)
         self.fast_path = FastInsertPath(self, self.dedup, self.held, self.writer, self.replies, self.versions,
                                         logged=self.wal is not None)
         self.recovery = Recovery(self.dir, self.durability, cfg.checkpoint_every_s, self.wal, shard, self.tables,
@@ -129,11 +128,7 @@ class ReplayServer(Server):
         fast_path = self.fast_path
         if fast_path.take(frames):
             return
-        self._frames = frames
-        try:
-            super().handle_frames(frames)
-        finally:
-            self._frames = None
+        super().handle_frames(frames)
         fast_path.learn(frames)
 
     def _release_deferred(self) -> None:
@@ -144,10 +139,11 @@ class ReplayServer(Server):
             return
         self.versions.deciding = True
         try:
-            for frames in released:
-                self.handle_frames(frames)
+            for peer, msg in released:
+                self.run_handler(self.on_insert, peer, msg)
         finally:
             self.versions.deciding = False
+            self.fast_path.learn([])  # no layout is learnt from them: their frames are not at hand
 
     # -- handlers -------------------------------------------------------------
     def _table(self, name: str) -> Table:
@@ -168,8 +164,8 @@ class ReplayServer(Server):
         known = table.known_batch(arrays)  # the columns of the table's last good batch: nothing more to check
         n = self._check_batch(table, arrays) if known is None else known
         problem = table.value_problem(arrays) or self.versions.problem(arrays)
-        if problem is DEFER and self._frames is not None:  # it claims a version newer than replay knows: it
-            self.versions.defer(self._frames)  # waits for shard 0's answer, the loop does not
+        if problem is DEFER:  # it claims a version newer than replay knows: it waits for shard 0's answer,
+            self.versions.defer((peer, msg), sum(a.nbytes for a in msg.arrays.values()))  # the loop does not
             return
         if problem is not None:
             raise RequestError("bad_value", problem)

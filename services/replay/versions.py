@@ -10,8 +10,8 @@ Replay learns the newest version from paramserver shard 0, which every publish
 reaches before any actor can read that version: a ``get`` with ``have_version``
 2^63-1 answers ``not_modified`` with the versions the shard holds and no weights.
 It asks only when an insert claims a version above the newest it knows, and it
-never waits for the answer: such an insert is set aside (:meth:`defer`, its
-frames kept as they came) and handled again once the answer came, against the
+never waits for the answer: such an insert is set aside (:meth:`defer`, as
+decoded) and handled again once the answer came, against the
 newest version then known, by the answer to a ``get`` sent after it came (one
 sent before could tell of the versions before the one it claims was
 published). At most one ``get`` is in flight, and the next goes at least
@@ -65,8 +65,8 @@ class PublishedVersions:
         self._sent = 0  # gets sent, and the number of the last one answered
         self._answered = 0
         self._next_ask_at = 0.0  # no get before this (MIN_ASK_INTERVAL_S after the last answer)
-        # the inserts set aside for the answer, in order: (the number of the get that judges it, its frames)
-        self._deferred: list[tuple[int, list[Any]]] = []
+        # the inserts set aside for the answer, in order: (the number of the get that judges it, the insert, ...)
+        self._deferred: list[tuple[int, Any, int]] = []  # and its bytes
         self._deferred_bytes = 0
         self.deciding = False  # while the inserts set aside are handled again: judged, never set aside again
         self.asks = 0  # gets sent (in info's stats: a flood of forged versions must not make one per insert)
@@ -95,7 +95,7 @@ class PublishedVersions:
     def problem(self, arrays: Mapping[str, np.ndarray]) -> str | None:
         """What is wrong with the insert's ``version`` column (None: nothing, or no such int column), or
         :data:`DEFER`: it claims a version above the newest known, and replay asks shard 0 (or will, or still
-        waits for the answer): hand the insert's frames to :meth:`defer`."""
+        waits for the answer): hand the insert to :meth:`defer`."""
         v = arrays.get(COLUMN)
         if v is None or v.size == 0 or v.dtype.kind not in "iu":
             return None
@@ -116,19 +116,19 @@ class PublishedVersions:
         return (f"column {COLUMN!r} holds {high}, newer than the newest version published ({self.newest});"
                 f" allowed: the version of the weights each item was acted with, 0 to {self.newest}")
 
-    def defer(self, frames: list[Any]) -> None:
-        """Keep an insert's frames (after :meth:`problem` said :data:`DEFER`) until :meth:`released`: judged
+    def defer(self, insert: Any, nbytes: int) -> None:
+        """Keep an insert (after :meth:`problem` said :data:`DEFER`) until :meth:`released`: judged
         by the answer to a get sent after it came (one sent before may tell of a version before the one it
         claims was published), which is sent now if none is in flight and the last was not too recent."""
         sent = self._sent
         if self._asked is None:
             self._ask()
         need = self._sent if self._sent > sent else sent + 1  # the get that judges it: the one just sent, or the next
-        self._deferred.append((need, frames))
-        self._deferred_bytes += sum(map(len, frames))
+        self._deferred.append((need, insert, nbytes))
+        self._deferred_bytes += nbytes
         self.deferred_total += 1
 
-    def released(self) -> list[list[Any]]:
+    def released(self) -> list[Any]:
         """The inserts set aside that can be judged now, in order: shard 0 answered a get sent after they
         came, or did not answer in time (they are then taken). Handle each again with :attr:`deciding` set.
         Sends the get they wait for once it is due. Never waits."""
@@ -146,10 +146,10 @@ class PublishedVersions:
                 self._ask()  # the rest wait for a get not yet sent
         if not n:
             return []
-        out = [frames for _, frames in deferred[:n]]
+        out = deferred[:n]
         del deferred[:n]
-        self._deferred_bytes -= sum(sum(map(len, frames)) for frames in out)
-        return out
+        self._deferred_bytes -= sum(nbytes for _, _, nbytes in out)
+        return [insert for _, insert, _ in out]
 
     def _ask(self) -> None:
         """Send shard 0 a get for its versions unless one is in flight or the last answer is too recent (a
