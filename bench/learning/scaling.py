@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.learning.config_digest import settings_digest
 from cli.report import write_report
 from cli.rundata import load_run, summarize, weights_time_to_target
 from common import config as config_mod
@@ -220,6 +221,7 @@ def main() -> None:
     result = {
         "bench": "scaling", "latency_ms": args.latency_ms, "target": args.target, "max_seconds": args.max_seconds,
         "env_ceiling_steps_per_s": round(ceiling, 1), "config": args.config,
+        "config_digest": settings_digest(args.config, args.set),
         "updates_per_env_step": round(updates_per_env_step, 4), "actors": {str(n): r for n, r in rows.items()},
         f"speedup_{hi}": ratio("seconds_to_target", lo, hi, True),
         f"speedup_{hi}_weights": ratio("weights_seconds_to_target", lo, hi, True),

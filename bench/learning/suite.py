@@ -34,7 +34,6 @@ Last line: one JSON object (per row: solved counts and medians of each side).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -47,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.learning.config_digest import settings_digest
 from bench.learning.serial import run_serial_config
 from bench.learning.time_to_solve import run_fleet
 from bench.peers.sb3_a2c import run_sb3_a2c
@@ -147,14 +147,10 @@ def side_key(row: Row, side: str) -> str:
 
 
 def config_digest(row: Row) -> str:
-    """What a fleet or serial run ran: the config's settings as loaded (its comments aside) that differ
-    from their defaults, and the row's overrides. A run of an older config no longer counts for the row;
-    a new field whose default keeps the old behaviour leaves every run counted (a changed default does
-    too: change the config, or run ``--again``)."""
-    from common import config as config_mod
-
-    settings = config_mod.load(ROOT / "configs" / row.config, environ={}).model_dump_json(exclude_defaults=True)
-    return hashlib.sha256((settings + "\0" + "\0".join(row.sets)).encode()).hexdigest()[:12]
+    """What a fleet or serial run ran (:func:`settings_digest` of the row's config and overrides). A run of an
+    older config no longer counts for the row; a new field whose default keeps the old behaviour leaves every
+    run counted (a changed default does too: change the config, or run ``--again``)."""
+    return settings_digest(ROOT / "configs" / row.config, row.sets)
 
 
 def current(row: Row, entry: dict[str, Any]) -> bool:
@@ -301,7 +297,12 @@ def scaling_section(results: Path) -> list[str]:
         r = json.loads(path.read_text())
         counts = sorted(r["actors"], key=int)
         base = r["actors"][counts[0]]
+        config = ROOT / r["config"]
+        stale = (not config.is_file() or "config_digest" not in r
+                 or settings_digest(config, r.get("sets", [])) != r["config_digest"])
         lines += [f"### {Path(r['config']).name}: {r['latency_ms']:g} ms per env step, target {r['target']:g}", "",
+                  *([f"**The config changed since this run** (or is gone): run `bench.learning.scaling --docs"
+                     f" --config {r['config']}` again.", ""] if stale else []),
                   f"`bench.learning.scaling --config {r['config']} --actors {','.join(counts)} --seeds {r['seeds']}`"
                   f" ({r.get('date', '')}, {r.get('cores', '')} cores); medians over the seeds, a dash where a"
                   " run missed the target. Speedups against the fewest actors.", "",

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.learning.config_digest import settings_digest
 from bench.learning.suite import (
     ROWS,
     SUITE,
@@ -137,3 +138,18 @@ def test_the_scaling_section_shows_each_count_against_the_fewest_actors(tmp_path
     assert "| 8 | 3/3 | 20.0 | 6.00 | 45.0k | 3300.0 | 7.50 |" in text
     assert text.index("| 4 |") < text.index("| 8 |")  # counts in order, not as strings
     assert "![scaling](results/scaling-x-slowsim.png)" in text
+    assert "**The config changed since this run** (or is gone)" in text  # no configs/x-slowsim.yaml
+
+
+def test_the_scaling_section_says_when_the_config_changed_since_its_run(tmp_path: Path) -> None:
+    config = "configs/cartpole-dqn-slowsim.yaml"
+    base = {"config": config, "latency_ms": 2.0, "target": 475.0, "seeds": 3, "sets": [],
+            "actors": {"1": {"solved": 3, "steps_per_s": 440.0, "updates_per_s": 27.0, "seconds_to_target": 100.0,
+                             "env_steps_to_target": 45_000, "runs": [{}, {}, {}]}}}
+    (tmp_path / "results").mkdir()
+    report = tmp_path / "results.md"
+    for digest, stale in ((settings_digest(ROOT / config), False), ("0123456789ab", True)):
+        (tmp_path / "results" / "scaling-cartpole-dqn-slowsim.json").write_text(
+            json.dumps({**base, "config_digest": digest}))
+        write_report(tmp_path / "runs.jsonl", report)
+        assert ("**The config changed since this run**" in report.read_text()) == stale
