@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +11,10 @@ from common import config as config_mod
 from common.clients.replay_insert import InsertClient
 from common.clients.weights_publisher import WeightsPublisher
 from common.envs import EnvError, make_vector_env, probe_env
-from common.runtime import FatalError, ServiceArgs
+from common.runtime import FatalError
 from harness.fleet_helpers import CONFIGS, rlfleet
+from harness.service_threads import replay_and_paramserver
 from services.actor.actor import ActorService
-from services.paramserver.main import build as build_paramserver
-from services.replay.main import build as build_replay
 
 CARTPOLE = str(CONFIGS / "cartpole-dqn.yaml")
 
@@ -67,12 +65,7 @@ def test_an_actor_whose_transitions_replay_refuses_stops_with_the_field(tmp_path
         "network.paramserver=[inproc://schema-params]", "evaluator.enabled=false", "actor.insert_batch=8",
         "replay.tables.0.columns=first_insert",  # else replay refuses the other env's transitions itself
     ])
-    replay = build_replay(cfg, ServiceArgs("replay"))
-    params = build_paramserver(cfg, ServiceArgs("paramserver"))
-    threads = [threading.Thread(target=s.run, daemon=True) for s in (replay, params)]
-    for t in threads:
-        t.start()
-    try:
+    with replay_and_paramserver(cfg):
         other = {"obs": np.zeros((8, 8), np.float32), "action": np.zeros(8, np.int64),
                  "reward": np.zeros(8, np.float32), "next_obs": np.zeros((8, 8), np.float32),
                  "discount": np.ones(8, np.float32)}
@@ -87,10 +80,3 @@ def test_an_actor_whose_transitions_replay_refuses_stops_with_the_field(tmp_path
             actor.run()
         assert "schema_mismatch" in str(info.value) and "'obs'" in str(info.value)
         actor.close()
-    finally:
-        for s in (replay, params):
-            s.stop()
-        for t in threads:
-            t.join(10)
-        for s in (replay, params):
-            s.close()

@@ -17,12 +17,10 @@ import pytest
 
 from common import config as config_mod
 from common.clients.weights_publisher import WeightsPublisher
-from common.runtime import ServiceArgs
 from common.wire.transport import free_tcp_port
 from harness.fleet_helpers import CONFIGS
+from harness.service_threads import replay_and_paramserver
 from services.actor.actor import ActorService
-from services.paramserver.main import build as build_paramserver
-from services.replay.main import build as build_replay
 
 CARTPOLE = str(CONFIGS / "cartpole-dqn.yaml")
 
@@ -35,13 +33,7 @@ def test_an_actor_drops_what_replay_refuses_for_its_values_and_goes_on(tmp_path:
         "evaluator.enabled=false", "actor.insert_batch=8", "replay.tables.0.samples_per_insert=null",
         "env.id=harness.toy_envs:NaNCorridor", "env.kwargs={nan_every: 37, inf_reward_every: 53}",
     ])
-    replay = build_replay(cfg, ServiceArgs("replay"))
-    params = build_paramserver(cfg, ServiceArgs("paramserver"))
-    threads = [threading.Thread(target=s.run, daemon=True) for s in (replay, params)]
-    for t in threads:
-        t.start()
-    actor = None
-    try:
+    with replay_and_paramserver(cfg) as (replay, _):
         actor = ActorService(cfg, "actor-0")
         publisher = WeightsPublisher(cfg.network.paramserver)
         publisher.publish(0, actor.policy.net.state_dict())
@@ -72,10 +64,3 @@ def test_an_actor_drops_what_replay_refuses_for_its_values_and_goes_on(tmp_path:
         assert replay.server.tables["main"].size == client.items_acked
         lines = [r for r in caplog.records if "refused" in r.getMessage() and "bad_value" in r.getMessage()]
         assert len(lines) == 1, [r.getMessage() for r in lines]  # at most one line per 30 s
-    finally:
-        for s in (replay, params):
-            s.stop()
-        for t in threads:
-            t.join(10)
-        for s in (replay, params):
-            s.close()
