@@ -321,7 +321,8 @@ def scaling_section(results: Path) -> list[str]:
                 f"{fmt_steps(c['env_steps_to_target']) or '–'} | {c['steps_per_s']} | "
                 f"{ratio(c['steps_per_s'], base['steps_per_s'])} | {c.get('of_ideal_steps_per_s', '–')} | "
                 f"{c['updates_per_s']} | {c.get('actor_staleness') or '–'} |")
-        lines += ["", f"![scaling]({results.name}/{path.stem}.png)", ""]
+        lines += ["", f"The benchmark's JSON line: [{results.name}/{path.name}]({results.name}/{path.name}).", "",
+                  f"![scaling]({results.name}/{path.stem}.png)", ""]
     return lines
 
 

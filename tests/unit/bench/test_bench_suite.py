@@ -138,6 +138,7 @@ def test_the_scaling_section_shows_each_count_against_the_fewest_actors(tmp_path
     assert "| 8 | 3/3 | 20.0 | 6.00 | 45.0k | 3300.0 | 7.50 |" in text
     assert text.index("| 4 |") < text.index("| 8 |")  # counts in order, not as strings
     assert "![scaling](results/scaling-x-slowsim.png)" in text
+    assert "[results/scaling-x-slowsim.json](results/scaling-x-slowsim.json)" in text
     assert "**The config changed since this run** (or is gone)" in text  # no configs/x-slowsim.yaml
 
 
