@@ -51,7 +51,7 @@ from common.envs import acting_policy, make_vector_env
 # -- frames -------------------------------------------------------------------
 def env_ceiling(seconds: float) -> float:
     """Env frames/s of one actor's vector env, random actions, no policy."""
-    return scaling.env_ceiling(CONFIG, 0.0, [], seconds) * pong_config().env.atari.frame_skip
+    return scaling.env_ceiling(CONFIG, [], seconds) * pong_config().env.atari.frame_skip
 
 
 def actor_loop(seconds: float) -> dict[str, float]:
