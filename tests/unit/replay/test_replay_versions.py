@@ -131,7 +131,7 @@ def test_replay_never_waits_for_shard_0_while_an_insert_claims_a_version_it_does
             assert insert(replay.endpoint, items(2, 3), "actor-a")["stored"] == 2  # replay learns version 3
             # a burst of forged future versions: refused, with far fewer gets than inserts
             forger = make_socket(zmq.DEALER, connect=replay.endpoint)
-            before = gets_served(shard)
+            before, burst_start = gets_served(shard), time.monotonic()
             for seq in range(1, 501):
                 forger.send_multipart(encode(Message("insert", {"table": "main"}, items(2, 10**12 + seq),
                                                      sender="forger", seq=seq)))
@@ -140,17 +140,18 @@ def test_replay_never_waits_for_shard_0_while_an_insert_claims_a_version_it_does
                 reply = decode(forger.recv_multipart())
                 assert reply.type == "error" and reply["reason"] == "bad_value", reply.body
             forger.close(linger=0)
-            assert gets_served(shard) - before < 100  # one per round trip, not one per insert
+            # at most one get per MIN_ASK_INTERVAL_S, however long the burst took on this machine (the old code
+            # sent one per insert: 500 within about a second)
+            gets = gets_served(shard) - before
+            assert gets <= 2 + (time.monotonic() - burst_start) / versions_mod.MIN_ASK_INTERVAL_S, gets
         # shard 0 is gone: an insert claiming version 10**12 waits for an answer that does not come ...
         sock = make_socket(zmq.DEALER, connect=replay.endpoint)
         try:
-            start = time.monotonic()
             sock.send_multipart(encode(Message("insert", {"table": "main"}, items(2, 10**12), sender="f2", seq=1)))
             # ... while inserts of known versions are acked at once (the loop used to wait 5 s here)
             for seq in range(1, 21):
                 reply = insert(replay.endpoint, items(2, 3), "actor-b", seq)
                 assert reply["stored"] == 2, reply.body
-            assert time.monotonic() - start < versions_mod.ASK_TIMEOUT_S / 2
             assert not sock.poll(0)  # the forged insert is still unanswered: it waits, not the loop
             assert sock.poll(30_000)  # then, shard 0 silent, taken as the doc says (the learner drops it)
             assert decode(sock.recv_multipart())["stored"] == 2
