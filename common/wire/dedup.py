@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 WINDOW = 4096
@@ -67,12 +68,12 @@ MAX_FIRST_SEQ = 1 << 53  # a new sender's first seq is below this
 class _Sender:
     __slots__ = ("floor", "above", "top", "at", "anchored", "born")
 
-    def __init__(self, floor: int, anchored: bool = True, born: int = -1) -> None:
+    def __init__(self, floor: int, at: float, anchored: bool = True, born: int = -1) -> None:
         self.floor = floor
         self.above: set[int] = set()
         self.top = floor  # highest seq stored
         self.born = born  # the watermark when it was first seen: its seqs at or below it are refused
-        self.at = time.monotonic()  # last insert
+        self.at = at  # last insert, on the Dedup's clock
         self.anchored = anchored  # False for a sender restored from a snapshot, until its next insert
 
     def advance(self, floor: int) -> None:
@@ -86,7 +87,10 @@ class _Sender:
 
 class Dedup:
     def __init__(self, max_senders: int = 100_000, window: int = WINDOW, idle_s: float = IDLE_S,
-                 service: str = "replay", what: str = "insert") -> None:
+                 service: str = "replay", what: str = "insert", clock: Callable[[], float] = time.monotonic,
+                 wall_ns: Callable[[], int] = time.time_ns) -> None:
+        self.clock = clock  # seconds, for idle_s (tests pass a fake one)
+        self.wall_ns = wall_ns  # the wall clock in nanoseconds, that caps the watermark
         self.service = service  # who speaks in the refusals
         self.what = what  # what a sender sends
         self.max_senders = max_senders
@@ -117,7 +121,7 @@ class Dedup:
         if len(self.senders) < self.max_senders:
             return None
         oldest = next(iter(self.senders.values()))
-        if time.monotonic() - oldest.at >= self.idle_s:
+        if self.clock() - oldest.at >= self.idle_s:
             return None
         return ("too_many_senders", f"{self.service} remembers {self.max_senders} senders and all sent within"
                 f" {self.idle_s:.0f} s; try again later")
@@ -137,16 +141,16 @@ class Dedup:
         reanchor = s is None or not s.anchored  # window_start may move a new or restored sender's floor anywhere
         if s is None:
             start = window_start if window_start is not None else seq - self.window
-            s = self.senders[sender] = _Sender(min(start, seq) - 1, born=self.watermark)
+            s = self.senders[sender] = _Sender(min(start, seq) - 1, self.clock(), born=self.watermark)
             while len(self.senders) > self.max_senders:  # only idle ones: the server asks refusal() first
                 forgotten = self.senders.popitem(last=False)[1].top
                 # no higher than this server's clock in microseconds: an honest sender's seqs start at its
                 # wall clock and it has been silent for idle_s, so its highest seq is below; one that stored
                 # a seq in the future (2^53 - 1, say) would otherwise refuse every new sender for good
-                self.watermark = max(self.watermark, min(forgotten, time.time_ns() // 1000))
+                self.watermark = max(self.watermark, min(forgotten, self.wall_ns() // 1000))
         else:
             self.senders.move_to_end(sender)
-            s.at = time.monotonic()
+            s.at = self.clock()
             s.anchored = True  # a restored sender's window goes on from here, however far ahead
             if seq == s.floor + 1 and not s.above:
                 # the next seq in order (the usual case): nothing above the floor, and window_start
@@ -178,6 +182,7 @@ class Dedup:
         for name, (floor, above, *rest) in state.items():
             # born too: a sender restored without it (and not anchored until its next insert) would take a
             # forgotten namesake's resend at or below the watermark as new after every restart
-            s = self.senders[name] = _Sender(int(floor), anchored=False, born=int(rest[0]) if rest else -1)
+            born = int(rest[0]) if rest else -1
+            s = self.senders[name] = _Sender(int(floor), self.clock(), anchored=False, born=born)
             s.above = {int(x) for x in above}
             s.top = max(s.above, default=s.floor)

@@ -30,7 +30,7 @@ log is fsync'ed.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +81,11 @@ class ReplayServer(Server):
         max_held_samples: int = MAX_HELD_SAMPLES,
         max_held_bytes: int = MAX_HELD_BYTES,
         paramserver: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``paramserver``: the address of paramserver shard 0, which replay asks for the newest version
-        an insert may claim (services/replay/versions.py); None: only negative versions are refused."""
+        an insert may claim (services/replay/versions.py); None: only negative versions are refused.
+        ``clock``: the seconds by which the dedup tells a silent sender (tests pass a fake one)."""
         self.dir = Path(directory) if directory is not None else None
         if cfg.durability != "memory" and self.dir is None:  # before the socket is bound: nothing to close
             raise ValueError(f"durability={cfg.durability} needs a directory")
@@ -93,7 +95,7 @@ class ReplayServer(Server):
         self.durability = cfg.durability
         rng = np.random.default_rng(seed)
         self.tables: dict[str, Table] = {t.name: make_table(t, rng) for t in cfg.tables}
-        self.dedup = Dedup()
+        self.dedup = Dedup(clock=clock)
         self.duplicates = 0  # insert messages already stored or held, dropped
         self.replay_metrics = m = ReplayMetrics(metrics, self.tables)
         self.wal = WriteAheadLog(self.dir) if self.durability == "wal" and self.dir is not None else None

@@ -7,7 +7,6 @@ import os
 import subprocess
 
 import numpy as np
-import pytest
 import zmq
 
 import common.wire.dedup as dedup_mod
@@ -82,13 +81,12 @@ def test_dedup_window_bound_applies_with_and_without_window_start() -> None:
     assert d.seen("c", 5) and not d.seen("c", 6) and not d.seen("c", 5 + MAX_AHEAD - 1)
 
 
-def test_a_flood_of_new_senders_never_makes_a_live_sender_forget(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_flood_of_new_senders_never_makes_a_live_sender_forget() -> None:
     """Replay forgets a sender only after IDLE_S of silence; while all it remembers are live, a new
     sender is refused (too_many_senders), so a live sender's resend is still a duplicate, never
-    stored twice. Through the server's insert path."""
+    stored twice. Through the server's insert path, the server's dedup on a fake clock."""
     clock = [0.0]
-    monkeypatch.setattr(dedup_mod.time, "monotonic", lambda: clock[0])
-    with serving(replay_config(capacity=1000, min_size=1)) as server:
+    with serving(replay_config(capacity=1000, min_size=1), clock=lambda: clock[0]) as server:
         server.dedup.max_senders = 3
         sock = make_socket(zmq.DEALER, connect=server.endpoint)
         try:

@@ -14,8 +14,6 @@ import os
 import time
 from pathlib import Path
 
-import pytest
-
 import common.wire.dedup as dedup_mod
 from common.config import ReplayConfig, TableConfig
 from common.wire.codec import Message
@@ -36,10 +34,9 @@ def config() -> ReplayConfig:
 
 
 def test_a_forgotten_senders_resend_is_refused_after_any_number_of_horizons(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        tmp_path: Path) -> None:
     clock = [0.0]
-    monkeypatch.setattr(dedup_mod.time, "monotonic", lambda: clock[0])
-    with serving(config(), tmp_path) as server:
+    with serving(config(), tmp_path, clock=lambda: clock[0]) as server:
         server.dedup.max_senders = 3
         assert insert(server, "victim", T0)["stored"] == 1
         for i in range(2):
@@ -57,7 +54,7 @@ def test_a_forgotten_senders_resend_is_refused_after_any_number_of_horizons(
         assert "'victim'" in reply["detail"] and f"allowed: seqs above {newest - 3}" in reply["detail"]
         assert server.tables["main"].size == 3 + 15  # the victim's insert once
         server.snapshot(wait=True)
-    with serving(config(), tmp_path) as server:  # and after a restart from the snapshot
+    with serving(config(), tmp_path, clock=lambda: clock[0]) as server:  # and after a restart from the snapshot
         server.dedup.max_senders = 3
         reply = insert(server, "victim", T0)
         assert reply.type == "error" and reply["reason"] == "sender_forgotten", reply.body
@@ -70,15 +67,14 @@ def resident_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def test_memory_stays_bounded_at_a_million_senders(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_memory_stays_bounded_at_a_million_senders() -> None:
     """1M senders through a Dedup that remembers the default 100,000, measured: it holds 100,000 senders and
     one int, its resident memory stays under the bound docs/protocol.md states (1 KB a remembered sender,
     100 MB; measured 59 MB at 100,000 senders, 82 MB from 1.2M to 3M senders: the allocator's fragmentation,
     flat), and every forgotten sender's resend is refused. A list of forgotten names would hold 1M."""
     clock = [0.0]
-    monkeypatch.setattr(dedup_mod.time, "monotonic", lambda: clock[0])
     before = resident_bytes()
-    d = Dedup()
+    d = Dedup(clock=lambda: clock[0])
     remembered = d.max_senders
     assert remembered == 100_000
     for i in range(1_000_000):
@@ -94,13 +90,12 @@ def test_memory_stays_bounded_at_a_million_senders(monkeypatch: pytest.MonkeyPat
         assert d.refusal(f"actor-{i % 64}/{i:032x}", T0 + i) is not None
 
 
-def test_a_sender_that_stored_a_future_seq_cannot_lock_out_new_senders_once_forgotten(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sender_that_stored_a_future_seq_cannot_lock_out_new_senders_once_forgotten() -> None:
     """The watermark is capped at the server's clock: one insert at 2^53 - 1 (allowed as a first seq), then
     silence until forgotten, used to refuse every new sender (seqs from the wall clock) for good."""
     clock = [0.0]
-    monkeypatch.setattr(dedup_mod.time, "monotonic", lambda: clock[0])
-    d = Dedup(max_senders=2)
+    wall_us = T0 + 1_000  # the server's wall clock when it forgets the squatter
+    d = Dedup(max_senders=2, clock=lambda: clock[0], wall_ns=lambda: wall_us * 1000)
     future = dedup_mod.MAX_FIRST_SEQ - 1
     assert d.refusal("squatter", future) is None
     d.add("squatter", future, future)
@@ -108,20 +103,18 @@ def test_a_sender_that_stored_a_future_seq_cannot_lock_out_new_senders_once_forg
     clock[0] += dedup_mod.IDLE_S + 1
     d.add("newcomer", T0 + 5, T0 + 5)  # the squatter is forgotten to make room
     assert "squatter" not in d.senders
-    assert T0 <= d.watermark <= time.time_ns() // 1000
-    now = time.time_ns() // 1000 + 1
-    assert d.refusal("actor-0/fresh", now) is None  # a new client, seqs from the wall clock: taken
+    assert d.watermark == wall_us  # capped at the clock, not 2^53 - 1
+    assert d.refusal("actor-0/fresh", wall_us + 1) is None  # a new client, seqs from the wall clock: taken
     assert d.refusal("honest-resend", T0) is not None  # below the watermark: still refused
 
 
 def test_a_sender_id_seen_again_after_it_was_forgotten_keeps_its_bound_across_a_restart(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        tmp_path: Path) -> None:
     """A sender id that comes back after replay forgot it is a new sender born at the watermark: the old
     incarnation's resends (at or below it) stay refused. That bound (``born``) was not in the snapshot, so
     after a restart the old incarnation's resend was stored a second time."""
     clock = [0.0]
-    monkeypatch.setattr(dedup_mod.time, "monotonic", lambda: clock[0])
-    with serving(config(), tmp_path) as server:
+    with serving(config(), tmp_path, clock=lambda: clock[0]) as server:
         server.dedup.max_senders = 2
         assert insert(server, "victim", T0)["stored"] == 1
         assert insert(server, "filler", T0 + 1)["stored"] == 1
@@ -135,7 +128,7 @@ def test_a_sender_id_seen_again_after_it_was_forgotten_keeps_its_bound_across_a_
         assert reply.type == "error" and reply["reason"] == "sender_forgotten", reply.body
         size = server.tables["main"].size
         server.snapshot(wait=True)
-    with serving(config(), tmp_path) as server:
+    with serving(config(), tmp_path, clock=lambda: clock[0]) as server:
         server.dedup.max_senders = 2
         assert server.dedup.senders["victim"].born == T0
         reply = insert(server, "victim", T0)
