@@ -84,7 +84,9 @@ class _Allowlist:
     summary line at most every SUMMARY_EVERY_S seconds, and the first failed handshake once.
     """
 
-    def __init__(self, allowed: Iterable[bytes], name: str, on_reject: RejectFn | None) -> None:
+    def __init__(self, allowed: Iterable[bytes], name: str, on_reject: RejectFn | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # seconds, for SUMMARY_EVERY_S (tests pass a fake one)
         self.allowed = {zmq.utils.z85.encode(k) if len(k) == 32 else k for k in allowed}
         self.name = name or "server"
         self.on_reject = on_reject
@@ -117,7 +119,7 @@ class _Allowlist:
                             "with the wrong server key, or not ZeroMQ at all); further ones are only counted",
                             self.name)
             return
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             known = fp in self._named
             name_it = not known and len(self._named) < KEYS_NAMED
