@@ -37,7 +37,8 @@ class LazyGroup(click.Group):
 
     LAZY = {"up": ("cli.up", "up"), "report": ("cli.report", "report"),
             "eval": ("cli.evaluate", "eval_checkpoint"), "status": ("cli.status", "status"),
-            "keys": ("cli.keys", "keys"), "train": ("cli.train", "train")}
+            "keys": ("cli.keys", "keys"), "train": ("cli.train", "train"),
+            "stack": ("cli.stack", "stack")}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})

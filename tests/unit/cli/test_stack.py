@@ -1,0 +1,87 @@
+"""`rlfleet stack`: the stack file for S replay shards, P paramserver shards and N learners, and the
+experiment file as a swarm config named by its content (so an edited file rolls the services).
+
+The file is checked as written; deploying it on a real two-node swarm is
+tests/containers/test_swarm_two_nodes.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from cli.stack import config_name
+
+ROOT = Path(__file__).resolve().parents[3]
+DQN = ROOT / "configs" / "cartpole-dqn.yaml"
+PPO = ROOT / "configs" / "cartpole-ppo.yaml"
+
+
+def rlfleet_stack(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli", "stack", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_two_replay_and_two_paramserver_shards(tmp_path: Path) -> None:
+    out = tmp_path / "stack.yml"
+    proc = rlfleet_stack(tmp_path, "--config", str(DQN), "--replay-shards", "2", "--paramserver-shards", "2",
+                         "--learners", "2", "--actors", "3", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    stack = yaml.safe_load(out.read_text())
+    services = stack["services"]
+    assert {"replay-0", "replay-1", "paramserver-0", "paramserver-1", "learner", "actor", "evaluator"} <= set(services)
+    assert "replay" not in services and "paramserver" not in services
+    for role in ("replay", "paramserver"):
+        for i in range(2):
+            spec = services[f"{role}-{i}"]
+            assert spec["command"][-2:] == ["--shard", str(i)]
+            assert spec["networks"]["default"]["aliases"] == [role]  # Prometheus finds every shard by the role
+            assert spec["deploy"]["placement"]["constraints"] == ["node.labels.rlfleet.core == true"]
+    assert services["replay-0"]["volumes"] != services["replay-1"]["volumes"]  # each shard its own snapshots
+    env = services["actor"]["environment"]
+    assert env["RLFLEET_NETWORK__REPLAY"] == "[tcp://replay-0:5550, tcp://replay-1:5550]"
+    assert env["RLFLEET_NETWORK__PARAMSERVER"] == "[tcp://paramserver-0:5560, tcp://paramserver-1:5560]"
+    assert (env["RLFLEET_REPLAY__SHARDS"], env["RLFLEET_PARAMSERVER__SHARDS"]) == ("2", "2")
+    assert services["learner"]["deploy"]["replicas"] == 2
+    assert services["learner"]["environment"]["RLFLEET_LEARNERS"] == "2"
+    assert services["actor"]["deploy"]["replicas"] == 3
+    assert services["actor"]["deploy"]["placement"]["constraints"] == ["node.labels.rlfleet.actors == true"]
+    assert all(s["deploy"]["endpoint_mode"] == "dnsrr" for s in services.values())
+    # the config: named by content, read from the experiment file relative to the stack file
+    (name, config), = stack["configs"].items()
+    assert name == config_name(DQN.read_bytes())
+    assert (out.parent / config["file"]).resolve() == DQN.resolve()
+    assert all(s["configs"][0]["source"] == name for s in services.values())
+
+
+def test_an_edited_experiment_file_is_a_new_config_name(tmp_path: Path) -> None:
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(DQN.read_text())
+    first = yaml.safe_load(rlfleet_stack(tmp_path, "--config", str(exp)).stdout)
+    exp.write_text(DQN.read_text() + "\nseed: 7\n")
+    second = yaml.safe_load(rlfleet_stack(tmp_path, "--config", str(exp)).stdout)
+    assert set(first["configs"]) != set(second["configs"])
+    assert first["services"]["replay"]["configs"] != second["services"]["replay"]["configs"]
+
+
+def test_the_env_file_reaches_every_service(tmp_path: Path) -> None:
+    env_file = tmp_path / "fleet.env"
+    env_file.write_text("# overrides\nRLFLEET_REPLAY__DURABILITY=checkpoint\n\nRLFLEET_EVALUATOR__EPISODES=2\n")
+    stack = yaml.safe_load(rlfleet_stack(tmp_path, "--config", str(DQN), "--env-file", str(env_file)).stdout)
+    for spec in stack["services"].values():
+        assert spec["environment"]["RLFLEET_REPLAY__DURABILITY"] == "checkpoint"
+        assert spec["environment"]["RLFLEET_EVALUATOR__EPISODES"] == "2"
+
+
+def test_a_layout_the_config_refuses_is_refused_with_the_reason(tmp_path: Path) -> None:
+    proc = rlfleet_stack(tmp_path, "--config", str(PPO), "--learners", "2")
+    assert proc.returncode == 2
+    assert "learners=2 with sync=barrier" in proc.stderr and "allowed" in proc.stderr
+    proc = rlfleet_stack(tmp_path, "--config", str(DQN), "--replay-shards", "0")
+    assert proc.returncode == 2 and "replay shards=0; allowed: 1 or more" in proc.stderr
+    bad = tmp_path / "fleet.env"
+    bad.write_text("RLFLEET_SEED\n")
+    proc = rlfleet_stack(tmp_path, "--config", str(DQN), "--env-file", str(bad))
+    assert proc.returncode == 2 and "is not KEY=VALUE" in proc.stderr
