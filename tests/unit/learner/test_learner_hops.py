@@ -1,4 +1,5 @@
-"""The learner asks for no more than it needs.
+"""The learner asks for no more than it needs. The learner's real objects (LearnerService, Trainer)
+against real servers in threads of this process.
 
 - It learns the paramserver's current version with ``info`` (a few bytes per
   shard), never with ``get`` (the whole weights from every shard).
@@ -12,21 +13,27 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from types import SimpleNamespace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from common import config as config_mod
 from common.clients.version_probe import VersionProbe
 from common.clients.weights_publisher import WeightsPublisher
+from common.config import Experiment
 from common.metrics import ServiceMetrics
 from common.wire.codec import Message
 from common.wire.server import Peer
 from common.wire.transport import free_tcp_port
+from harness.fleet_helpers import CONFIGS
 from harness.paramserver_procs import serving
+from harness.replay_helpers import ask, transitions
+from harness.service_threads import replay_and_paramserver
+from services.learner.learner import LearnerService
 from services.paramserver.shard import ShardServer
 
 WEIGHTS = {"w": np.ones((10, 10), np.float32), "b": np.zeros(10, np.float32)}
@@ -51,27 +58,32 @@ def counted_shards(n: int) -> Iterator[tuple[list[str], Counter[str]]]:
         yield addresses, seen
 
 
-def learner_like(probe: VersionProbe, version: int = 0) -> Any:
-    network = SimpleNamespace(timeout_s=5.0, paramserver=["(test)"])
-    return SimpleNamespace(probe=probe, version=version, cfg=SimpleNamespace(network=network))
+def learner_config(tmp_path: Path, paramserver: list[str], *sets: str) -> Experiment:
+    """cartpole-dqn with its run dir in ``tmp_path``, on ``paramserver``'s shards and a replay of its own."""
+    return config_mod.load(str(CONFIGS / "cartpole-dqn.yaml"), environ={}, sets=[
+        f"run_dir={tmp_path}", f"network.replay=[tcp://127.0.0.1:{free_tcp_port()}]",
+        f"network.paramserver=[{','.join(paramserver)}]", f"paramserver.shards={len(paramserver)}",
+        "evaluator.enabled=false", *sets])
 
 
-def test_the_learner_learns_the_version_with_info_not_get() -> None:
-    from services.learner.learner import LearnerService
-
+def test_the_learner_learns_the_version_with_info_not_get(tmp_path: Path) -> None:
     with counted_shards(2) as (addresses, seen):
+        learner = LearnerService(learner_config(tmp_path, addresses))
         publisher = WeightsPublisher(addresses, shm=False)
         try:
-            probe = VersionProbe(publisher.shards)
-            assert probe.newest(5.0) == [-1, -1]
-            assert LearnerService.first_version(learner_like(probe, version=2)) == 2  # nothing held: its own
+            asked = Counter(seen)
+            assert learner.first_version() == 0  # nothing held: its own
             publisher.publish(7, WEIGHTS, timeout_s=10)
-            assert probe.newest(5.0) == [7, 7]
-            assert LearnerService.first_version(learner_like(probe, version=2)) == 8
-            assert seen["get"] == 0 and seen["wait"] == 0
-            assert seen["info"] == 8  # four lookups, two shards
+            learner.version = 2
+            assert learner.first_version() == 8  # after the paramserver's newest
+            learner.version = 9
+            assert learner.first_version() == 9  # its own, newer
+            assert seen["get"] == asked["get"] and seen["wait"] == asked["wait"] == 0
+            assert seen["info"] - asked["info"] == 6  # three lookups, two shards
         finally:
             publisher.close()
+            learner.trainer.close()
+            learner.publisher.close()
 
 
 def test_a_probe_reply_read_by_a_publish_is_kept_for_the_probe() -> None:
@@ -97,27 +109,52 @@ def test_a_probe_reply_read_by_a_publish_is_kept_for_the_probe() -> None:
             publisher.close()
 
 
-class NoInfoSampler:
-    def __init__(self, sizes: list[int]) -> None:
-        self.shards = [SimpleNamespace(size=n) for n in sizes]
-        self.asked: list[int] = []
-
-    def info(self, shard: int, timeout_s: float) -> dict[str, Any]:
-        self.asked.append(shard)
-        return {"tables": {"main": {"size": 0}}}
+def received(replay: Any, mtype: str) -> int:
+    value = replay.metrics.registry.get_sample_value(
+        "rlfleet_messages_total", {"service": "replay", "shard": "0", "type": mtype, "direction": "in"})
+    return int(value or 0)
 
 
-@pytest.mark.parametrize(("sizes", "ready", "asked"), [
-    ([0, 50], True, []),  # a batch said shard 1 holds 50 >= min_size: nobody is asked
-    ([0, 0], False, [0, 1]),  # start-up (or sizes forgotten after a round with no batch): ask each shard
-])
-def test_a_barrier_round_asks_replay_for_info_only_while_no_size_is_known(
-    sizes: list[int], ready: bool, asked: list[int]
-) -> None:
-    from services.learner.training import Trainer
+def infos_asked_by(replay: Any, act: Callable[[], Any]) -> tuple[Any, int]:
+    """What ``act`` returns, and how many ``info`` requests replay received meanwhile. Replay adds its counts
+    after each burst: a request sent after ``act`` that it cannot decode (``priorities`` without its arrays),
+    once counted, says that every ``info`` ``act`` sent is counted too."""
+    infos, markers = received(replay, "info"), received(replay, "undecodable")
+    result = act()
+    ask(replay.server.endpoint, Message("priorities", {"table": "(marker)"}), "marker", 1)
+    deadline = time.monotonic() + 30
+    while received(replay, "undecodable") == markers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert received(replay, "undecodable") == markers + 1
+    return result, received(replay, "info") - infos
 
-    sampler = NoInfoSampler(sizes)
-    me = SimpleNamespace(sampler=sampler, table=SimpleNamespace(name="main", min_size=10),
-                         cfg=SimpleNamespace(network=SimpleNamespace(replay=["a", "b"], timeout_s=1.0)))
-    assert Trainer.replay_ready(me) is ready  # type: ignore[arg-type]
-    assert sampler.asked == asked
+
+def dqn_transitions(n: int) -> dict[str, np.ndarray]:
+    """The columns a CartPole DQN actor inserts (replay refuses others), acted with version 0."""
+    data = transitions(0, 0, n)
+    return {"obs": data["obs"], "action": data["action"], "reward": data["reward"], "next_obs": data["next_obs"],
+            "discount": np.full(n, 0.99, np.float32), "version": np.zeros(n, np.int64)}
+
+
+def test_a_barrier_round_asks_replay_for_info_only_while_no_size_is_known(tmp_path: Path) -> None:
+    cfg = learner_config(tmp_path, [f"tcp://127.0.0.1:{free_tcp_port()}"], "replay.tables.0.min_size=64",
+                         "replay.tables.0.samples_per_insert=null")
+    with replay_and_paramserver(cfg) as (replay, _):
+        learner = LearnerService(cfg)
+        trainer = learner.trainer
+        try:
+            # start-up: no size known, replay below its min size: each shard is asked, not ready
+            assert infos_asked_by(replay, trainer.replay_ready) == (False, 1)
+            assert ask(replay.server.endpoint, Message("insert", {"table": "main"}, dqn_transitions(64)),
+                       "filler", 1)["stored"] == 64
+            # still no size known (no batch yet): asked again, and now ready
+            assert infos_asked_by(replay, trainer.replay_ready) == (True, 1)
+            batch = trainer.take_batch(timeout_s=30)
+            assert batch is not None and batch.table_size == 64
+            # a batch said the shard holds 64 >= min_size: nobody is asked
+            assert infos_asked_by(replay, trainer.replay_ready) == (True, 0)
+            trainer.sampler.forget_sizes()  # as after a round with no batch (replay restarted?): asked again
+            assert infos_asked_by(replay, trainer.replay_ready) == (True, 1)
+        finally:
+            trainer.close()
+            learner.publisher.close()
