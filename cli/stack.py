@@ -26,11 +26,54 @@ CONFIG_TARGET = "/etc/rlfleet/config.yaml"
 RUN_DIR = "/var/lib/rlfleet/run"
 PORTS = {"replay": 5550, "paramserver": 5560}
 RENDEZVOUS_PORT = 29400
+GRAFANA_IMAGE = "grafana/grafana-oss:11.4.0"
+GRAFANA_PROVISIONING = "/etc/grafana/provisioning"
+GRAFANA_DASHBOARDS = "/var/lib/grafana/dashboards"  # deploy/grafana/provisioning/dashboards/*.yml reads here
 
 
-def config_name(content: bytes) -> str:
-    """The swarm config's name for an experiment file: its content's SHA-256, 12 hex digits."""
-    return f"rlfleet-config-{hashlib.sha256(content).hexdigest()[:12]}"
+def config_name(content: bytes, kind: str = "config") -> str:
+    """A swarm config's name for a file: ``rlfleet-<kind>-`` and its content's SHA-256, 12 hex digits."""
+    return f"rlfleet-{kind}-{hashlib.sha256(content).hexdigest()[:12]}"
+
+
+def grafana_files(grafana_dir: Path) -> dict[str, Path]:
+    """Where in Grafana's container each file of ``grafana_dir`` (deploy/grafana) goes: provisioning/**
+    under Grafana's provisioning directory, dashboards/*.json where the dashboard provider reads."""
+    files = {f"{GRAFANA_PROVISIONING}/{f.relative_to(grafana_dir / 'provisioning')}": f
+             for f in sorted((grafana_dir / "provisioning").rglob("*")) if f.is_file()}
+    files.update({f"{GRAFANA_DASHBOARDS}/{f.name}": f for f in sorted((grafana_dir / "dashboards").glob("*.json"))})
+    if not any(t.startswith(GRAFANA_DASHBOARDS) for t in files):
+        raise ValueError(f"{grafana_dir}: no dashboards/*.json; allowed: a directory laid out as deploy/grafana")
+    return files
+
+
+def monitoring(grafana_dir: Path, out_dir: Path, image_prefix: str, tag: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Prometheus and Grafana (services, configs) on the core node. Grafana's provisioning and dashboards
+    travel as swarm configs named by content: the node needs no checkout, and an edited dashboard rolls
+    Grafana. Ports are published in host mode: they answer on the core node without the routing mesh."""
+    def published(port: int) -> list[dict[str, Any]]:
+        return [{"target": port, "published": port, "protocol": "tcp", "mode": "host"}]
+
+    def core() -> dict[str, Any]:
+        return {"restart_policy": {"condition": "any", "delay": "2s"},
+                "placement": {"constraints": ["node.labels.rlfleet.core == true"]}}
+
+    configs: dict[str, Any] = {}
+    mounts = []
+    for target, path in grafana_files(grafana_dir).items():
+        name = config_name(path.read_bytes(), "grafana")
+        configs[name] = {"file": os.path.relpath(path.resolve(), out_dir.resolve())}
+        mounts.append({"source": name, "target": target})
+    home = next(m["target"] for m in mounts if m["target"].startswith(GRAFANA_DASHBOARDS))
+    services = {
+        "prometheus": {"image": f"{image_prefix}rlfleet/prometheus:{tag}", "ports": published(9090),
+                       "volumes": ["prometheus-data:/var/lib/prometheus"], "deploy": core()},
+        "grafana": {"image": GRAFANA_IMAGE, "ports": published(3000), "configs": mounts,
+                    "environment": {"GF_AUTH_ANONYMOUS_ENABLED": "true", "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
+                                    "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH": home},
+                    "volumes": ["grafana-data:/var/lib/grafana/data"], "deploy": core()},
+    }
+    return services, configs
 
 
 def shard_names(service: str, shards: int) -> list[str]:
@@ -70,9 +113,10 @@ def fleet_environment(replay_shards: int, paramserver_shards: int, learners: int
 
 def build(config_file: Path, out_dir: Path, *, replay_shards: int = 1, paramserver_shards: int = 1,
           learners: int = 1, actors: int = 2, planners: int = 0, env: Mapping[str, str] | None = None,
-          image_prefix: str = "", tag: str = "latest") -> dict[str, Any]:
+          image_prefix: str = "", tag: str = "latest", grafana_dir: Path | None = None) -> dict[str, Any]:
     """The stack file as a mapping. ``config_file`` is referred to relative to ``out_dir`` (docker stack
-    deploy reads it from there); ``env`` holds the RLFLEET_ overrides every service gets."""
+    deploy reads it from there); ``env`` holds the RLFLEET_ overrides every service gets; ``grafana_dir``
+    (deploy/grafana) adds Prometheus and Grafana."""
     for name, value, least in (("replay shards", replay_shards, 1), ("paramserver shards", paramserver_shards, 1),
                                ("learners", learners, 1), ("actors", actors, 0), ("planners", planners, 0)):
         if value < least:
@@ -124,8 +168,13 @@ def build(config_file: Path, out_dir: Path, *, replay_shards: int = 1, paramserv
     services["modeler"] = service("modeler", "learner", "rlfleet.core", volume="modeler-checkpoints")
     services["planner"] = service("planner", "actor", "rlfleet.actors", replicas=planners)
     volumes.update({"learner-checkpoints": {}, "modeler-checkpoints": {}})
-    rel = os.path.relpath(config_file.resolve(), out_dir.resolve())
-    return {"services": services, "configs": {config: {"file": rel}}, "volumes": volumes}
+    configs = {config: {"file": os.path.relpath(config_file.resolve(), out_dir.resolve())}}
+    if grafana_dir is not None:
+        more_services, more_configs = monitoring(grafana_dir, out_dir, image_prefix, tag)
+        services.update(more_services)
+        configs.update(more_configs)
+        volumes.update({"prometheus-data": {}, "grafana-data": {}})
+    return {"services": services, "configs": configs, "volumes": volumes}
 
 
 def check(config_file: Path, stack: Mapping[str, Any]) -> None:
@@ -149,10 +198,14 @@ def check(config_file: Path, stack: Mapping[str, Any]) -> None:
               help="RLFLEET_ overrides for every service (KEY=VALUE lines; default deploy/fleet.env if it exists)")
 @click.option("--image-prefix", default="", help="put before rlfleet/<role> (a registry: 'host:5000/')")
 @click.option("--tag", default="latest", show_default=True, help="image tag")
+@click.option("--monitoring", "grafana_dir", is_flag=False, flag_value="deploy/grafana", default=None,
+              type=click.Path(file_okay=False, exists=True),
+              help="add Prometheus and Grafana, with Grafana's provisioning and dashboards from this directory "
+                   "as swarm configs (--monitoring alone: deploy/grafana)")
 @click.option("-o", "--output", default="-", show_default=True, type=click.Path(dir_okay=False),
               help="where to write the stack file ('-': stdout)")
 def stack(config_path: str, replay_shards: int, paramserver_shards: int, learners: int, actors: int, planners: int,
-          env_file: str | None, image_prefix: str, tag: str, output: str) -> None:
+          env_file: str | None, image_prefix: str, tag: str, grafana_dir: str | None, output: str) -> None:
     """Write a Docker Swarm stack file for S replay shards, P paramserver shards and N learners."""
     from common.config import ConfigError
 
@@ -163,7 +216,7 @@ def stack(config_path: str, replay_shards: int, paramserver_shards: int, learner
         env = read_env_file(Path(env_file)) if env_file else {}
         spec = build(Path(config_path), out_dir, replay_shards=replay_shards, paramserver_shards=paramserver_shards,
                      learners=learners, actors=actors, planners=planners, env=env, image_prefix=image_prefix,
-                     tag=tag)
+                     tag=tag, grafana_dir=Path(grafana_dir) if grafana_dir else None)
         check(Path(config_path), spec)
     except (ValueError, ConfigError) as exc:
         click.echo(f"rlfleet stack: {exc}", err=True)

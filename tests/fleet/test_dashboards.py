@@ -50,14 +50,33 @@ def provisioned_datasource_uids() -> set[str]:
     return uids
 
 
-def grafana_mounts() -> list[dict[str, str]]:
-    """Grafana's bind mounts (host path -> container path) in the compose override and the swarm stack."""
-    out = []
-    for f in ("docker-compose.override.yml", "deploy/stack-monitoring.yml"):
-        svc = yaml.safe_load((ROOT / f).read_text())["services"]["grafana"]
-        binds = [v.split(":") for v in svc["volumes"] if v.startswith("./")]
-        out.append({"file": f, **{host: container for host, container, *_ in binds},
-                    "home": svc["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]})
+def grafana_files(spec: dict[str, Any], base: Path = ROOT) -> dict[str, Path]:
+    """Grafana's files in a compose or stack file: container path -> file on the deploying machine, from
+    its bind mounts (a directory: every file under it) and its swarm configs."""
+    svc = spec["services"]["grafana"]
+    out: dict[str, Path] = {}
+    for volume in svc.get("volumes", []):
+        if volume.startswith("./"):
+            host, container, *_ = volume.split(":")
+            for f in (base / host).rglob("*"):
+                if f.is_file():
+                    out[f"{container}/{f.relative_to(base / host)}"] = f
+    for mount in svc.get("configs", []):
+        out[mount["target"]] = base / spec["configs"][mount["source"]]["file"]
+    return out
+
+
+def expected_grafana_files() -> dict[str, Path]:
+    """Where Grafana must find each file of deploy/grafana: provisioning/** in its provisioning directory,
+    dashboards/*.json where the dashboard provider reads."""
+    providers = []
+    for f in (GRAFANA / "provisioning" / "dashboards").glob("*.y*ml"):
+        providers += yaml.safe_load(f.read_text())["providers"]
+    assert [p["type"] for p in providers] == ["file"]
+    path = providers[0]["options"]["path"]
+    out = {f"/etc/grafana/provisioning/{f.relative_to(GRAFANA / 'provisioning')}": f
+           for f in (GRAFANA / "provisioning").rglob("*") if f.is_file()}
+    out.update({f"{path}/{f.name}": f for f in DASHBOARDS})
     return out
 
 
@@ -98,17 +117,20 @@ def test_dashboard_has_what_grafana_provisioning_needs(path: Path) -> None:
     assert len(set(ids)) == len(ids), f"{path.name}: panel ids repeat: {sorted(ids)}"
 
 
-def test_dashboards_provider_reads_where_compose_mounts_the_dashboards() -> None:
-    providers = []
-    for f in (GRAFANA / "provisioning" / "dashboards").glob("*.y*ml"):
-        providers += yaml.safe_load(f.read_text())["providers"]
-    assert [p["type"] for p in providers] == ["file"]
-    path = providers[0]["options"]["path"]
-    for mounts in grafana_mounts():
-        assert mounts.get("./deploy/grafana/dashboards") == path, mounts
-        assert mounts.get("./deploy/grafana/provisioning") == "/etc/grafana/provisioning", mounts
-        home = mounts["home"]
-        assert home.startswith(path + "/") and (GRAFANA / "dashboards" / home[len(path) + 1:]).is_file(), mounts
+@pytest.mark.parametrize("file", ["docker-compose.override.yml", "deploy/stack-monitoring.yml"])
+def test_grafana_gets_every_provisioning_file_and_dashboard_where_it_reads_them(file: str) -> None:
+    spec = yaml.safe_load((ROOT / file).read_text())
+    got = {target: path.resolve() for target, path in grafana_files(spec).items()}
+    assert got == {target: path.resolve() for target, path in expected_grafana_files().items()}
+    home = spec["services"]["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home in got and got[home].suffix == ".json"
+
+
+def test_the_swarm_stack_needs_no_checkout_on_the_node() -> None:
+    """Swarm: Grafana's files are swarm configs (read where `docker stack deploy` runs), not bind mounts
+    of a checkout the core node would need."""
+    svc = yaml.safe_load((ROOT / "deploy/stack-monitoring.yml").read_text())["services"]["grafana"]
+    assert not [v for v in svc.get("volumes", []) if v.startswith(("./", "/"))]
 
 
 def test_variables_are_filled_as_grafana_does() -> None:

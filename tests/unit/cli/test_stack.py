@@ -85,3 +85,19 @@ def test_a_layout_the_config_refuses_is_refused_with_the_reason(tmp_path: Path) 
     bad.write_text("RLFLEET_SEED\n")
     proc = rlfleet_stack(tmp_path, "--config", str(DQN), "--env-file", str(bad))
     assert proc.returncode == 2 and "is not KEY=VALUE" in proc.stderr
+
+
+def test_monitoring_ships_grafana_files_as_configs_named_by_content(tmp_path: Path) -> None:
+    out = tmp_path / "stack.yml"
+    assert rlfleet_stack(tmp_path, "--config", str(DQN), "--monitoring", "-o", str(out)).returncode == 0
+    stack = yaml.safe_load(out.read_text())
+    grafana = stack["services"]["grafana"]
+    assert not [v for v in grafana["volumes"] if v.startswith(("./", "/"))], "no bind mount of a checkout"
+    shipped = {m["target"]: (out.parent / stack["configs"][m["source"]]["file"]).resolve() for m in grafana["configs"]}
+    deploy = ROOT / "deploy" / "grafana"
+    assert shipped["/var/lib/grafana/dashboards/rlfleet.json"] == (deploy / "dashboards" / "rlfleet.json").resolve()
+    for f in (deploy / "provisioning").rglob("*.yml"):
+        assert shipped[f"/etc/grafana/provisioning/{f.relative_to(deploy / 'provisioning')}"] == f.resolve()
+    for m in grafana["configs"]:
+        assert m["source"] == config_name(shipped[m["target"]].read_bytes(), "grafana")
+    assert stack["services"]["prometheus"]["ports"][0]["mode"] == "host"  # answers without the routing mesh
