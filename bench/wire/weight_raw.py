@@ -1,4 +1,4 @@
-"""The raw pyzmq references of bench.wire.weight_sync: no protocol, no checks, zero-copy frames.
+"""The raw pyzmq references of bench.wire.weight_sync: no protocol, zero-copy frames, bytes checked after the clock.
 
 - :func:`run_raw_one`: a DEALER sends the tensors to one reader (the ceiling ``raw``).
 - :class:`RawPubSub`: a PUB sends them to 4 SUB reader processes (``raw_pubsub_tcp``/``_ipc``).
@@ -12,7 +12,10 @@
   or ``recv_into`` a tensor's slice) is not counted.
 
 Every reader reports (name, version, CLOCK_MONOTONIC ns) to :class:`Reports` once it holds a whole
-version.
+version. It then compares the CRC-32 of each frame (tensor, or chunk) it holds with the CRC-32 of what
+was published, handed to it at start, and the report names any that differ: :meth:`Reports.collect`
+raises :class:`CorruptRead`, so a publish counts only once every reader holds the bytes that were
+published. The check comes after the time is taken (it is not counted, as putting chunks back is not).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import contextlib
 import multiprocessing as mp
 import os
 import time
+import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -33,6 +38,24 @@ READERS = 4
 CHUNK_BYTES = 1 << 20
 
 
+class CorruptRead(RuntimeError):
+    """A reader holds a version whose bytes differ from what was published."""
+
+
+def checksums(frames: Sequence[Any]) -> list[int]:
+    """The CRC-32 of each frame's bytes (a numpy array, or any buffer)."""
+    return [zlib.crc32(memoryview(f).cast("B")) for f in frames]
+
+
+def mismatch(held: Sequence[Any], published: Sequence[int], what: str) -> str | None:
+    """Which frames of ``held`` differ from the CRC-32s ``published`` (None: all equal)."""
+    if len(held) != len(published):
+        return f"{len(held)} {what}s held, {len(published)} published"
+    bad = [f"{what} {i}: crc32 {got:08x}, published {want:08x}"
+           for i, (got, want) in enumerate(zip(checksums(held), published, strict=True)) if got != want]
+    return "; ".join(bad) or None
+
+
 class Reports:
     """A PULL socket the reader processes report to."""
 
@@ -43,14 +66,18 @@ class Reports:
         self.sock.bind(self.address)
 
     def collect(self, version: int, count: int, timeout_s: float = 60.0) -> list[int]:
-        """Times at which ``count`` readers reported holding ``version``."""
+        """Times at which ``count`` readers reported holding ``version``. A report [name, version, ns] (ours'
+        readers), or [name, version, ns, mismatch] (the raw readers'): CorruptRead if ``mismatch`` says what
+        a reader holds differs from what was published."""
         times: dict[str, int] = {}
         deadline = time.monotonic() + timeout_s
         while len(times) < count:
             left = deadline - time.monotonic()
             if left <= 0 or not self.sock.poll(int(left * 1000)):
                 raise TimeoutError(f"only {len(times)} of {count} readers reported version {version}")
-            name, v, t = msgpack.unpackb(self.sock.recv())
+            name, v, t, *check = msgpack.unpackb(self.sock.recv())
+            if check and check[0] is not None:
+                raise CorruptRead(f"reader {name} holds version {v} with other bytes than published: {check[0]}")
             if v == version:
                 times[name] = t
         return list(times.values())
@@ -59,12 +86,13 @@ class Reports:
         self.sock.close()
 
 
-def raw_reader_proc(address: str, name: str, report: str, nframes: int, dealer: bool = False,
+def raw_reader_proc(address: str, name: str, report: str, published: list[int], dealer: bool = False,
                     chunked: bool = False) -> None:
     """A raw reader: SUB to the PUB/SUB references, or (``dealer``) DEALER to the one-reader send.
 
-    A message is [version, *tensors] (``nframes`` tensors), or with ``chunked`` [version, index, count,
-    chunk]: the version is whole once all ``count`` chunks of it are held."""
+    A message is [version, *tensors], or with ``chunked`` [version, index, count, chunk]: the version
+    is whole once all ``count`` chunks of it are held. ``published``: the CRC-32 of each tensor (each
+    chunk) that was published, which what it holds is compared with once the time is taken."""
     ctx: zmq.Context[Any] = zmq.Context.instance()
     out = ctx.socket(zmq.PUSH)
     out.connect(report)
@@ -84,12 +112,16 @@ def raw_reader_proc(address: str, name: str, report: str, nframes: int, dealer: 
             held[index] = np.frombuffer(frames[3].buffer, np.uint8)
             if len(held) < count:
                 continue
+            t = time.monotonic_ns()
+            whole = [held[i] if i in held else b"" for i in range(count)]
             for old in [v for v in chunks if v <= version]:
                 del chunks[old]
+            what = "chunk"
         else:
-            whole = [np.frombuffer(f.buffer, np.float32) for f in frames[1:]]  # hold the bytes, as ours does
-            assert len(whole) == nframes
-        out.send(msgpack.packb([name, version, time.monotonic_ns()]))
+            whole = [np.frombuffer(f.buffer, np.uint8) for f in frames[1:]]  # hold the bytes, as ours does
+            t = time.monotonic_ns()
+            what = "tensor"
+        out.send(msgpack.packb([name, version, t, mismatch(whole, published, what)]))
 
 
 def relay_proc(inbound: str, outbound: str) -> None:
@@ -131,13 +163,14 @@ class RawPubSub:
         else:
             self.sock.bind(self.address)
         chunked = relay == "chunked"
+        self.frames: list[Any] = [np.ascontiguousarray(a) for a in tensors.values()]  # buffers to pyzmq
+        self.chunks: list[Any] = tensor_chunks(tensors) if chunked else []  # arrays are buffers to pyzmq
+        published = checksums(self.chunks if chunked else self.frames)
         self.procs += [ctx.Process(target=raw_reader_proc, args=(self.address, f"raw{i}", self.reports.address,
-                                                                 len(tensors), False, chunked), daemon=True)
+                                                                 published, False, chunked), daemon=True)
                        for i in range(READERS)]
         for p in self.procs:
             p.start()
-        self.frames: list[Any] = list(tensors.values())  # numpy arrays are buffers to pyzmq
-        self.chunks: list[Any] = tensor_chunks(tensors) if chunked else []  # arrays are buffers to pyzmq
         self.version = 0
         try:
             # A SUB gets only what is sent after its subscription arrived: send version 0 until all hold it.
@@ -190,14 +223,15 @@ def run_raw_one(tensors: dict[str, np.ndarray], reps: int) -> list[float]:
     sock.setsockopt(zmq.LINGER, 0)
     address = f"tcp://127.0.0.1:{free_tcp_port()}"
     sock.bind(address)
-    proc = ctx.Process(target=raw_reader_proc, args=(address, "raw", reports.address, len(tensors), True), daemon=True)
+    frames: list[Any] = [np.ascontiguousarray(a) for a in tensors.values()]  # numpy arrays are buffers to pyzmq
+    proc = ctx.Process(target=raw_reader_proc, args=(address, "raw", reports.address, checksums(frames), True),
+                       daemon=True)
     proc.start()
     lat: list[float] = []
     try:
         if not sock.poll(60_000):
             raise TimeoutError("raw reader did not start")
         identity, _ = sock.recv_multipart()
-        frames: list[Any] = list(tensors.values())  # numpy arrays are buffers to pyzmq
         for version in range(0, reps + 1):
             time.sleep(0.02)
             t0 = time.monotonic_ns()
