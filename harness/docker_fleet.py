@@ -206,8 +206,10 @@ class ComposeProject:
             raise RuntimeError(f"{len(found)} running {service} containers in {self.name}")
         return found[0]
 
-    def down(self) -> None:
-        self.run("down", "-v", "--remove-orphans", "-t", "20", timeout_s=300)
+    def down(self, volumes: bool = True) -> None:
+        """Stop and remove the containers (SIGTERM first, 20 s grace); with ``volumes``, the named volumes too
+        (checkpoints, snapshots): without, a later :meth:`up` resumes from them, as a user's `down` + `up`."""
+        self.run("down", *(["-v"] if volumes else []), "--remove-orphans", "-t", "20", timeout_s=300)
 
 
 class SwarmStack:
