@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-fast lint bench clean images
+.PHONY: setup run test test-multinode test-fast lint bench clean images
 
 setup: $(STAMP)
 
@@ -22,7 +22,11 @@ run: setup
 
 # pytest exits 5 when it collected no test: make treats that as a failure too.
 test: setup
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -m "not multinode"
+
+# A second Docker engine joined as a swarm worker (tests/containers/test_swarm_two_nodes.py): ~15 min, root.
+test-multinode: setup
+	$(BIN)/python -m pytest -q -s -m multinode tests/containers
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not e2e and not container and not chaos"

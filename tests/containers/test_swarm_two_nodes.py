@@ -1,0 +1,204 @@
+"""A real two-node Docker Swarm: this machine's engine (node A: replay, paramserver, learner) and a
+second engine in its own network namespace (node B: actors, evaluator), harness/swarm_nodes.py.
+
+The stack file is written by `rlfleet stack`, the actor image reaches node B by `docker save | docker
+load`, and the fleet trains across the overlay network. Then node B loses power (every process of it
+SIGKILLed at once) and comes back: the fleet trains again, and what replay acked before the cut is
+still there. Last, the actors move to node A (the labels change, the swarm reschedules them) and the
+same fleet's env steps/s on one node is measured against the two-node figure.
+
+Marked ``multinode``: about 15 minutes on a loaded 2-core machine, too long for CI's run; `make
+test-multinode` runs it (docs/operations.md, "Several hosts", says when and shows its last output).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import skips
+from harness.docker_fleet import ROOT, SHORT_ENV, metrics, wait_for, write_env_file
+from harness.swarm_nodes import HOST, NodeB, TwoNodeSwarm, kernel_has_ipvs, load_image, unavailable
+
+pytestmark = pytest.mark.multinode
+
+STARTUP_S = 420  # torch imported in every container on a loaded 2-core machine, node B's first start
+WINDOW_S = 60.0  # env steps/s measured over this
+DOWN_S = 20.0  # node B stays dead this long
+
+
+@pytest.fixture
+def swarm(docker_client: Any, tmp_path: Path) -> Iterator[tuple[TwoNodeSwarm, Any]]:
+    why = unavailable()
+    if why is not None:
+        skips.missing("root", f"a second Docker engine cannot run here: {why}")
+    import docker
+
+    with NodeB(log=tmp_path / "dockerd-b.log") as node_b:
+        load_image("rlfleet/actor:latest")
+        client_b = docker.DockerClient(base_url=HOST, timeout=120)
+        try:
+            with TwoNodeSwarm(docker_client, node_b) as pair:
+                yield pair, client_b
+        except BaseException:
+            print(node_b.tail())
+            raise
+        finally:
+            client_b.close()
+
+
+class TwoNodeStack:
+    """A stack deployed from a file `rlfleet stack` wrote; its containers found on both engines."""
+
+    def __init__(self, client_a: Any, client_b: Any, tmp_path: Path) -> None:
+        self.clients = {"a": client_a, "b": client_b}
+        self.name = f"rlfleettest{uuid.uuid4().hex[:6]}"
+        self.file = tmp_path / "stack.yml"
+        self.env_file = write_env_file(tmp_path / "fleet.env", SHORT_ENV)
+
+    def write(self, actors: int) -> None:
+        cmd = [sys.executable, "-m", "cli", "stack", "--config", "configs/cartpole-dqn.yaml", "--env-file",
+               str(self.env_file), "--actors", str(actors), "-o", str(self.file)]
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=120)
+
+    def deploy(self) -> None:
+        proc = subprocess.run(["docker", "stack", "deploy", "-c", str(self.file), self.name], capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def containers(self, service: str, node: str | None = None) -> list[Any]:
+        found = []
+        for which, client in self.clients.items():
+            if node not in (None, which):
+                continue
+            try:
+                label = f"com.docker.swarm.service.name={self.name}_{service}"
+                found += client.containers.list(filters={"label": label, "status": "running"})
+            except Exception:  # node B's engine is down
+                continue
+        return found
+
+    def one(self, service: str) -> Any:
+        found = self.containers(service)
+        if len(found) != 1:
+            raise RuntimeError(f"{len(found)} running {service} containers")
+        return found[0]
+
+    def logs(self, lines: int = 15) -> str:
+        out = []
+        for which, client in self.clients.items():
+            try:
+                for c in client.containers.list(all=True, filters={"label": f"com.docker.stack.namespace={self.name}"}):
+                    text = c.logs(tail=lines).decode(errors="replace")
+                    out.append(f"--- node {which}: {c.name} ({c.status})\n{text}")
+            except Exception as exc:
+                out.append(f"--- node {which}: {exc}")
+        return "\n".join(out)
+
+    def rm(self) -> None:
+        subprocess.run(["docker", "stack", "rm", self.name], capture_output=True, timeout=120)
+        label = f"com.docker.stack.namespace={self.name}"
+        for client in self.clients.values():
+            def left(c: Any = client) -> list[Any]:
+                return list(c.containers.list(all=True, filters={"label": label}))
+
+            wait_for(left, lambda found: not found, 180, f"containers of stack {self.name} gone")
+        for vol in self.clients["a"].volumes.list(filters={"label": label}):
+            def removed(v: Any = vol) -> bool:
+                v.remove(force=True)
+                return True
+
+            wait_for(removed, bool, 60, f"volume {vol.name} removed")
+
+
+def env_steps(stack: TwoNodeStack, node: str) -> float:
+    return sum(metrics(c).get("rlfleet_env_steps_total", 0.0) for c in stack.containers("actor", node))
+
+
+def live_actors(stack: TwoNodeStack) -> int:
+    return int(metrics(stack.one("paramserver")).get("rlfleet_paramserver_live_actors", -1))
+
+
+def learner_updates(stack: TwoNodeStack) -> float:
+    return metrics(stack.one("learner")).get("rlfleet_learner_updates_total", 0.0)
+
+
+def replay_acked(stack: TwoNodeStack) -> tuple[float, float]:
+    m = metrics(stack.one("replay"))
+    return m.get("rlfleet_replay_inserts_total", 0.0), m.get("rlfleet_replay_size", 0.0)
+
+
+def steps_per_s(stack: TwoNodeStack, node: str) -> float:
+    first, t0 = env_steps(stack, node), time.monotonic()
+    time.sleep(WINDOW_S)
+    return (env_steps(stack, node) - first) / (time.monotonic() - t0)
+
+
+def trains_with_actors_on(stack: TwoNodeStack, node: str, actors: int, what: str) -> None:
+    wait_for(lambda: len(stack.containers("actor", node)), lambda n: n == actors, STARTUP_S,
+             f"{actors} actors running on node {node} ({what})")
+    first = wait_for(lambda: env_steps(stack, node), lambda s: s > 0, STARTUP_S, f"node {node}'s actors step ({what})")
+    wait_for(lambda: env_steps(stack, node), lambda s: s > first + 200, STARTUP_S,
+             f"node {node}'s actors step on ({what})")
+    updates = wait_for(lambda: learner_updates(stack), lambda u: u > 0, STARTUP_S, f"the learner updates ({what})")
+    wait_for(lambda: learner_updates(stack), lambda u: u > updates + 20, STARTUP_S,
+             f"the learner's updates advance ({what})")
+
+
+def test_fleet_trains_across_two_nodes_and_survives_node_b_dying(
+    swarm: tuple[TwoNodeSwarm, Any], docker_client: Any, tmp_path: Path
+) -> None:
+    pair, client_b = swarm
+    actors = 2
+    stack = TwoNodeStack(docker_client, client_b, tmp_path)
+    stack.write(actors)
+    figures: dict[str, Any] = {"ipvs": kernel_has_ipvs()}
+    try:
+        stack.deploy()
+        trains_with_actors_on(stack, "b", actors, "first start")
+        assert not stack.containers("actor", "a"), "an actor ran on node A, which has no actors label"
+        assert len(stack.containers("evaluator", "b")) == 1
+        figures["two_node_env_steps_per_s"] = steps_per_s(stack, "b")
+
+        # node B loses power; what replay acked stays acked
+        acked_before = replay_acked(stack)
+        t_kill = time.monotonic()
+        pair.node_b.kill()
+        wait_for(lambda: pair.node_state("b"), lambda s: s == "down", STARTUP_S, "the manager sees node B down")
+        figures["node_b_seen_down_s"] = time.monotonic() - t_kill
+        time.sleep(max(0.0, DOWN_S - (time.monotonic() - t_kill)))
+        t_back = time.monotonic()
+        pair.node_b.start()
+        wait_for(lambda: pair.node_state("b"), lambda s: s == "ready", STARTUP_S, "node B ready again")
+        updates_back = learner_updates(stack)
+        trains_with_actors_on(stack, "b", actors, "after node B came back")
+        wait_for(lambda: live_actors(stack), lambda n: n == actors, STARTUP_S, f"{actors} live actors again")
+        t_trains = time.monotonic()
+        assert learner_updates(stack) > updates_back
+        figures["kill_to_training_s"] = t_trains - t_kill
+        figures["return_to_training_s"] = t_trains - t_back
+        acked_after = replay_acked(stack)
+        assert acked_after[0] >= acked_before[0], f"replay's acked inserts went back: {acked_before} -> {acked_after}"
+        assert acked_after[1] >= acked_before[1], f"replay lost items: {acked_before} -> {acked_after}"
+
+        # the same fleet on one node: the actors' label moves to A, the swarm moves them
+        pair.label(core="a", actors="a")
+        wait_for(lambda: len(stack.containers("actor", "b")), lambda n: n == 0, STARTUP_S, "actors gone from node B")
+        trains_with_actors_on(stack, "a", actors, "actors moved to node A")
+        figures["one_node_env_steps_per_s"] = steps_per_s(stack, "a")
+        figures["two_node_over_one_node"] = figures["two_node_env_steps_per_s"] / figures["one_node_env_steps_per_s"]
+        print("two-node swarm:", json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                                            for k, v in figures.items()}))
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.rm()
