@@ -98,7 +98,6 @@ CONFIGS = {
     ("sac", "LunarLanderContinuous-v3"): "configs/lunarlandercontinuous-sac.yaml",
     ("a3c", "CartPole-v1"): "configs/cartpole-a3c.yaml",
     ("dynaq", "CartPole-v1"): "configs/cartpole-dynaq.yaml",
-    ("dynaq", "LunarLander-v3"): "configs/lunarlander-dynaq.yaml",
 }
 # algo -> (env-step budgets, evaluation intervals, the SB3 peer) of the side-by-side runs with medians over solved
 PAIRED: dict[str, tuple[dict[str, int], dict[str, int], Callable[[str, int, int], dict[str, Any]]]] = {
