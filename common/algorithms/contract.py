@@ -26,6 +26,7 @@ Learning (the learner service)::
     batch, weights, stale, invalid = drop_stale(batch.data, version, learner.data.max_staleness, weights)
     metrics, priorities = learner.learn(batch, weights)    # built from compute_gradients + apply_gradients
     publish(learner.weights())                        # named float arrays, only what acting needs
+    learner.load_weights(weights)                     # a learner starting from the fleet's newest weights
 
 Nothing here imports torch or gymnasium at run time: the config (and so the
 replay and paramserver images) read the registry without them.
@@ -166,6 +167,13 @@ class Learner(Protocol):
 
     def weights(self) -> dict[str, np.ndarray]:
         """CPU float32 copies of what acting needs, as named arrays, to publish."""
+        ...
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Start from published weights (what :meth:`weights` gives, e.g. the paramserver's newest):
+        the networks they hold take them, targets follow; what is not published (critics, optimizer
+        moments, counters) stays as it is. All checked (names, shapes) before any is copied:
+        ValueError for weights of another network."""
         ...
 
     def state(self) -> dict[str, Any]:

@@ -110,17 +110,18 @@ class GradientAverager:
             _collective(dist.broadcast, t.data, src=src, group=self.group)
 
 
-def broadcast_learner(core: Any, averager: GradientAverager) -> int:
-    """Every rank's learner takes the state (networks, optimizers, counters, statistics) of the rank
-    that has trained furthest (it resumed from the newest checkpoint; ties: the lowest rank), so
-    ranks that restarted on hosts without that checkpoint start from it too. Tensors on the wire,
-    no pickling. Returns the rank it came from."""
+def broadcast_learner(core: Any, averager: GradientAverager, src: int | None = None) -> int:
+    """Every rank's learner takes the state (networks, optimizers, counters, statistics) of rank
+    ``src``; None: of the rank that has trained furthest (it resumed from the newest checkpoint;
+    ties: the lowest rank), so ranks that restarted on hosts without that checkpoint start from it
+    too. Tensors on the wire, no pickling. Returns the rank it came from."""
     if averager.world == 1:
         return averager.rank
-    updates = torch.zeros(averager.world, dtype=torch.float64)
-    updates[averager.rank] = core.num_updates
-    averager.sum([updates])
-    src = int(torch.argmax(updates))  # the first of the maxima
+    if src is None:
+        updates = torch.zeros(averager.world, dtype=torch.float64)
+        updates[averager.rank] = core.num_updates
+        averager.sum([updates])
+        src = int(torch.argmax(updates))  # the first of the maxima
     for optimizer in core.optimizers.values():  # moments as after a first step: every rank's state has the same tensors
         optimizer.ensure_state()
     core.load_state(_broadcast_tree(core.state(), averager, src))

@@ -112,7 +112,17 @@ class LearnerBase:
         exponent = self.importance_exponent()
         return None if exponent is None else importance_weights(probability, exponent)
 
-    # -- checkpoints --------------------------------------------------------------
+    # -- published weights and checkpoints -----------------------------------------
+    def weights(self) -> dict[str, np.ndarray]:
+        """CPU float32 copies of what acting needs, as named arrays, to publish."""
+        raise NotImplementedError
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Start from published weights (the inverse of :meth:`weights`); networks that are not
+        published, optimizer moments and counters stay as they are. ValueError, with nothing
+        copied, for weights of another network."""
+        raise NotImplementedError
+
     def state(self) -> dict[str, Any]:
         """A checkpoint of plain tensors, dicts, lists and numbers (loads with weights_only=True).
 

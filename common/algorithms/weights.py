@@ -30,6 +30,15 @@ def check_arrays(own: Mapping[str, tuple[int, ...]], arrays: Mapping[str, np.nda
             raise ValueError(f"weights {key!r} have shape {shape}; the network needs {tuple(want)}")
 
 
+def unprefixed(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """The arrays of ``arrays`` named ``prefix...``, without the prefix (what :func:`publish_arrays` added);
+    ValueError for any other name: published weights hold nothing else."""
+    extra = sorted(key for key in arrays if not key.startswith(prefix))
+    if extra:
+        raise ValueError(f"weights do not fit the network: unexpected {extra} (every name starts with {prefix!r})")
+    return {key[len(prefix):]: value for key, value in arrays.items()}
+
+
 def load_arrays(net: torch.nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
     """Copy named arrays into ``net``'s state_dict after checking names and shapes.
 

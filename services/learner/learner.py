@@ -17,8 +17,10 @@ next round's inserts, and a fixed seed would no longer give the same run. Checkp
 every ``learner.checkpoint_every_s`` and on stop, and resumed on start.
 
 Faults: a restarted learner resumes from its checkpoint and publishes a
-version newer than any the paramserver holds (asked with ``info``, not by
-fetching the weights). Every ``REPUBLISH_CHECK_S`` the
+version newer than any the paramserver holds (asked with ``info``). A learner
+with no checkpoint, or one older than the paramserver's newest version, first
+takes the paramserver's newest weights (:meth:`LearnerService.start_from_fleet`),
+so the fleet's training is never thrown away. Every ``REPUBLISH_CHECK_S`` the
 learner asks each paramserver shard which versions it holds; a shard that
 lost them (it restarted) gets the current version again at once, so actors
 that (re)start meanwhile need not wait for the next update or round. While
@@ -41,6 +43,7 @@ from common.algorithms.data_parallel import CollectiveError, GradientAverager, b
 from common.algorithms.device import resolve_device
 from common.clients.version_probe import VersionProbe
 from common.clients.weights_publisher import WeightsPublisher
+from common.clients.weights_reader import WeightsReader
 from common.config import Experiment, dump
 from common.envs import probe_env
 from common.metrics import ServiceMetrics
@@ -92,19 +95,23 @@ class LearnerService:
             self.version = int(state["version"])
             log.info("learner: resumed from %s at update %d, version %d", self.ckpt, self.core.num_updates,
                      self.version)
-        if self.averager is not None:  # one rank of several
+        # one paramserver client: publishes, barriers and version probes share its connections
+        self.publisher = WeightsPublisher(cfg.network.paramserver, "learner", curve=client_curve(cfg, "learner"))
+        self.probe = VersionProbe(self.publisher.shards, every_s=REPUBLISH_CHECK_S,
+                                  timeout_s=min(5.0, cfg.network.timeout_s))
+        if self.averager is not None:  # one rank of several: the state of the rank that trained furthest
             broadcast_learner(self.core, self.averager)
             self.m_world.set(self.averager.world)
+        if self.rank == 0:
+            self.start_from_fleet(resumed=state is not None)
+        if self.averager is not None:  # rank 0 may have taken the fleet's weights: every rank starts from them
+            broadcast_learner(self.core, self.averager, src=0)
         mix = ImaginedMix(cfg, self.core.data.batch_items, obs_space, act_space, self.metrics) \
             if cfg.planning.enabled else None
         self.trainer = Trainer(cfg, self.core, self.metrics, lambda: self.version, lambda: self._stopping, mix)
         self.m_reconnects = self.trainer.m_reconnects
         self.published: dict[str, Any] = {}  # arrays of self.version, checkpointed for `rlfleet eval`
-        # one paramserver client: publishes, barriers and version probes share its connections
-        self.publisher = WeightsPublisher(cfg.network.paramserver, "learner", curve=client_curve(cfg, "learner"))
         self.last_ckpt = time.monotonic()
-        self.probe = VersionProbe(self.publisher.shards, every_s=REPUBLISH_CHECK_S,
-                                  timeout_s=min(5.0, cfg.network.timeout_s))
         self._ps_failing = False
         # Ask the paramserver before /metrics is up: a learner killed after publishing a version newer
         # than its checkpoint must not show the checkpoint's (older) version while it starts.
@@ -214,20 +221,62 @@ class LearnerService:
         self.m_republish.inc()
 
     def first_version(self) -> int:
-        """Continue after whatever the paramserver holds (a restarted learner never goes back).
+        """Continue after whatever the paramserver holds (a restarted learner never goes back)."""
+        held = self.newest_held()
+        return max(self.version, held + 1) if held >= 0 else self.version
+
+    def newest_held(self) -> int:
+        """The newest version any paramserver shard holds (-1: none).
 
         Asked with ``info`` (the versions each shard holds), not by fetching the
         weights; the newest version any shard holds counts, since a shard
         refuses a version that is not newer than its own (``stale_version``).
         """
         try:
-            held = max(self.probe.newest(self.cfg.network.timeout_s))
+            return max(self.probe.newest(self.cfg.network.timeout_s))
         except (CommTimeout, RemoteError) as exc:
             raise StartupError(
                 f"paramserver at {self.cfg.network.paramserver} did not answer within "
                 f"{self.cfg.network.timeout_s:g} s (network.paramserver): {exc}{refused_hint(self.cfg, 'learner')}"
             ) from None
-        return max(self.version, held + 1) if held >= 0 else self.version
+
+    def start_from_fleet(self, resumed: bool) -> None:
+        """Take the paramserver's newest weights when the fleet has trained further than this learner.
+
+        A learner that starts with no checkpoint (killed before its first one, or moved to a node
+        whose volume never held it) or with one older than the paramserver's newest version must not
+        publish its own weights as a newer version: that would throw the fleet's training away. It
+        loads the published arrays into its networks (``load_weights``: what acting needs; critics,
+        targets and optimizer moments of a checkpoint stay, a fresh learner's stay as initialised)
+        and continues the fleet's version numbers. The update counter is the checkpoint's, or 0.
+        """
+        held = self.newest_held()
+        if held < 0 or (resumed and held <= self.version):
+            return
+        reader = WeightsReader(self.cfg.network.paramserver, "learner", curve=client_curve(self.cfg, "learner"),
+                               timeout_s=self.cfg.network.timeout_s)
+        try:
+            got = reader.get(-1)
+        except (CommTimeout, RemoteError) as exc:
+            raise StartupError(f"paramserver at {self.cfg.network.paramserver} holds version {held}, and did not "
+                               f"give its weights: {exc}{refused_hint(self.cfg, 'learner')}") from None
+        finally:
+            reader.close()
+        if got is None:
+            raise StartupError(f"paramserver at {self.cfg.network.paramserver} holds version {held} on some shard, "
+                               "and no version on every shard: start every paramserver shard, or restart them all "
+                               "empty to train from scratch")
+        version, weights = got
+        try:
+            self.core.load_weights(weights)
+        except ValueError as exc:
+            raise StartupError(f"paramserver at {self.cfg.network.paramserver} holds version {version} of another "
+                               f"network ({exc}): a paramserver of another experiment? Point network.paramserver "
+                               "at this experiment's, or restart it empty to train from scratch") from None
+        log.warning("learner: %s; starting from the fleet's weights version %d (paramserver's newest %d), "
+                    "update counter %d", f"checkpoint at version {self.version} is older" if resumed
+                    else "no checkpoint", version, held, self.core.num_updates)
+        self.version = held
 
     def checkpoint(self) -> None:
         if self.rank != 0:  # every rank holds the same state: rank 0 writes it

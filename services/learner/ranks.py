@@ -14,7 +14,8 @@ Rank 0 publishes weights and writes checkpoints; every rank samples its share of
 algorithm's ``per_rank_fields`` divided by N) and the ranks' gradients are averaged
 (:class:`~common.algorithms.data_parallel.GradientAverager`). All ranks start from the state of the
 rank that resumed furthest (``broadcast_learner``): a rank restarted on a host without the newest
-checkpoint starts from it too.
+checkpoint starts from it too; then rank 0 takes the paramserver's newest weights where the fleet
+trained further (``LearnerService.start_from_fleet``) and every rank takes rank 0's state.
 
 The collective backend is gloo on CPU and NCCL on CUDA (``learner.backend: auto``); every wait on
 the others (joining, each all-reduce) ends after ``learner.collective_timeout_s`` with an error

@@ -25,7 +25,7 @@ from common.algorithms.dqn.networks import n_step_target, seeded_q_network
 from common.algorithms.dqn.policy import column
 from common.algorithms.learning import LearnerBase
 from common.algorithms.schedules import linear
-from common.algorithms.weights import publish_arrays
+from common.algorithms.weights import load_arrays, publish_arrays
 
 if TYPE_CHECKING:
     from common.algorithms.data_parallel import GradientAverager
@@ -102,6 +102,11 @@ class DQNLearner(LearnerBase):
     def weights(self) -> dict[str, np.ndarray]:
         """CPU float32 copies of the online state_dict, to publish."""
         return publish_arrays(self.online)
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """The online network takes them and the target starts equal to it."""
+        load_arrays(self.online, weights)
+        self.target.load_state_dict(self.online.state_dict())
 
     def own_state(self) -> dict[str, Any]:
         return {"online": cpu_copy(self.online.state_dict()), "target": cpu_copy(self.target.state_dict())}

@@ -258,6 +258,23 @@ class PPOLearner(LearnerBase):
             arrays.update(self.obs_rms.arrays())
         return arrays
 
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Actor, critic and log-std take them; with obs_norm the statistics too (the count as published)."""
+        norm = {key: weights[key] for key in RunningMeanStd.KEYS if key in weights}
+        rms = self.obs_rms
+        if (rms is None) != (not norm) or (rms is not None and len(norm) != len(RunningMeanStd.KEYS)):
+            raise ValueError(f"weights do not fit the learner: obs_norm is {'on' if rms else 'off'}, the weights "
+                             f"hold {sorted(norm) or 'no statistics'}")
+        if rms is not None:
+            for key in ("obs_norm.mean", "obs_norm.var"):
+                if np.shape(norm[key]) != rms.mean.shape:
+                    raise ValueError(f"weights {key!r} have shape {np.shape(norm[key])}; need {rms.mean.shape}")
+        self.net.load_arrays({key: value for key, value in weights.items() if key not in norm})
+        if rms is not None:
+            rms.mean = np.asarray(norm["obs_norm.mean"], np.float64).copy()
+            rms.var = np.asarray(norm["obs_norm.var"], np.float64).copy()
+            rms.count = float(np.asarray(norm["obs_norm.count"]).reshape(-1)[0])
+
     def own_state(self) -> dict[str, Any]:
         rms = self.obs_rms
         return {

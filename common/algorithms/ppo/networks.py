@@ -15,6 +15,7 @@ is published keeps the plain layout of two ``nn.Sequential`` MLPs (``actor.0.wei
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -25,7 +26,7 @@ from common.algorithms.cnn import NatureCNN
 from common.algorithms.mlp import TwinMLP, mlp, seeded
 from common.algorithms.ppo.config import PPOConfig
 from common.algorithms.torsos import choose_torso
-from common.algorithms.weights import publish_arrays
+from common.algorithms.weights import check_arrays, load_arrays, publish_arrays
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -65,16 +66,28 @@ class PPONetworks(nn.Module):
         out, value = self.twin(obs.flatten(1).float())
         return (*distribution_terms(out, action, self.discrete, getattr(self, "log_std", None)), value.squeeze(1))
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        """CPU float32 copies in the published layout."""
+    def _published(self) -> dict[str, torch.Tensor]:
+        """The parameters (views of them) under their published names."""
         named: dict[str, torch.Tensor] = {}
         for index, prefix in ((0, "actor"), (1, "critic")):
             for i, (weight, bias) in enumerate(self.twin.layers(index)):
                 named[f"{prefix}.{2 * i}.weight"], named[f"{prefix}.{2 * i}.bias"] = weight, bias
         if not self.discrete:
             named["log_std"] = self.log_std
+        return named
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """CPU float32 copies in the published layout."""
         return {key: np.ascontiguousarray(value.detach().to("cpu", torch.float32, copy=True).numpy())
-                for key, value in named.items()}
+                for key, value in self._published().items()}
+
+    def load_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """The inverse of :meth:`arrays`: names and shapes checked before any is copied."""
+        own = self._published()
+        check_arrays({key: tuple(value.shape) for key, value in own.items()}, arrays)
+        with torch.no_grad():
+            for key, value in own.items():
+                value.copy_(torch.as_tensor(np.asarray(arrays[key], np.float32)))
 
 
 class PPOCnnNetworks(nn.Module):
@@ -115,6 +128,9 @@ class PPOCnnNetworks(nn.Module):
     def arrays(self) -> dict[str, np.ndarray]:
         return publish_arrays(self)
 
+    def load_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        load_arrays(self, arrays)
+
 
 def distribution_terms(out: torch.Tensor, action: torch.Tensor, discrete: bool, log_std: torch.Tensor | None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,6 +157,8 @@ def seeded_networks(cfg: PPOConfig, observation_space: gym.Space, action_space: 
 
 class RunningMeanStd:
     """Running mean and variance of observations (parallel-variance update, as SB3's VecNormalize)."""
+
+    KEYS = ("obs_norm.mean", "obs_norm.var", "obs_norm.count")  # as published with the weights
 
     def __init__(self, shape: tuple[int, ...], clip: float) -> None:
         self.mean = np.zeros(shape, np.float64)

@@ -33,7 +33,7 @@ from common.algorithms.learning import LearnerBase
 from common.algorithms.sac.config import SACConfig
 from common.algorithms.sac.networks import seeded_networks, squashed_sample
 from common.algorithms.schedules import linear
-from common.algorithms.weights import publish_arrays
+from common.algorithms.weights import load_arrays, publish_arrays, unprefixed
 
 if TYPE_CHECKING:
     from common.algorithms.data_parallel import GradientAverager
@@ -130,6 +130,10 @@ class SACLearner(LearnerBase):
     def weights(self) -> dict[str, np.ndarray]:
         """Only the actor: what acting needs (``actor.{0,2,..}.weight``/``.bias``)."""
         return publish_arrays(self.nets.actor, "actor.")
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Only the actor is published: it takes them; the critics, their targets and alpha stay."""
+        load_arrays(self.nets.actor, unprefixed(weights, "actor."))
 
     def own_state(self) -> dict[str, Any]:
         return {"nets": cpu_copy(self.nets.state_dict()), "log_alpha": float(self.log_alpha.detach()),

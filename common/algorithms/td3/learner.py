@@ -31,7 +31,7 @@ from common.algorithms.learning import LearnerBase
 from common.algorithms.schedules import linear
 from common.algorithms.td3.config import TD3Config
 from common.algorithms.td3.networks import seeded_networks
-from common.algorithms.weights import publish_arrays
+from common.algorithms.weights import load_arrays, publish_arrays, unprefixed
 
 if TYPE_CHECKING:
     from common.algorithms.data_parallel import GradientAverager
@@ -123,6 +123,11 @@ class TD3Learner(LearnerBase):
     def weights(self) -> dict[str, np.ndarray]:
         """Only the actor: what acting needs (``actor.{0,2,..}.weight``/``.bias``)."""
         return publish_arrays(self.nets.actor, "actor.")
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Only the actor is published: it and its target take them; the critics and theirs stay."""
+        load_arrays(self.nets.actor, unprefixed(weights, "actor."))
+        self.nets.actor_target.load_state_dict(self.nets.actor.state_dict())
 
     def own_state(self) -> dict[str, Any]:
         return {"nets": cpu_copy(self.nets.state_dict()), "generator": self.gen.get_state().cpu()}

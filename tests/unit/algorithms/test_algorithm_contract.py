@@ -191,3 +191,32 @@ def test_drop_stale_drops_versions_no_actor_acted_with(max_staleness: int | None
     kept, _, stale, invalid = drop_stale(batch, 9, max_staleness)
     assert invalid == 4 and stale == 0
     np.testing.assert_array_equal(kept["version"], [9, 8])
+
+
+@pytest.mark.parametrize("name,env_id", ENVS)
+def test_learner_starts_from_published_weights(name: str, env_id: str) -> None:
+    """A learner fed another's published weights publishes exactly those (what a learner with no
+    checkpoint starts from: the paramserver's newest); weights of another network are refused, with
+    nothing copied."""
+    algo = algorithms.get(name)
+    cfg = small(algo)
+    env = make(env_id)
+    spaces = env.observation_space, env.action_space
+    fleet = algo.make_learner(cfg, *spaces, device="cpu", seed=3)
+    fresh = algo.make_learner(cfg, *spaces, device="cpu", seed=4)
+    published = fleet.weights()
+    own = fresh.weights()
+    assert any(not np.array_equal(own[key], published[key]) for key in published)  # seeds differ
+
+    key = sorted(published)[0]
+    for bad in ({k: v for k, v in published.items() if k != key},
+                {**published, key: np.zeros((*published[key].shape, 2), np.float32)},
+                {**published, "unexpected": np.zeros(1, np.float32)}):
+        with pytest.raises(ValueError, match="weights"):
+            fresh.load_weights(bad)
+        assert all(np.array_equal(fresh.weights()[k], own[k]) for k in own)
+
+    fresh.load_weights(published)
+    assert set(fresh.weights()) == set(published)
+    for k, value in fresh.weights().items():
+        np.testing.assert_array_equal(value, published[k], err_msg=k)
