@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.clients.paramserver_shards import ParamserverShards
+from common.clients.paramserver_shards import ParamserverShards, raise_errors
 from common.tensor_shards import Layout
 from common.wire.codec import Message
+from common.wire.dedup import first_seq_of
 from common.wire.transport import CurveConfig
 
 #: reasons a shard refuses a push that say "try again with newer weights", not "this push is wrong"
@@ -47,9 +48,10 @@ class PushOutcome:
 class GradientPusher:
     def __init__(self, addresses: Sequence[str], sender: str, *, curve: CurveConfig | None = None,
                  ctx: zmq.Context[Any] | None = None, timeout_s: float = 10.0) -> None:
-        # seqs from the wall clock in microseconds, as InsertClient's: above every seq of a sender a shard
-        # has forgotten (common/wire/dedup.py), so a new worker's pushes are never taken for old resends
-        self.shards = ParamserverShards(addresses, sender, curve, ctx, seq_start=time.time_ns() // 1000)
+        # push seqs start where each shard says (info_reply's first_seq, asked before the first push;
+        # common/wire/dedup.py): above every seq of a sender it forgot, so no push is taken for an old resend
+        self.shards = ParamserverShards(addresses, sender, curve, ctx)
+        self._seqs_known = False
         self.timeout_s = timeout_s
         self._layout: Layout | None = None
         self._names: set[str] = set()
@@ -73,6 +75,8 @@ class GradientPusher:
         ``barrier``: part of a synchronous round, answered once every live worker pushed. ``again``: the
         same push as the last call that timed out, sent again with its seqs (the shard holds it once)."""
         layout = self.layout_for(grads)
+        if not self._seqs_known:
+            self._start_seqs(time.monotonic() + (timeout_s or self.timeout_s))
         body: dict[str, Any] = {"version": version, "num_shards": layout.num_shards, "layout": layout.fingerprint}
         if barrier:
             body["barrier"] = True
@@ -96,6 +100,14 @@ class GradientPusher:
                 out.applied += 1
                 out.staleness = max(out.staleness, r["staleness"])
         return out
+
+    def _start_seqs(self, deadline: float) -> None:
+        """Each shard's connection numbers its requests from the first_seq that shard answers info with."""
+        replies = self.shards.gather({i: Message("info", {}) for i in range(len(self.shards))}, deadline)
+        raise_errors(replies, "info")
+        for i, reply in replies.items():
+            self.shards.connections[i].seqs_from(first_seq_of(reply, f"paramserver shard {i}"))
+        self._seqs_known = True
 
     def close(self) -> None:
         self.shards.close()

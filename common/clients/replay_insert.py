@@ -21,9 +21,11 @@ is held there), the others on their back-off until it is acked, then all at once
 the actor blocks until replay can log again and goes on within ``resend_after_s``
 once it can, and the window does not cross the wire every ``resend_after_s``.
 A sender id belongs to one client: actors send as ``<actor id>/<128 random bits>``,
-new at each start. Seqs start at the wall clock in microseconds, so a second client
-under a used id never has its inserts taken as the first one's resends: replay
-refuses them (``seq_out_of_window``) unless it restarted since. Each insert also carries
+new at each start. Seqs start where replay says (``info_reply``'s ``first_seq``,
+asked before the first insert; common/wire/dedup.py): above every seq of every sender
+it forgot, and after the last stored seq of a sender id it remembers, so a client
+restarted under its id never has its new inserts taken as the old one's resends,
+whatever the clocks did. Each insert also carries
 ``window_start`` (its lowest un-acked seq) so replay can forget older seqs,
 and ``merge_acks``: replay answers all of a burst's inserts with one ack.
 
@@ -56,6 +58,7 @@ from common.config import Experiment
 from common.security import client_curve
 from common.wire.codec import DEFAULT_LIMITS, Limits, Message
 from common.wire.connection import Connection, Poller
+from common.wire.dedup import first_seq_of
 from common.wire.errors import CommTimeout, RemoteError
 from common.wire.frames import FRAMES, pack_frames
 from common.wire.inserts import InsertEncoder
@@ -118,7 +121,9 @@ class InsertClient:
         self.connection = Connection(address, sender, curve=curve, hwm=hwm, ctx=ctx, limits=limits,
                                      watch_handshakes=True)
         self._poller = Poller([self.connection])
-        self._next_seq = seq_start if seq_start is not None else time.time_ns() // 1000
+        # seqs start where replay says, asked before the first insert (seq_start: the caller's own start)
+        self._seqs_known = seq_start is not None
+        self._next_seq = seq_start if seq_start is not None else 0
         self.first_seq = self._next_seq
         self._window: OrderedDict[int, Unacked] = OrderedDict()
         self._encoder = InsertEncoder()
@@ -195,6 +200,8 @@ class InsertClient:
         """
         if self._errors:
             self._raise()
+        if not self._seqs_known:
+            self._start_seqs(timeout_s)
         arrays = {k: np.asarray(v) for k, v in columns.items()}  # copied into the one payload frame
         items = len(next(iter(arrays.values()))) if arrays else 0
         if self.pack_frames and any(a.ndim >= 4 for a in arrays.values()):
@@ -235,6 +242,13 @@ class InsertClient:
             self._peek_at = now + PEEK_EVERY_S
             self._poll(0)
         return seq
+
+    def _start_seqs(self, timeout_s: float) -> None:
+        """Ask replay where this sender's seqs start (``info_reply``'s ``first_seq``); CommTimeout if it
+        does not answer within ``timeout_s`` (the caller tries again, as with a full window)."""
+        reply = self.connection.request(Message("info", {}), timeout_s)
+        self._next_seq = self.first_seq = first_seq_of(reply, f"replay at {self.address}")
+        self._seqs_known = True
 
     def _wait(self, deadline: float, timeout_s: float, what: str) -> None:
         left = deadline - time.monotonic()

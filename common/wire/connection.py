@@ -84,6 +84,10 @@ class Connection:
     def next_seq(self) -> int:
         return next(self._seq)
 
+    def seqs_from(self, first: int) -> None:
+        """Number the following requests from ``first`` (where the server says a sender's seqs start)."""
+        self._seq = itertools.count(first)
+
     def send(self, msg: Message, seq: int | None = None, *, packed: bool = False) -> int:
         """Send, waiting at most the socket's send timeout; returns the seq the reply will reference.
 

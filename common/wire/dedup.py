@@ -26,18 +26,27 @@ sender is never forgotten to make room, so a flood of new sender ids cannot make
 resend look new and be stored twice. When every sender is live, a new one is refused
 (:meth:`refusal`, ``too_many_senders``). Of the senders it forgot, one number is kept, for as
 long as the server lives and across restarts (it is in the snapshot and the checkpoint): the
-``watermark``, the highest seq any of them had stored, capped at the server's wall clock in
-microseconds when it forgot them (an honest sender's seqs start at its wall clock and it was
-silent for ``idle_s``, so the cap changes nothing for it unless its clock runs more than
-``idle_s`` ahead; a sender that stored one seq far in the future cannot push the watermark above
-every new sender's first seq). An insert of a sender it does not remember whose seq is at or
-below the watermark is refused (``sender_forgotten``) instead of taken as new, and so is one at
-or below the watermark of the moment a sender was first seen: a forgotten sender's resend, at
-most its highest seq, is never stored twice however many senders come and go (a list of
-forgotten names once did that only until it overflowed). Its client starts over under a new
-sender id, with seqs from the wall clock in microseconds (InsertClient's, GradientPusher's),
-which are above the watermark. Memory: the remembered senders only (``max_senders``, each its
-floor and at most ``WINDOW`` seqs), and one int.
+``watermark``, the highest seq any of them had stored. An insert of a sender it does not
+remember whose seq is at or below the watermark is refused (``sender_forgotten``) instead of
+taken as new, and so is one at or below the watermark of the moment a sender was first seen: a
+forgotten sender's resend, at most its highest seq, is never stored twice however many senders
+come and go (a list of forgotten names once did that only until it overflowed). Its client
+starts over under a new sender id.
+
+Where a sender's seqs start is the server's word, not a clock's: :meth:`first_seq` (in every
+``info_reply``, which InsertClient and GradientPusher ask for before their first insert or
+push) is the watermark + 1 for a sender it does not remember, and its highest stored seq + 1 for
+one it does (a client restarted under its id goes on after its last insert: none of its new
+inserts is taken for the old one's resend, whatever the clocks of either host did). They used to
+start at the client's wall clock in microseconds, with the watermark capped at the server's: a
+clock stepped back made a restarted sender's new inserts duplicates of its old ones (acked, never
+stored), and a client whose clock ran behind the server's was refused. A new sender's first seq
+must lie above the watermark by at most ``MAX_FIRST_AHEAD`` (2^32): nobody can claim every seq
+of a sender before its first insert, and a sender that stored one seq as far ahead as allowed and
+was then forgotten moves the watermark by at most that much (clients ask for the watermark, so
+none is locked out; the 64-bit seqs last 2^31 such forgettings, each after ``idle_s`` of
+silence). Memory: the remembered senders only (``max_senders``, each its floor and at most
+``WINDOW`` seqs), and one int.
 
 A known sender's seq more than ``MAX_AHEAD`` (8,192) above its floor, or more than
 ``MAX_AHEAD`` below it, is refused (``seq_out_of_window``): no client that keeps at most
@@ -47,9 +56,7 @@ send; below, acking it as a duplicate would hide that someone else claimed the s
 (without CurveZMQ anyone who knows a sender id can): its owner is told, not silently dropped.
 After a restart from a snapshot (without a write-ahead log the snapshot may be older than
 what the sender has since sent), each restored sender's first insert re-anchors its window
-instead. A new sender's first seq must be below ``MAX_FIRST_SEQ`` (2^53: InsertClient's
-seqs start at the wall clock in microseconds, 2^53 is the year 2255), so nobody can claim
-every seq of a sender before its first insert.
+instead.
 """
 
 from __future__ import annotations
@@ -59,10 +66,23 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from common.wire.errors import RemoteError
+
 WINDOW = 4096
 IDLE_S = 600.0  # a sender silent this long may be forgotten (its later inserts are then refused)
 MAX_AHEAD = 2 * WINDOW  # how far above (or below) its floor a known sender's seq may be
-MAX_FIRST_SEQ = 1 << 53  # a new sender's first seq is below this
+MAX_FIRST_AHEAD = 1 << 32  # a new sender's first seq is at most this far above the watermark
+
+
+def first_seq_of(reply: Any, server: str) -> int:
+    """The ``first_seq`` of an ``info_reply`` (what :meth:`Dedup.first_seq` answered the asking sender);
+    RemoteError naming ``server`` when the reply holds none."""
+    stats = reply.get("stats") if reply.type == "info_reply" else None
+    first = stats.get("first_seq") if isinstance(stats, dict) else None
+    if type(first) is not int or first < 0:
+        raise RemoteError("bad_reply", f"{server} answered info with no first_seq (a server older than this client?);"
+                          " a sender's seqs start where the server says")
+    return first
 
 
 class _Sender:
@@ -87,10 +107,9 @@ class _Sender:
 
 class Dedup:
     def __init__(self, max_senders: int = 100_000, window: int = WINDOW, idle_s: float = IDLE_S,
-                 service: str = "replay", what: str = "insert", clock: Callable[[], float] = time.monotonic,
-                 wall_ns: Callable[[], int] = time.time_ns) -> None:
-        self.clock = clock  # seconds, for idle_s (tests pass a fake one)
-        self.wall_ns = wall_ns  # the wall clock in nanoseconds, that caps the watermark
+                 service: str = "replay", what: str = "insert", clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.clock = clock  # seconds, for idle_s (tests pass a fake one); seqs never depend on a clock
         self.service = service  # who speaks in the refusals
         self.what = what  # what a sender sends
         self.max_senders = max_senders
@@ -115,9 +134,10 @@ class Dedup:
             return None
         if seq <= self.watermark:
             return self._forgotten(sender, seq)
-        if seq >= MAX_FIRST_SEQ:
+        if seq > self.watermark + MAX_FIRST_AHEAD:
             return ("seq_out_of_window", f"seq {seq} is the first of sender {sender!r}; allowed: a first seq"
-                    f" below 2^53 ({MAX_FIRST_SEQ})")
+                    f" from {self.watermark + 1} to {self.watermark + MAX_FIRST_AHEAD} (ask info_reply's"
+                    " first_seq)")
         if len(self.senders) < self.max_senders:
             return None
         oldest = next(iter(self.senders.values()))
@@ -130,7 +150,15 @@ class Dedup:
         return ("sender_forgotten", f"{self.service} does not remember sender {sender!r} at seq {seq}: it may have"
                 f" forgotten it (after {self.idle_s:.0f} s without a message), so it cannot tell a resend from a new"
                 f" {self.what}; allowed: seqs above {self.watermark}, the highest seq of any sender it forgot (send as"
-                " a new sender id whose seqs start at the wall clock in microseconds, as InsertClient's do)")
+                " a new sender id from the first_seq an info request answers, as InsertClient does)")
+
+    def first_seq(self, sender: str) -> int:
+        """Where ``sender``'s seqs should start: after its highest stored seq if it is remembered (a
+        client restarted under its id), else above every seq of every sender forgotten so far."""
+        s = self.senders.get(sender)
+        if s is not None:
+            return max(s.top, s.born) + 1
+        return max(1, self.watermark + 1)
 
     def seen(self, sender: str, seq: int) -> bool:
         s = self.senders.get(sender)
@@ -143,11 +171,7 @@ class Dedup:
             start = window_start if window_start is not None else seq - self.window
             s = self.senders[sender] = _Sender(min(start, seq) - 1, self.clock(), born=self.watermark)
             while len(self.senders) > self.max_senders:  # only idle ones: the server asks refusal() first
-                forgotten = self.senders.popitem(last=False)[1].top
-                # no higher than this server's clock in microseconds: an honest sender's seqs start at its
-                # wall clock and it has been silent for idle_s, so its highest seq is below; one that stored
-                # a seq in the future (2^53 - 1, say) would otherwise refuse every new sender for good
-                self.watermark = max(self.watermark, min(forgotten, self.wall_ns() // 1000))
+                self.watermark = max(self.watermark, self.senders.popitem(last=False)[1].top)
         else:
             self.senders.move_to_end(sender)
             s.at = self.clock()

@@ -89,6 +89,8 @@ class ShardServer(Server):
             "waits_parked": len(self.long_polls),
             "shm": self.shm.enabled,
             "models": {name: m.versions for name, m in self.weights.models.items()},
+            # where the asking sender's push seqs start (common/wire/dedup.py), not a clock's word
+            "first_seq": self.gradient_requests.applier.dedup.first_seq(msg.sender),
         }
         if self.registry is not None and self.barrier is not None:
             stats["actors"] = [[m.actor_id, m.role, m.index] for m in self.registry.members.values()][:200]

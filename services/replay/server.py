@@ -242,7 +242,9 @@ class ReplayServer(Server):
         self.reply(peer, Message("priorities_ack", {"updated": updated}))
 
     def on_info(self, peer: Peer, msg: Message) -> None:
-        self.reply(peer, Message("info_reply", {"service": "replay", "shard": self.shard, "stats": self.stats()}))
+        # first_seq: where the asking sender's insert seqs start (common/wire/dedup.py), not a clock's word
+        stats = {**self.stats(), "first_seq": self.dedup.first_seq(msg.sender)}
+        self.reply(peer, Message("info_reply", {"service": "replay", "shard": self.shard, "stats": stats}))
 
     def stats(self) -> dict[str, Any]:
         tables = {}

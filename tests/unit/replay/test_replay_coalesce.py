@@ -30,7 +30,8 @@ def test_inserts_made_while_others_fly_are_merged_and_stored_once_in_order(kind:
     server = ReplayServer(replay_config(kind=kind, capacity=10_000), ServiceMetrics("replay"), "tcp://127.0.0.1:0")
     loop = threading.Thread(target=server.serve, daemon=True)
     try:
-        with InsertClient(server.endpoint, "a", max_unacked=32, coalesce=8) as ic:
+        # seqs numbered by the test: a client asks replay where they start, which would wait for the loop
+        with InsertClient(server.endpoint, "a", max_unacked=32, coalesce=8, seq_start=1) as ic:
             seqs = []
             for i in range(400):  # back to back; replay serves from the 17th on: the first 16 find others in flight
                 if i == 16:

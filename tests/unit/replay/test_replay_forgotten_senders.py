@@ -11,7 +11,6 @@ it does not remember is refused (``sender_forgotten``), whatever came in between
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import common.wire.dedup as dedup_mod
@@ -21,7 +20,7 @@ from common.wire.dedup import Dedup
 from harness.replay_helpers import ask, serving, transitions
 from services.replay.server import ReplayServer
 
-T0 = 1_700_000_000_000_000  # InsertClient's seqs: the wall clock in microseconds
+T0 = 1_000_000  # some sender's first seq (a client's start where replay's first_seq says)
 
 
 def insert(server: ReplayServer, sender: str, seq: int) -> Message:
@@ -59,7 +58,9 @@ def test_a_forgotten_senders_resend_is_refused_after_any_number_of_horizons(
         reply = insert(server, "victim", T0)
         assert reply.type == "error" and reply["reason"] == "sender_forgotten", reply.body
         clock[0] += dedup_mod.IDLE_S + 1  # room for one more
-        assert insert(server, "victim-again", time.time_ns() // 1000)["stored"] == 1  # a new id goes on
+        fresh = server.dedup.first_seq("victim-again")  # what its client asks info for
+        assert fresh == newest - 3 + 1
+        assert insert(server, "victim-again", fresh)["stored"] == 1  # a new id goes on
 
 
 def resident_bytes() -> int:
@@ -90,21 +91,24 @@ def test_memory_stays_bounded_at_a_million_senders() -> None:
         assert d.refusal(f"actor-{i % 64}/{i:032x}", T0 + i) is not None
 
 
-def test_a_sender_that_stored_a_future_seq_cannot_lock_out_new_senders_once_forgotten() -> None:
-    """The watermark is capped at the server's clock: one insert at 2^53 - 1 (allowed as a first seq), then
-    silence until forgotten, used to refuse every new sender (seqs from the wall clock) for good."""
+def test_a_sender_that_stored_a_far_seq_cannot_lock_out_new_senders_once_forgotten() -> None:
+    """One insert as far ahead as a first seq may be, then silence until forgotten: the watermark moves up
+    by at most MAX_FIRST_AHEAD, and a new client, whose seqs start at the first_seq the server answers,
+    is taken (clients whose seqs came from their wall clock were refused for good once a squatter moved
+    the watermark past the clock, so the watermark was capped at the server's clock)."""
     clock = [0.0]
-    wall_us = T0 + 1_000  # the server's wall clock when it forgets the squatter
-    d = Dedup(max_senders=2, clock=lambda: clock[0], wall_ns=lambda: wall_us * 1000)
-    future = dedup_mod.MAX_FIRST_SEQ - 1
-    assert d.refusal("squatter", future) is None
-    d.add("squatter", future, future)
+    d = Dedup(max_senders=2, clock=lambda: clock[0])
+    far = d.watermark + dedup_mod.MAX_FIRST_AHEAD
+    assert d.refusal("squatter", far + 1) is not None  # one further is refused
+    assert d.refusal("squatter", far) is None
+    d.add("squatter", far, far)
     d.add("honest", T0, T0)
     clock[0] += dedup_mod.IDLE_S + 1
     d.add("newcomer", T0 + 5, T0 + 5)  # the squatter is forgotten to make room
-    assert "squatter" not in d.senders
-    assert d.watermark == wall_us  # capped at the clock, not 2^53 - 1
-    assert d.refusal("actor-0/fresh", wall_us + 1) is None  # a new client, seqs from the wall clock: taken
+    assert "squatter" not in d.senders and d.watermark == far
+    fresh = d.first_seq("actor-0/fresh")
+    assert fresh == far + 1 and d.refusal("actor-0/fresh", fresh) is None  # a new client: taken
+    assert d.refusal("actor-0/fresh", far + dedup_mod.MAX_FIRST_AHEAD) is None
     assert d.refusal("honest-resend", T0) is not None  # below the watermark: still refused
 
 

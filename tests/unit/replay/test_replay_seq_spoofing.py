@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from common.wire.codec import Message
-from common.wire.dedup import MAX_AHEAD, MAX_FIRST_SEQ, WINDOW
+from common.wire.dedup import MAX_AHEAD, MAX_FIRST_AHEAD, WINDOW
 from harness.replay_helpers import ask, replay_config, serving, transitions
 from services.replay.server import ReplayServer
 
@@ -36,22 +36,25 @@ def test_one_insert_far_ahead_does_not_swallow_the_owners_next_inserts(replay: R
     assert replay.tables["main"].size == 2 * 16
 
 
-@pytest.mark.parametrize("first", [MAX_FIRST_SEQ, 1 << 63, (1 << 64) - 1])
-def test_a_first_seq_beyond_2_53_is_refused(replay: ReplayServer, first: int) -> None:
+@pytest.mark.parametrize("first", [MAX_FIRST_AHEAD, 1 << 63, (1 << 64) - 1])
+def test_a_first_seq_beyond_2_32_above_the_watermark_is_refused(replay: ReplayServer, first: int) -> None:
     reply = insert(replay, "new-sender", first)
     assert reply.type == "error" and reply["reason"] == "seq_out_of_window", reply.body
-    assert "first" in reply["detail"] and "2^53" in reply["detail"]
+    assert "first" in reply["detail"] and "first_seq" in reply["detail"]
     assert replay.tables["main"].size == 0
 
 
 def test_an_owner_whose_seqs_were_claimed_is_told_not_silently_dropped(replay: ReplayServer) -> None:
-    assert insert(replay, "owner", MAX_FIRST_SEQ - 1)["stored"] == 2  # a spoof before the owner's first insert
-    owner_seq = 1_700_000_000_000_000  # InsertClient's first seq: the wall clock in microseconds
-    for seq in (owner_seq, owner_seq + 1):
+    assert insert(replay, "owner", MAX_FIRST_AHEAD - 1)["stored"] == 2  # a spoof before the owner's first insert
+    for seq in (1, 2):  # an owner that numbered its seqs itself, from 1
         reply = insert(replay, "owner", seq)
         assert reply.type == "error" and reply["reason"] == "seq_out_of_window", reply.body
         assert "below" in reply["detail"] and "claimed" in reply["detail"]
-    assert replay.tables["main"].size == 2
+    # one that asks where its seqs start goes on after the spoof: its inserts are stored, none dropped
+    first = replay.dedup.first_seq("owner")
+    assert first == MAX_FIRST_AHEAD
+    assert insert(replay, "owner", first)["stored"] == 2
+    assert replay.tables["main"].size == 4
 
 
 def test_a_resend_within_the_window_is_still_a_duplicate(replay: ReplayServer) -> None:
