@@ -44,3 +44,17 @@ clean:
 # deps come from a wheelhouse made on the host. See deploy/build-images.sh.
 images: setup
 	PYTHON=$(BIN)/python bash deploy/build-images.sh
+
+# Mutation testing, outside CI (docs/testing.md#mutation-testing): mutmut mutates the modules where a
+# silent bug loses data or learning ([tool.mutmut] in pyproject.toml) and runs each mutant against the
+# unit tests that call the mutated function; then one line per module. One module:
+# make mutate MUTANTS='services.replay.sumtree*'. Slow: it runs at idle priority.
+MUTANTS ?= services.replay.sumtree* services.replay.ratelimiter* common.algorithms.adders.nstep* \
+	common.algorithms.ppo.losses* common.algorithms.sac.learner.xǁSACLearnerǁ_gradients* \
+	common.algorithms.sac.learner.xǁSACLearnerǁafter_update* common.wire.dedup* common.wire.decoder*
+.PHONY: mutate
+mutate: setup
+	set -f; for m in $(MUTANTS); do nice -n 19 $(BIN)/mutmut run "$$m" </dev/null || exit 1; done
+	$(BIN)/mutmut results --all true | awk -F': ' '/: / && $$2 != "not checked" {m = $$1; sub(/^ +/, "", m); sub(/\.x[_ǁ].*/, "", m); \
+		n[m]++; s[m, $$2]++} END {for (m in n) printf "%s: %d mutants, %d killed, %d survived, %d other (no tests, timeout)\n", \
+		m, n[m], s[m, "killed"], s[m, "survived"], n[m] - s[m, "killed"] - s[m, "survived"]}' | sort
