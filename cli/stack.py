@@ -102,6 +102,9 @@ def fleet_environment(replay_shards: int, paramserver_shards: int, learners: int
         return "[" + ", ".join(f"tcp://{n}:{PORTS[service]}" for n in shard_names(service, shards)) + "]"
 
     return {
+        # plain TCP over the stack's network, said on purpose (replay and paramserver refuse a bind beyond
+        # loopback without it, common/exposure.py); an env file with keys sets RLFLEET_SECURITY__MODE=curve
+        "RLFLEET_SECURITY__INSECURE": "true",
         **overrides,
         "RLFLEET_NETWORK__REPLAY": addresses("replay", replay_shards),
         "RLFLEET_NETWORK__PARAMSERVER": addresses("paramserver", paramserver_shards),

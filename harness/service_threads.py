@@ -15,7 +15,9 @@ from services.replay.main import build as build_replay
 
 @contextmanager
 def replay_and_paramserver(cfg: Any) -> Iterator[tuple[Any, Any]]:
-    """(replay, paramserver) built from ``cfg`` and serving on its addresses; stopped, joined and closed after."""
+    """(replay, paramserver) built from ``cfg`` and serving on its addresses (bound on loopback: the test's
+    own host); stopped, joined and closed after."""
+    cfg = cfg.model_copy(update={"network": cfg.network.model_copy(update={"bind_host": "127.0.0.1"})})
     replay = build_replay(cfg, ServiceArgs("replay"))
     params = build_paramserver(cfg, ServiceArgs("paramserver"))
     servers = (replay, params)

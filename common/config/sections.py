@@ -292,6 +292,8 @@ class SecurityConfig(Strict):
     """
 
     mode: Literal["none", "curve"] = Field("none", description="none: plain TCP; curve: CurveZMQ + allowlist")
+    insecure: bool = Field(False, description="with mode none, let replay and paramserver bind beyond loopback "
+                           "(network.bind_host '*' or an address of the host): plain TCP on a network you trust")
     keys_dir: str = Field("keys", description="what 'rlfleet keys --dir' wrote; the default for the paths below")
     server_key: str | None = Field(None, description="servers' public key (default <keys_dir>/server.key)")
     server_secret_key: str | None = Field(

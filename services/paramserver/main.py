@@ -16,6 +16,7 @@ from typing import Any
 import zmq
 
 from common.config import ConfigError, Experiment, load
+from common.exposure import refuse_plain_exposure
 from common.metrics import ServiceMetrics
 from common.runtime import ServiceArgs, run_service, setup_logging
 from common.security import server_curve
@@ -38,15 +39,18 @@ class ParamServerService:
         if not 0 <= args.shard < shards:
             raise ConfigError(f"paramserver shard {args.shard}: allowed: 0..{shards - 1} (paramserver.shards={shards})")
         self.shard = args.shard
+        curve = curve if curve is not None else server_curve(cfg)
+        bind = cfg.bind_address("paramserver", args.shard)
+        refuse_plain_exposure(cfg, f"paramserver shard {args.shard}", bind, curve is not None)
         self.metrics = ServiceMetrics("paramserver", args.shard)
         self.server = ShardServer(
             self.metrics,
-            cfg.bind_address("paramserver", args.shard),
+            bind,
             args.shard,
             shards,
             cfg.paramserver.liveness_timeout_s,
             ctx=ctx,
-            curve=curve if curve is not None else server_curve(cfg),
+            curve=curve,
             limits=cfg.limits,
             gradients=cfg.paramserver.gradients,
             max_gradient_norm=cfg.paramserver.max_gradient_norm,

@@ -13,6 +13,7 @@ from typing import Any
 
 from common.config import Experiment, load
 from common.envs import EnvError, experience_spec
+from common.exposure import refuse_plain_exposure
 from common.metrics import ServiceMetrics
 from common.runtime import FatalError, ServiceArgs, run_service, setup_logging
 from common.security import server_curve
@@ -38,6 +39,7 @@ class ReplayService:
             raise ValueError(f"shard {args.shard} out of range; replay.shards={cfg.replay.shards}")
         self.metrics = ServiceMetrics("replay", args.shard)
         self.bind = bind or cfg.bind_address("replay", args.shard)
+        refuse_plain_exposure(cfg, f"replay shard {args.shard}", self.bind, cfg.security.mode == "curve")
         self.server = ReplayServer(
             cfg.replay, self.metrics, self.bind, shard=args.shard, directory=shard_dir(cfg, args.shard),
             seed=cfg.seed * 1000 + args.shard, curve=server_curve(cfg), limits=cfg.limits,

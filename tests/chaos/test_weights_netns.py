@@ -109,6 +109,7 @@ def test_readers_on_another_host_assemble_every_version_over_tcp(lab: netns.Lab)
         sys.executable, "-m", "services.paramserver.main", "--shard", "0", "--log-level", "WARNING",
         "--set", f"network.paramserver={json.dumps([address])}", "--set", "paramserver.shards=1",
         "--set", f"network.bind_host={ps.addr}", "--set", "metrics.port=0",
+        "--set", "security.insecure=true",  # another "host" over plain TCP: a lab network
         "--set", f"metrics.host={ps.addr}"], env)
     me = [sys.executable, "-m", "tests.chaos.test_weights_netns"]
     readers = [lab.start(f"reader-{i}", actors, [*me, "read", address, f"actor-{i}"], env) for i in range(2)]
