@@ -99,7 +99,14 @@ class Experiment(Strict):
         return self
 
     def bind_address(self, service: Literal["replay", "paramserver"], shard: int) -> str:
-        return bind_address(getattr(self.network, service)[shard], self.network.bind_host)
+        """Where a shard binds: its address's port on ``network.interface``'s address (resolved on this
+        host) if set, else on ``network.bind_host``."""
+        host = self.network.bind_host
+        if self.network.interface is not None:
+            from common.netif import interface_address  # reads this host's interfaces: only where one binds
+
+            host = interface_address(self.network.interface)
+        return bind_address(getattr(self.network, service)[shard], host)
 
 
 def bind_address(connect: str, bind_host: str = "*") -> str:

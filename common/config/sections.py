@@ -270,6 +270,9 @@ class NetworkConfig(Strict):
     replay: list[str] = Field(default_factory=lambda: ["tcp://127.0.0.1:5550"], min_length=1)
     paramserver: list[str] = Field(default_factory=lambda: ["tcp://127.0.0.1:5560"], min_length=1)
     bind_host: str = Field("*", description="interface servers bind to ('*' = all)")
+    interface: str | None = Field(None, description="network interface (e.g. eth0) for the fleet's traffic: "
+                                  "servers bind its address instead of bind_host, learner ranks set "
+                                  "GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to it; null: bind_host, and gloo/NCCL choose")
     timeout_s: PosFloat = Field(10.0, description="give up on a peer after this long at start-up")
     max_message_mib: Annotated[int, Field(ge=1, le=4096)] = Field(
         512, description="largest message a server takes (MiB): a bigger one is refused by ZeroMQ "

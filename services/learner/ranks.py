@@ -17,6 +17,10 @@ rank that resumed furthest (``broadcast_learner``): a rank restarted on a host w
 checkpoint starts from it too; then rank 0 takes the paramserver's newest weights where the fleet
 trained further (``LearnerService.start_from_fleet``) and every rank takes rank 0's state.
 
+With ``network.interface`` set, every rank pins gloo's and NCCL's sockets to that interface
+(``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``) before the group forms: on an overlay network
+with a gateway bridge beside it they could otherwise pick the wrong one.
+
 The collective backend is gloo on CPU and NCCL on CUDA (``learner.backend: auto``); every wait on
 the others (joining, each all-reduce) ends after ``learner.collective_timeout_s`` with an error
 that names the rendezvous address, so a lost rank stops the others instead of hanging them.
@@ -35,6 +39,7 @@ from typing import Any
 import torch
 
 from common.config import Experiment
+from common.netif import pin_collectives
 from common.runtime import StartupError
 
 log = logging.getLogger("rlfleet.learner")
@@ -115,6 +120,9 @@ def join(cfg: Experiment, device: torch.device) -> Group:
                            "restarted)")
     log.info("learner: rank %d of %d at %s (%s)%s; waiting for the others", rank, cfg.learners, address,
              name_backend, ", hosting the rendezvous" if hosting else "")
+    pinned = pin_collectives(cfg.network.interface)  # gloo/NCCL on the configured interface, not their guess
+    if pinned:
+        log.info("learner: collectives on interface %s (%s)", cfg.network.interface, ", ".join(sorted(pinned)))
     try:
         dist.init_process_group(name_backend, store=dist.PrefixStore("rlfleet", store), rank=rank,
                                 world_size=cfg.learners, timeout=timeout)
