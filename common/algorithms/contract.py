@@ -176,6 +176,11 @@ class Learner(Protocol):
         ValueError for weights of another network."""
         ...
 
+    def resume_env_steps(self, env_steps: int) -> None:
+        """The fleet's env steps so far, for a learner that starts with no checkpoint of its own: what
+        runs on env steps (PPO's annealing) goes on from there; counters of updates cannot be recovered."""
+        ...
+
     def state(self) -> dict[str, Any]:
         """A checkpoint of plain tensors, dicts, lists and numbers (loads with weights_only=True)."""
         ...

@@ -123,6 +123,10 @@ class LearnerBase:
         copied, for weights of another network."""
         raise NotImplementedError
 
+    def resume_env_steps(self, env_steps: int) -> None:
+        """The fleet's env steps so far (a learner with no checkpoint): what runs on env steps goes on from
+        there. Nothing here: the base's schedules run on updates, which the fleet does not count."""
+
     def state(self) -> dict[str, Any]:
         """A checkpoint of plain tensors, dicts, lists and numbers (loads with weights_only=True).
 

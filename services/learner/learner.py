@@ -49,6 +49,7 @@ from common.envs import probe_env
 from common.metrics import ServiceMetrics
 from common.runtime import FatalError, StartupError
 from common.security import client_curve, refused_hint
+from common.wire.codec import Message
 from common.wire.errors import CommTimeout, RemoteError
 from services.learner import ranks
 from services.learner.imagination import ImaginedMix
@@ -248,7 +249,8 @@ class LearnerService:
         publish its own weights as a newer version: that would throw the fleet's training away. It
         loads the published arrays into its networks (``load_weights``: what acting needs; critics,
         targets and optimizer moments of a checkpoint stay, a fresh learner's stay as initialised)
-        and continues the fleet's version numbers. The update counter is the checkpoint's, or 0.
+        and continues the fleet's version numbers. The update counter is the checkpoint's, or 0; with no
+        checkpoint what runs on env steps goes on from the fleet's (the registry's count, shard 0).
         """
         held = self.newest_held()
         if held < 0 or (resumed and held <= self.version):
@@ -273,10 +275,25 @@ class LearnerService:
             raise StartupError(f"paramserver at {self.cfg.network.paramserver} holds version {version} of another "
                                f"network ({exc}): a paramserver of another experiment? Point network.paramserver "
                                "at this experiment's, or restart it empty to train from scratch") from None
+        env_steps = None if resumed else self.fleet_env_steps()
+        if env_steps is not None:
+            self.core.resume_env_steps(env_steps)
         log.warning("learner: %s; starting from the fleet's weights version %d (paramserver's newest %d), "
-                    "update counter %d", f"checkpoint at version {self.version} is older" if resumed
-                    else "no checkpoint", version, held, self.core.num_updates)
+                    "update counter %d%s", f"checkpoint at version {self.version} is older" if resumed
+                    else "no checkpoint", version, held, self.core.num_updates,
+                    "" if env_steps is None else f", the fleet's env steps {env_steps}")
         self.version = held
+
+    def fleet_env_steps(self) -> int | None:
+        """The env steps the paramserver's registry (shard 0) counted, restarts included; None if it does not say."""
+        try:
+            reply = self.publisher.shards.gather({0: Message("info", {})},
+                                                 time.monotonic() + self.cfg.network.timeout_s)[0]
+        except CommTimeout:
+            return None
+        stats = reply.get("stats") if reply.type == "info_reply" else None
+        steps = stats.get("fleet_env_steps") if isinstance(stats, dict) else None
+        return steps if type(steps) is int and steps >= 0 else None
 
     def checkpoint(self) -> None:
         if self.rank != 0:  # every rank holds the same state: rank 0 writes it

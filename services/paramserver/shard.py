@@ -96,6 +96,7 @@ class ShardServer(Server):
             stats["actors"] = [[m.actor_id, m.role, m.index] for m in self.registry.members.values()][:200]
             stats["num_actors"] = self.registry.num_actors
             stats["barriers_waiting"] = len(self.barrier)
+            stats["fleet_env_steps"] = self.registry.fleet_env_steps  # what a learner with no checkpoint resumes at
         self.reply(peer, Message("info_reply", {"service": "paramserver", "shard": self.shard, "stats": stats}))
 
     def tick(self) -> None:

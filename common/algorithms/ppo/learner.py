@@ -275,6 +275,10 @@ class PPOLearner(LearnerBase):
             rms.var = np.asarray(norm["obs_norm.var"], np.float64).copy()
             rms.count = float(np.asarray(norm["obs_norm.count"]).reshape(-1)[0])
 
+    def resume_env_steps(self, env_steps: int) -> None:
+        """Annealing runs on env steps: it goes on from the fleet's."""
+        self.env_steps = max(self.env_steps, int(env_steps))
+
     def own_state(self) -> dict[str, Any]:
         rms = self.obs_rms
         return {

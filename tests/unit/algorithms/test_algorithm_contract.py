@@ -220,3 +220,15 @@ def test_learner_starts_from_published_weights(name: str, env_id: str) -> None:
     assert set(fresh.weights()) == set(published)
     for k, value in fresh.weights().items():
         np.testing.assert_array_equal(value, published[k], err_msg=k)
+
+
+def test_ppo_anneals_on_from_the_fleets_env_steps() -> None:
+    """A PPO learner with no checkpoint resumes its annealing at the fleet's env steps, never going back."""
+    algo = algorithms.get("ppo")
+    env = make("CartPole-v1")
+    learner = algo.make_learner(small(algo, anneal_env_steps=10_000), env.observation_space, env.action_space,
+                                device="cpu", seed=3)
+    learner.resume_env_steps(4_000)
+    assert learner.state()["env_steps"] == 4_000
+    learner.resume_env_steps(1_000)
+    assert learner.state()["env_steps"] == 4_000

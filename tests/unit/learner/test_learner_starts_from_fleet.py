@@ -19,6 +19,8 @@ from common.clients.replay_insert import InsertClient
 from common.clients.weights_publisher import WeightsPublisher
 from common.clients.weights_reader import WeightsReader
 from common.config import load
+from common.wire.codec import Message
+from common.wire.connection import Connection
 from common.wire.transport import free_tcp_port
 from harness.fleet_helpers import wait_for
 from harness.service_procs import CARTPOLE, ServiceProcess
@@ -84,6 +86,9 @@ def test_learner_killed_before_its_first_checkpoint_restarts_from_the_fleets_wei
         assert held >= 4
         fresh = seed_weights(0, sets)
         assert not same(trained, fresh), "the fleet's weights must differ from a fresh learner's for the test to mean"
+        with Connection(params, "actor-x") as conn:  # the registry counts the fleet's env steps from heartbeats
+            body = {"actor_id": "actor-x", "role": "actor", "version": held, "env_steps": 12_345}
+            assert conn.request(Message("heartbeat", body), 10).type == "welcome"
 
         # restarted with no checkpoint; its replay is away, so it publishes and cannot train on
         second = learner(tmp_path, [*sets, f"network.replay=[{nowhere}]"])
@@ -93,6 +98,7 @@ def test_learner_killed_before_its_first_checkpoint_restarts_from_the_fleets_wei
         assert version == held + 1
         assert same(weights, trained), "the restarted learner published other weights than the fleet's newest"
         assert "starting from the fleet's weights" in second.log()
+        assert "the fleet's env steps 12345" in second.log()  # what runs on env steps goes on from there
     finally:
         for p in reversed(procs):
             p.stop()
