@@ -16,7 +16,10 @@ normalisation) are summed with :meth:`GradientAverager.sum`.
 
 A gradient that is None (a parameter the loss does not reach) must be None on every rank:
 the same algorithm and config make the same graph, so it is. gloo on CPU, NCCL on CUDA: the
-buffer lives on the gradients' device.
+buffer lives on the gradients' device; :attr:`GradientAverager.seconds` runs until the reduction
+completed (on CUDA the device is synchronised), not until it was queued. CPU tensors (the update
+counter and state of :func:`broadcast_learner`) go through gloo in a CUDA learner's group too
+(services/learner/ranks.py: ``cpu:gloo,cuda:nccl``).
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ class GradientAverager:
         torch.cat([g.reshape(-1) for g in present], out=buf)
         t0 = time.perf_counter()
         _collective(dist.all_reduce, buf, op=dist.ReduceOp.SUM, group=self.group)
+        if buf.is_cuda:  # NCCL returns once the reduction is queued: the time is until it completed
+            torch.cuda.synchronize(buf.device)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         self.bytes = buf.numel() * buf.element_size()

@@ -206,7 +206,7 @@ class LearnerConfig(Strict):
         description="learners > 1: where the ranks meet (the first learner to start listens there; the "
         "others connect); its host must be the first learner's")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="learners > 1: collective backend; "
-                                                     "auto: nccl on CUDA, gloo on CPU")
+                                                     "auto: nccl (gloo for CPU tensors) on CUDA, gloo on CPU")
     collective_timeout_s: PosFloat = Field(
         60.0, description="learners > 1: a rank that waits this long on the others (joining, or in a gradient "
         "all-reduce) stops with an error instead of hanging")

@@ -81,7 +81,8 @@ class LearnerService:
         self.rank = self.group.rank if self.group is not None else 0
         self.averager = GradientAverager() if self.group is not None else None
         self.core = self.algo.make_learner(
-            ranks.per_rank_config(cfg.algorithm, cfg.learners), obs_space, act_space, device=cfg.learner.device,
+            ranks.per_rank_config(cfg.algorithm, cfg.learners), obs_space, act_space,
+            device=self.group.device if self.group is not None else cfg.learner.device,  # a rank: its own GPU
             seed=cfg.seed, averager=self.averager,
         )
         self.metrics = ServiceMetrics("learner", self.rank)

@@ -21,18 +21,27 @@ With ``network.interface`` set, every rank pins gloo's and NCCL's sockets to tha
 (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``) before the group forms: on an overlay network
 with a gateway bridge beside it they could otherwise pick the wrong one.
 
-The collective backend is gloo on CPU and NCCL on CUDA (``learner.backend: auto``); every wait on
-the others (joining, each all-reduce) ends after ``learner.collective_timeout_s`` with an error
-that names the rendezvous address, so a lost rank stops the others instead of hanging them.
+The collective backend is gloo on CPU; on CUDA it is ``cpu:gloo,cuda:nccl`` (``learner.backend:
+auto`` or ``nccl``): gradients on the GPU go through NCCL, while what is CPU-side (the update counter
+and the CPU-copied state of ``broadcast_learner``) goes through gloo in the same group. Each rank
+of a CUDA learner trains on its own GPU: ``cuda:LOCAL_RANK`` where the environment says it, else
+``cuda:(rank mod the visible devices)``; a device named with its index (``cuda:1``) is kept. Every
+wait on the others (joining, each all-reduce) ends after ``learner.collective_timeout_s`` with an
+error that names the rendezvous address, so a lost rank stops the others instead of hanging them:
+gloo raises in the call; for NCCL, whose errors arrive asynchronously, ``TORCH_NCCL_BLOCKING_WAIT=1``
+makes each collective wait for completion and raise within the group's timeout, so it reaches
+the same clean error (unless the environment sets it otherwise).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import socket
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -54,6 +63,7 @@ class Group:
     world: int
     backend: str
     address: str
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # what this rank trains on
 
 
 def per_rank_config(algorithm_cfg: Any, world: int) -> Any:
@@ -64,15 +74,50 @@ def per_rank_config(algorithm_cfg: Any, world: int) -> Any:
     return algorithm_cfg.model_copy(update=fields)
 
 
+CUDA_BACKEND = "cpu:gloo,cuda:nccl"  # CUDA tensors through NCCL, CPU tensors through gloo, one group
+
+
 def backend(cfg: Experiment, device: torch.device) -> str:
-    """gloo on CPU, nccl on CUDA; nccl asked for without CUDA is refused."""
+    """The process group's backend: gloo on CPU; on CUDA ``cpu:gloo,cuda:nccl`` (auto or nccl), so
+    CPU-side collectives have a backend too; nccl asked for without CUDA is refused."""
     wanted = cfg.learner.backend
-    if wanted == "auto":
-        return "nccl" if device.type == "cuda" else "gloo"
     if wanted == "nccl" and device.type != "cuda":
         raise StartupError(f"learner.backend=nccl needs CUDA, and this learner trains on {device}; "
                            "allowed here: gloo or auto")
-    return wanted
+    if wanted == "gloo" or device.type != "cuda":
+        return "gloo"
+    return CUDA_BACKEND
+
+
+def local_device(device: torch.device, rank: int, environ: Mapping[str, str], visible: int) -> torch.device:
+    """The device this rank trains on: a CUDA device without an index becomes ``cuda:LOCAL_RANK``
+    (where ``environ`` sets it) or ``cuda:(rank mod visible)``; anything else stays as it is."""
+    if device.type != "cuda" or device.index is not None:
+        return device
+    if visible < 1:
+        raise StartupError(f"learner rank {rank}: device {device} and no CUDA device is visible "
+                           f"(CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r})")
+    text = environ.get("LOCAL_RANK")
+    if text is None:
+        return torch.device("cuda", rank % visible)
+    try:
+        index = int(text)
+    except ValueError:
+        index = -1
+    if not 0 <= index < visible:
+        raise StartupError(f"learner rank {rank}: LOCAL_RANK={text!r} names no visible CUDA device; allowed: "
+                           f"0..{visible - 1} ({visible} visible), or LOCAL_RANK unset (rank mod {visible})")
+    return torch.device("cuda", index)
+
+
+def nccl_environment(environ: MutableMapping[str, str]) -> dict[str, str]:
+    """What a rank sets before forming a group with NCCL (what ``environ`` already sets stays): each
+    collective waits for completion and raises within the group's timeout, instead of the watchdog
+    tearing the process down asynchronously."""
+    wanted = {"TORCH_NCCL_BLOCKING_WAIT": "1"}
+    added = {key: value for key, value in wanted.items() if key not in environ}
+    environ.update(added)
+    return added
 
 
 def join_answering_health(cfg: Experiment, device: torch.device) -> Group:
@@ -123,6 +168,11 @@ def join(cfg: Experiment, device: torch.device) -> Group:
     pinned = pin_collectives(cfg.network.interface)  # gloo/NCCL on the configured interface, not their guess
     if pinned:
         log.info("learner: collectives on interface %s (%s)", cfg.network.interface, ", ".join(sorted(pinned)))
+    here = local_device(device, rank, os.environ, torch.cuda.device_count() if device.type == "cuda" else 0)
+    if "nccl" in name_backend:
+        nccl_environment(os.environ)
+        torch.cuda.set_device(here)  # NCCL's communicator on this rank's own GPU
+        log.info("learner: rank %d trains on %s", rank, here)
     try:
         dist.init_process_group(name_backend, store=dist.PrefixStore("rlfleet", store), rank=rank,
                                 world_size=cfg.learners, timeout=timeout)
@@ -132,7 +182,7 @@ def join(cfg: Experiment, device: torch.device) -> Group:
                            f"did not form within {cfg.learner.collective_timeout_s:g} s: {exc}") from None
     # keep the store alive as long as the group: the hosting rank's object serves it
     _stores.append(store)
-    return Group(rank, cfg.learners, name_backend, address)
+    return Group(rank, cfg.learners, name_backend, address, here)
 
 
 def _host_address(name: str, port: int, learners: int, timeout_s: float) -> str:
