@@ -58,3 +58,10 @@ mutate: setup
 	$(BIN)/mutmut results --all true | awk -F': ' '/: / && $$2 != "not checked" {m = $$1; sub(/^ +/, "", m); sub(/\.x[_ǁ].*/, "", m); \
 		n[m]++; s[m, $$2]++} END {for (m in n) printf "%s: %d mutants, %d killed, %d survived, %d other (no tests, timeout)\n", \
 		m, n[m], s[m, "killed"], s[m, "survived"], n[m] - s[m, "killed"] - s[m, "survived"]}' | sort
+
+# The distributed peers of bench.learning.time_to_solve --peer (docs/benchmarks.md#distributed-peers): one
+# pinned virtualenv each under .peers/ (Sample Factory 2.1.1, RLlib 2.60.0), nothing of it in .venv; a second
+# run leaves built venvs as they are.
+.PHONY: peers
+peers:
+	bash bench/peers/setup.sh

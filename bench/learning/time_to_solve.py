@@ -51,6 +51,16 @@ side at a time: ``--first-seed S --seeds 1 [--no-sb3 | --no-rlfleet] --runs-file
 run to F (JSON lines: the setting, seed, side and date) and summarises every run of the
 same setting F holds, the latest per seed and side.
 
+--peer sb3|sample-factory|rllib (comma-separated; default sb3), --algo ppo or dqn: the distributed peers run
+beside SB3, each a subprocess of its own virtualenv (.peers/, `make peers`) running its runner script
+(bench/peers/*_runner.py: Sample Factory APPO for ppo, RLlib PPO or DQN) with the same seeds, budget,
+evaluation interval and greedy 10-episode evaluation on the same fixed seeds as rlfleet's evaluator
+(bench/peers/greedy_eval.py), its clock from the launch of its subprocess (start-up included) to the first
+evaluation at the target. The JSON line then holds a block per peer (``sample_factory``, ``rllib``) and
+``ratio_<peer>`` against each one named, sb3 included (bench/learning/race.py: rlfleet's median wall over
+solved runs / the peer's over all runs, an unsolved peer run counted at the wall time of its budget, how
+many in ``ratio_<peer>_unsolved``).
+
 Last line: one JSON object.
 """
 
@@ -73,6 +83,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from bench.learning.race import block_name, race_blocks
 from bench.peers.sb3_a2c import A2C_BUDGET, A2C_EVAL_EVERY, run_sb3_a2c
 from bench.peers.sb3_peers import (
     DQN_EVAL_EVERY,
@@ -87,6 +98,7 @@ from bench.peers.sb3_peers import (
     run_sb3_ppo,
 )
 from bench.peers.sb3_sac import SAC_BUDGET, SAC_EVAL_EVERY, run_sb3_sac
+from bench.peers.venv_peers import VENV_PEERS, PeerError, check_peer, parse_peers, run_venv_peer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -224,28 +236,41 @@ def dqn_main(args: argparse.Namespace) -> None:
     if args.sync:
         extra += ["--sync", args.sync]
     ours, theirs = [], []
+    others: dict[str, list[dict[str, Any]]] = {p: [] for p in args.peers if p in VENV_PEERS}
     for seed in range(args.seeds):
         ours.append(run_rlfleet(args.env, seed, args.actors, budget, extra))
         print("rlfleet", json.dumps(ours[-1]), flush=True)
-        theirs.append(run_peer(run_sb3_dqn, args.peer_threads, args.env, seed))
-        print("sb3", json.dumps(theirs[-1]), flush=True)
+        if "sb3" in args.peers:
+            theirs.append(run_peer(run_sb3_dqn, args.peer_threads, args.env, seed))
+            print("sb3", json.dumps(theirs[-1]), flush=True)
+        run_venv_peers(args, others, seed, budget, DQN_EVAL_EVERY)
     raw_steps = raw_env_steps_per_s(args.env)
     raw_updates = raw_updates_per_s(args.env)
     per_actor = median(ours, "env_steps_per_s") / args.actors
-    result = {
+    result: dict[str, Any] = {
         "algo": "dqn",
         "env": args.env,
         "target": TARGETS[args.env],
         "actors": args.actors,
         "rlfleet": {"median_wall_s": median(ours, "wall_s"), "median_env_steps": median(ours, "env_steps"),
-                    "solved": sum(r["solved"] for r in ours), "runs": len(ours)},
-        "sb3": {"median_wall_s": median(theirs, "wall_s"), "median_env_steps": median(theirs, "env_steps"),
-                "solved": sum(r["solved"] for r in theirs), "runs": len(theirs), "torch_threads": args.peer_threads},
-        "ratio": round(median(ours, "wall_s") / median(theirs, "wall_s"), 3),
-        # a ratio only counts where rlfleet solved as many seeds as the peer: an unsolved run's time is
-        # the time it took to spend the budget, which can make a failing side look fast
-        "ratio_counts": sum(r["solved"] for r in ours) >= sum(r["solved"] for r in theirs),
-        "solved": f"{sum(r['solved'] for r in ours)}/{len(ours)} vs {sum(r['solved'] for r in theirs)}/{len(theirs)}",
+                    "solved": sum(r["solved"] for r in ours), "runs": len(ours),
+                    "env_steps_per_s": round(median(ours, "steps_per_wall_s"), 1)},
+    }
+    if theirs:
+        result |= {
+            "sb3": {"median_wall_s": median(theirs, "wall_s"), "median_env_steps": median(theirs, "env_steps"),
+                    "solved": sum(r["solved"] for r in theirs), "runs": len(theirs),
+                    "torch_threads": args.peer_threads,
+                    "env_steps_per_s": round(statistics.median(r["env_steps"] / r["wall_s"] for r in theirs), 1)},
+            "ratio": round(median(ours, "wall_s") / median(theirs, "wall_s"), 3),
+            # a ratio only counts where rlfleet solved as many seeds as the peer: an unsolved run's time is
+            # the time it took to spend the budget, which can make a failing side look fast
+            "ratio_counts": sum(r["solved"] for r in ours) >= sum(r["solved"] for r in theirs),
+            "solved": f"{sum(r['solved'] for r in ours)}/{len(ours)} vs "
+                      f"{sum(r['solved'] for r in theirs)}/{len(theirs)}",
+        }
+    result |= peer_ratios(ours, theirs, others)
+    result |= {
         "env_steps_per_s_per_actor": round(per_actor, 1),
         "raw_env_steps_per_s": round(raw_steps, 1),
         "actor_ratio": round(per_actor / raw_steps, 3),
@@ -254,6 +279,27 @@ def dqn_main(args: argparse.Namespace) -> None:
         "learner_ratio": round(median(ours, "updates_per_s") / raw_updates, 3),
     }
     print(json.dumps(result))
+
+
+def run_venv_peers(args: argparse.Namespace, others: dict[str, list[dict[str, Any]]], seed: int, budget: int,
+                   eval_every: int, key: dict[str, Any] | None = None) -> None:
+    """One run of each peer of ``others`` (a venv peer) on ``seed``, appended to its list and recorded."""
+    for peer, runs in others.items():
+        runs.append(run_venv_peer(peer, args.algo, args.env, seed, budget, eval_every, TARGETS[args.env],
+                                  timeout_s=args.peer_timeout))
+        print(peer, json.dumps(runs[-1]), flush=True)
+        if key is not None:
+            record(args.runs_file, peer_setting(key), peer, seed, runs[-1])
+
+
+def peer_ratios(ours: list[dict[str, Any]], sb3: list[dict[str, Any]],
+                others: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The venv peers' blocks and ``ratio_<peer>`` against each peer that ran, sb3 included (its block is
+    the one the caller already made)."""
+    blocks = race_blocks(ours, ({"sb3": sb3} if sb3 else {}) | {p: r for p, r in others.items() if r})
+    blocks.pop("rlfleet")
+    blocks.pop("sb3", None)
+    return blocks
 
 
 def side(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -308,22 +354,26 @@ def paired_main(args: argparse.Namespace) -> None:
     # APPO has its own config where one is shipped (its pacing and learn calls differ from DPPO's)
     config_of = "appo" if args.algo == "ppo" and sync == "async" and ("appo", args.env) in CONFIGS else args.algo
     ours, theirs = [], []
+    others: dict[str, list[dict[str, Any]]] = {p: [] for p in args.peers if p in VENV_PEERS}
     key = {"algo": args.algo, "env": args.env, "sync": sync, "budget": budget, "sets": args.sets}
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         if not args.no_rlfleet:
             ours.append(run_rlfleet(args.env, seed, args.actors, budget, extra, config_of, evals[args.env]))
             print("rlfleet", json.dumps(ours[-1]), flush=True)
             record(args.runs_file, key, "rlfleet", seed, ours[-1])
-        if not args.no_sb3:
+        if not args.no_sb3 and "sb3" in args.peers:
             theirs.append(run_peer(peer, args.peer_threads, args.env, seed, budget))
             theirs[-1]["steps_per_wall_s"] = theirs[-1]["env_steps_per_s"]
             print("sb3", json.dumps(theirs[-1]), flush=True)
             record(args.runs_file, key, "sb3", seed, theirs[-1])
+        run_venv_peers(args, others, seed, budget, evals[args.env], key)
     if args.runs_file:  # the summary pools every run of this setting the file holds (the latest per seed)
         ours = recorded(args.runs_file, key, "rlfleet")
         theirs = recorded(args.runs_file, peer_setting(key), "sb3", threads=args.peer_threads)
+        others = {p: recorded(args.runs_file, peer_setting(key), p) for p in others}
     if not ours:
-        print(json.dumps({"algo": args.algo, "env": args.env, "sb3": side(theirs) if theirs else None}))
+        print(json.dumps({"algo": args.algo, "env": args.env, "sb3": side(theirs) if theirs else None}
+                         | {block_name(p): side(r) for p, r in others.items() if r}))
         return
     ours_solved = [r for r in ours if r["solved"]]
     theirs_solved = [r for r in theirs if r["solved"]]
@@ -341,6 +391,7 @@ def paired_main(args: argparse.Namespace) -> None:
         "solved": f"{len(ours_solved)}/{len(ours)} vs {len(theirs_solved)}/{len(theirs)}" if theirs else None,
         "rlfleet": rl, "sb3": side(theirs) if theirs else None,
         "raw_env_steps_per_s": round(raw_env_steps_per_s(args.env), 1),
+        **peer_ratios(ours, theirs, others),
     }
     print(json.dumps(result))
 
@@ -405,7 +456,19 @@ def main() -> None:
     ap.add_argument("--peer-threads", type=int, default=None,
                     help="torch threads of the SB3 peer (default: its faster count here, bench/peers/sb3_peers.py)")
     ap.add_argument("--workers", default="1,2,4", help="a3c: gradient worker counts to run (each on every seed)")
+    ap.add_argument("--peer", default="sb3",
+                    help="the peers to race, comma-separated: sb3 (in process), sample-factory (ppo), rllib (ppo, "
+                         "dqn); the last two from their venvs under .peers/ (make peers)")
+    ap.add_argument("--peer-timeout", type=float, default=4 * 3600.0,
+                    help="seconds a venv peer's run may take before the benchmark gives up on it")
     args = ap.parse_args()
+    try:
+        args.peers = parse_peers(args.peer)
+        for name in args.peers:
+            if name in VENV_PEERS:
+                check_peer(name, args.algo)
+    except (ValueError, PeerError) as exc:
+        ap.error(str(exc))
     args.peer_threads = args.peer_threads or PEER_THREADS[args.algo]
     torch.set_num_threads(1)
     if args.algo == "a3c":
