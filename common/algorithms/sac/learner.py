@@ -29,6 +29,7 @@ import torch
 from common.algorithms.actions import ActionScale, dims
 from common.algorithms.contract import DataSpec, Grads
 from common.algorithms.device import ArrayLike, columns_to_device, cpu_copy, to_device, use_bfloat16
+from common.algorithms.generators import generator_state, restore_generator
 from common.algorithms.learning import LearnerBase
 from common.algorithms.sac.config import SACConfig
 from common.algorithms.sac.networks import seeded_networks, squashed_sample
@@ -47,7 +48,7 @@ class SACLearner(LearnerBase):
     """Actor, twin critics and their targets, three Adams, the temperature. No sockets."""
 
     algorithm = "sac"
-    checkpoint_format = 2  # 2: the learner base's layout; the generator's state saved device-free
+    checkpoint_format = 2  # 2: the learner base's layout; the generator's state tagged with its device (generators.py)
 
     def __init__(self, cfg: SACConfig, observation_space: gym.Space, action_space: gym.Space, *,
                  device: str | torch.device = "auto", seed: int = 0, averager: GradientAverager | None = None) -> None:
@@ -137,10 +138,10 @@ class SACLearner(LearnerBase):
 
     def own_state(self) -> dict[str, Any]:
         return {"nets": cpu_copy(self.nets.state_dict()), "log_alpha": float(self.log_alpha.detach()),
-                "generator": self.gen.get_state().cpu()}
+                **generator_state(self.gen)}
 
     def load_own_state(self, state: Mapping[str, Any]) -> None:
         self.nets.load_state_dict(state["nets"])
         with torch.no_grad():
             self.log_alpha.fill_(float(state["log_alpha"]))
-        self.gen.set_state(state["generator"])
+        restore_generator(self.gen, state)  # another device's state: re-seeded from it

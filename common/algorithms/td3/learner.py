@@ -27,6 +27,7 @@ import torch
 from common.algorithms.actions import ActionScale
 from common.algorithms.contract import DataSpec, Grads
 from common.algorithms.device import ArrayLike, columns_to_device, cpu_copy, to_device
+from common.algorithms.generators import generator_state, restore_generator
 from common.algorithms.learning import LearnerBase
 from common.algorithms.schedules import linear
 from common.algorithms.td3.config import TD3Config
@@ -130,9 +131,9 @@ class TD3Learner(LearnerBase):
         self.nets.actor_target.load_state_dict(self.nets.actor.state_dict())
 
     def own_state(self) -> dict[str, Any]:
-        return {"nets": cpu_copy(self.nets.state_dict()), "generator": self.gen.get_state().cpu()}
+        return {"nets": cpu_copy(self.nets.state_dict()), **generator_state(self.gen)}
 
     def load_own_state(self, state: Mapping[str, Any]) -> None:
         self.nets.load_state_dict(state["nets"])
-        self.gen.set_state(state["generator"])
+        restore_generator(self.gen, state)  # another device's state: re-seeded from it
 
