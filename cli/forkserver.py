@@ -21,6 +21,11 @@ environment and working directory, and runs exactly what
 ``rlfleet service NAME ...`` runs. ``rlfleet service`` itself (containers) stays a
 plain process.
 
+A learner that may train on CUDA is never forked (:func:`needs_fresh_process`): CUDA cannot be
+used in a child of a process that imported torch's CUDA state, and a zygote must stay free to fork
+CPU members; such a learner starts as a fresh process. What the heavy zygote preloads leaves CUDA
+uninitialised (tests/unit/cli/test_zygote_cuda.py guards it).
+
 Requests and replies are JSON lines on the zygote's stdin and stdout (never
 pickle). Where any of this is unavailable (no subreaper: not Linux; a zygote
 that died or answers garbage) the launcher falls back to a fresh process.
@@ -41,7 +46,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -76,6 +81,22 @@ def become_subreaper() -> bool:
 
 def enabled() -> bool:
     return os.environ.get(ENV_DISABLE, "1") not in ("0", "false", "no", "off") and become_subreaper()
+
+
+def gpu_visible(environ: Mapping[str, str] = os.environ, dev: Path = Path("/dev")) -> bool:
+    """Whether this host shows an NVIDIA GPU to its processes (a device node, and CUDA_VISIBLE_DEVICES
+    not hiding every one), without importing torch."""
+    if environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
+        return False
+    return any(dev.glob("nvidia[0-9]*"))
+
+
+def needs_fresh_process(service: str, learner_device: str, gpu: bool) -> bool:
+    """Whether ``service`` must start as a fresh process rather than be forked by a zygote: a learner
+    whose ``learner.device`` is CUDA, or ``auto`` where the host shows a GPU (``gpu``)."""
+    if service != "learner":
+        return False
+    return learner_device.startswith("cuda") or (learner_device == "auto" and gpu)
 
 
 class ForkedProcess:

@@ -26,7 +26,7 @@ import click
 from cli.dispatch import build
 from cli.env_check import check_env
 from cli.fleetview import FleetView, Scrape, scrape
-from cli.forkserver import ForkedProcess, ForkServerError, ForkServers, reap_orphans
+from cli.forkserver import ForkedProcess, ForkServerError, ForkServers, gpu_visible, needs_fresh_process, reap_orphans
 from cli.supervision import RestartPolicy
 from common import config as config_mod
 from common import security
@@ -167,7 +167,10 @@ class Fleet:
         if m.actor_id:
             argv += ["--actor-id", m.actor_id]
         assert m.log_path is not None
-        if self.forkservers is not None:
+        if self.forkservers is not None and needs_fresh_process(m.name, self.cfg.learner.device, gpu_visible()):
+            log.info("%s: may train on CUDA (learner.device=%s): a fresh process, not forked", m.label,
+                     self.cfg.learner.device)
+        elif self.forkservers is not None:
             try:
                 m.proc = self.forkservers.fork(m.name, argv, m.log_path)
                 self.sessions.add(m.proc.pid)
