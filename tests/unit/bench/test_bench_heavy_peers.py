@@ -20,7 +20,9 @@ from bench.peers.sb3_sac import SAC_EVAL_EVERY
 
 HEAVY = [row.name for row in SUITE if row.max_seconds is not None]
 WALL = 2.0
-START_UP = 15.0  # building the envs and the model on a loaded machine; a peer stops at its first step after
+# Building the envs and the model, then the first step after the budget: a generous bound (a loaded machine
+# took over 15 s to build Hopper's), where a peer that ignored its wall budget would run 10M env steps for hours
+START_UP = 120.0
 
 
 def children() -> set[int]:
