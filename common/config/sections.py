@@ -187,7 +187,9 @@ class ReplayConfig(Strict):
 
 
 class LearnerConfig(Strict):
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+                        description="auto: CUDA where torch can use a GPU and the published networks hold at "
+                        "least 100,000 parameters, else CPU; the learner logs and exports its choice")
     table: str = Field("main", description="replay table to train from")
     torch_threads: PosInt = Field(
         1, description="torch intra-op threads on CPU; small nets train fastest on one, beside other services"

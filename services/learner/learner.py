@@ -40,7 +40,7 @@ import torch
 from common import algorithms
 from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
 from common.algorithms.data_parallel import CollectiveError, GradientAverager, broadcast_learner
-from common.algorithms.device import resolve_device
+from common.algorithms.device_choice import DeviceChoice, DriverTooOld, choose_device, probe_cuda
 from common.clients.version_probe import VersionProbe
 from common.clients.weights_publisher import WeightsPublisher
 from common.clients.weights_reader import WeightsReader
@@ -75,18 +75,20 @@ class LearnerService:
         torch.set_num_threads(cfg.learner.torch_threads)
         obs_space, act_space = probe_env(cfg)
         self.algo = algorithms.get(cfg.algorithm.name)
+        self.device_choice = self._choose_device(obs_space, act_space)
         # several learners: ranks of one group, each training on its share of every batch (ranks.py)
-        self.group = ranks.join_answering_health(cfg, resolve_device(cfg.learner.device)) if cfg.learners > 1 \
+        self.group = ranks.join_answering_health(cfg, self.device_choice.device) if cfg.learners > 1 \
             else None
         self.rank = self.group.rank if self.group is not None else 0
         self.averager = GradientAverager() if self.group is not None else None
         self.core = self.algo.make_learner(
             ranks.per_rank_config(cfg.algorithm, cfg.learners), obs_space, act_space,
-            device=self.group.device if self.group is not None else cfg.learner.device,  # a rank: its own GPU
+            device=self.group.device if self.group is not None else self.device_choice.device,  # a rank: its own GPU
             seed=cfg.seed, averager=self.averager,
         )
         self.metrics = ServiceMetrics("learner", self.rank)
         self._define_metrics()
+        self.m_device.labels(str(self.core.device), self.device_choice.reason).set(1)
         self.version = 0
         self.ckpt = checkpoint_path(cfg)
         state = load_checkpoint(self.ckpt)
@@ -121,8 +123,26 @@ class LearnerService:
         self.m_version.set(max(self.version, self.start_version - 1))
         log.info("learner: %s on %s, %s protocol", cfg.algorithm.name, self.core.device, cfg.sync)
 
+    def _choose_device(self, obs_space: Any, act_space: Any) -> DeviceChoice:
+        """``learner.device`` decided (common/algorithms/device_choice.py: auto's rule) and said in the log."""
+        cfg = self.cfg
+
+        def parameters() -> int:  # auto with CUDA usable: how big the networks are, built on CPU
+            cpu = self.algo.make_learner(ranks.per_rank_config(cfg.algorithm, cfg.learners), obs_space, act_space,
+                                         device="cpu", seed=cfg.seed)
+            return sum(int(w.size) for w in cpu.weights().values())
+
+        try:
+            choice = choose_device(cfg.learner.device, probe_cuda, parameters)
+        except (DriverTooOld, ValueError) as exc:
+            raise StartupError(f"{exc} (learner.device={cfg.learner.device})") from None
+        log.info("learner: trains on %s (%s): %s", choice.device, choice.reason, choice.detail)
+        return choice
+
     def _define_metrics(self) -> None:
         m = self.metrics
+        self.m_device = m.gauge("learner_device_info", "1 for the device this learner trains on, and why "
+                                "(asked; auto: CUDA, no CUDA or small network).", ["device", "reason"])
         self.m_version = m.gauge("learner_version", "Newest weights version published.")
         self.m_world = m.gauge("learner_world_size", "Learners in this learner's data-parallel group.")
         self.m_world.set(1)
