@@ -116,8 +116,10 @@ CSV_FIELDS = ("wall_s", "env_steps", "updates", "eval_return", "eval_version", "
 class FleetView:
     """Live console table (on a terminal) or a plain line every few seconds, plus progress.csv."""
 
-    def __init__(self, members: list[Any], csv_path: Path, live: bool) -> None:
+    def __init__(self, members: list[Any], csv_path: Path, live: bool, lines: bool = True) -> None:
+        """``live``: the console table (on a terminal); else, with ``lines``, a plain line every few seconds."""
         self.members = members
+        self.lines = lines
         self.best_return: float | None = None
         self._prev: Scrape | None = None
         self._csv_file = open(csv_path, "w", newline="")  # noqa: SIM115 (closed in close())
@@ -160,7 +162,7 @@ class FleetView:
             table.add_row(f"{snap.elapsed:.0f} s", f"{snap.steps_per_s:.0f}", f"{snap.updates_per_s:.0f}",
                           f"{snap.replay_size:.0f}", f"v{snap.version:.0f}", ret, f"{ok}/{len(snap.healthy)}")
             self._live.update(table)
-        elif time.monotonic() - self._last_print >= 5.0:
+        elif self.lines and time.monotonic() - self._last_print >= 5.0:
             self._last_print = time.monotonic()
             print(f"[{snap.elapsed:5.0f} s] steps {snap.env_steps:.0f} ({snap.steps_per_s:.0f}/s)  "
                   f"updates {snap.updates:.0f} ({snap.updates_per_s:.0f}/s)  replay {snap.replay_size:.0f}  "

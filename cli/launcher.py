@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import Any
 import click
 
 from cli.dispatch import build
+from cli.ending import Ending
+from cli.ending import write as write_ending
 from cli.env_check import check_env
 from cli.fleetview import FleetView, Scrape, scrape
 from cli.forkserver import ForkedProcess, ForkServerError, ForkServers, gpu_visible, needs_fresh_process, reap_orphans
@@ -299,34 +302,63 @@ def tail(path: Path | None, lines: int = 15) -> str:
     return "\n".join("    " + line for line in text)
 
 
+@dataclass
+class Launched:
+    """What :func:`launch` returns: the exit code, and the run directory with its ending (None when the
+    run was refused before it had one: a config or env error, said through ``say``)."""
+
+    code: int
+    run_dir: Path | None = None
+    ending: Ending | None = None
+
+
+def _echo(message: str, err: bool = False) -> None:
+    click.echo(message, err=err)
+
+
 def run_fleet(
     cfg: Experiment, actors: int, until_return: float | None, max_seconds: float | None, inproc: bool,
     run_root: str = "runs", live: bool | None = None, max_env_steps: int | None = None,
     forkservers: ForkServers | None = None, restart: str = "on-failure",
 ) -> int:
     """Run a local fleet; returns the process exit code. ``restart``: see cli/supervision.py."""
+    return launch(cfg, actors, until_return, max_seconds, inproc, run_root, live, max_env_steps, forkservers,
+                  restart).code
+
+
+def launch(
+    cfg: Experiment, actors: int, until_return: float | None, max_seconds: float | None, inproc: bool,
+    run_root: str = "runs", live: bool | None = None, max_env_steps: int | None = None,
+    forkservers: ForkServers | None = None, restart: str = "on-failure",
+    say: Callable[[str, bool], None] = _echo, handle_signals: bool = True, progress: bool = True,
+) -> Launched:
+    """Run a local fleet until a target, a budget, a signal or a failure; writes RUN_DIR/ending.json.
+
+    ``say(message, is_error)`` gets every line for a person. ``handle_signals`` False (the Python API):
+    SIGINT and SIGTERM handlers are left as they are, and a KeyboardInterrupt stops the fleet as SIGINT
+    would. ``progress`` False: no progress line (the live view or its line every few seconds)."""
     if inproc and cfg.learners > 1:
-        click.echo(f"rlfleet: learners={cfg.learners} needs a fleet of processes (a torch.distributed rank each); "
-                   "allowed with --inproc: learners=1", err=True)
-        return EXIT_CONFIG
+        say(f"rlfleet: learners={cfg.learners} needs a fleet of processes (a torch.distributed rank each); "
+            "allowed with --inproc: learners=1", True)
+        return Launched(EXIT_CONFIG)
     try:
         check_env(cfg, forkservers)
     except EnvError as exc:
-        click.echo(f"rlfleet: {exc}", err=True)
-        return EXIT_CONFIG
+        say(f"rlfleet: {exc}", True)
+        return Launched(EXIT_CONFIG)
     run_dir = make_run_dir(cfg, run_root)
     cfg, members = plan(cfg, actors, run_dir, inproc)
     try:
         cfg, made = security.local_keys(cfg, run_dir)
     except config_mod.ConfigError as exc:
-        click.echo(f"rlfleet: {exc}", err=True)
-        return EXIT_CONFIG
+        say(f"rlfleet: {exc}", True)
+        return Launched(EXIT_CONFIG, run_dir)
     if inproc:
         setup_logging("INFO", run_dir / "logs" / "fleet.log")
-    click.echo(f"run directory: {run_dir}")
+    say(f"run directory: {run_dir}", False)
     if made:
-        click.echo(f"security.mode=curve without keys: made a throwaway set in {made[0].path.parent} "
-                   "(this run only; 'rlfleet keys' makes keys to keep)")
+        say(f"security.mode=curve without keys: made a throwaway set in {made[0].path.parent} "
+            "(this run only; 'rlfleet keys' makes keys to keep)", False)
     fleet = Fleet(cfg, members, run_dir, inproc, forkservers=forkservers)
     stop = threading.Event()
     reason: list[str] = []
@@ -335,21 +367,27 @@ def run_fleet(
         reason.append(signal.Signals(signum).name)
         stop.set()
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    view = FleetView(members, run_dir / "progress.csv", live=sys.stdout.isatty() if live is None else live)
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if handle_signals else {}
+    live = (sys.stdout.isatty() if live is None else live) and progress
+    view = FleetView(members, run_dir / "progress.csv", live=live, lines=progress)
     code = EXIT_FAILED
+    how, detail = "failed", "the fleet did not start"
+    start, started_at = time.monotonic(), time.time()
+    snap: Scrape | None = None
     try:
         fleet.start(stop)
         fleet.wait_healthy(cfg.network.timeout_s * 6, stop)
-        start = time.monotonic()
+        start, started_at = time.monotonic(), time.time()
         policy = RestartPolicy(restart)
         while not stop.wait(1.0):
             for line in fleet.supervise(policy):
-                click.echo(f"rlfleet: {line}", err=True)
-            snap: Scrape = view.update(time.monotonic() - start)
+                say(f"rlfleet: {line}", True)
+            snap = view.update(time.monotonic() - start)
             if until_return is not None and snap.eval_return is not None and snap.eval_return >= until_return:
-                click.echo(f"target reached: eval return {snap.eval_return:.1f} >= {until_return:g} "
-                           f"after {snap.elapsed:.0f} s, {snap.env_steps:.0f} env steps")
+                how = "target"
+                detail = (f"eval return {snap.eval_return:.1f} >= {until_return:g} after {snap.elapsed:.0f} s, "
+                          f"{snap.env_steps:.0f} env steps")
+                say(f"target reached: {detail}", False)
                 code = EXIT_TARGET
                 break
             out_of_time = max_seconds is not None and snap.elapsed >= max_seconds
@@ -359,19 +397,30 @@ def run_fleet(
                 target = f"eval return {until_return:g}" if until_return is not None else "the end"
                 budget = f"time is up ({max_seconds:g} s)" if out_of_time else \
                     f"env-step budget spent ({snap.env_steps:.0f} >= {max_env_steps})"
-                click.echo(f"rlfleet: {budget} before {target}; best eval return: {best}", err=True)
+                how, detail = "budget", f"{budget} before {target}"
+                say(f"rlfleet: {budget} before {target}; best eval return: {best}", True)
                 code = EXIT_TIMEOUT if until_return is not None else EXIT_TARGET
                 break
         else:
-            click.echo(f"stopping on {reason[0] if reason else 'request'}")
+            how, detail = "stopped", f"on {reason[0] if reason else 'request'}"
+            say(f"stopping {detail}", False)
             code = EXIT_STOPPED if until_return is not None else EXIT_TARGET
     except (FleetError, FatalError, EnvError) as exc:  # the last two: an --inproc member could not start
-        click.echo(f"rlfleet: {exc}", err=True)
-        code = EXIT_FAILED
+        say(f"rlfleet: {exc}", True)
+        how, detail, code = "failed", str(exc).splitlines()[0], EXIT_FAILED
+    except KeyboardInterrupt:
+        if handle_signals:
+            raise
+        how, detail = "stopped", "on KeyboardInterrupt"
+        code = EXIT_STOPPED if until_return is not None else EXIT_TARGET
     finally:
         view.close()
         fleet.stop()
         for s, h in old.items():
             signal.signal(s, h)
-        click.echo(f"stopped; logs, progress.csv and checkpoints in {run_dir}")
-    return code
+        wall = snap.elapsed if snap is not None else 0.0
+        ending = Ending(how, detail, code, int(snap.env_steps) if snap is not None else 0, wall, started_at,
+                        view.best_return, until_return, max_env_steps, max_seconds)
+        write_ending(run_dir, ending)
+        say(f"stopped; logs, progress.csv and checkpoints in {run_dir}", False)
+    return Launched(code, run_dir, ending)

@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from cli.ending import Ending
+from cli.ending import write as write_ending
 from common import algorithms
 from common.algorithms.checkpoint import save_checkpoint
 from common.config import Experiment, dump
@@ -151,7 +153,7 @@ class SerialRunner:
         self.version = 0
         self.env_steps = 0
         self._since_publish = 0
-        self._started_at = time.time()
+        self.started_at = time.time()
 
     # -- acting -----------------------------------------------------------------
     def act(self) -> None:
@@ -217,7 +219,7 @@ class SerialRunner:
         """Train until an evaluation reaches ``until_return`` or a budget is spent."""
         cfg = self.cfg
         start = time.perf_counter()
-        self._started_at = time.time()
+        self.started_at = time.time()
         every = cfg.evaluator.every_steps or DEFAULT_EVAL_EVERY
         next_eval = every
         eval_seed = cfg.seed + EVAL_SEED_OFFSET
@@ -269,7 +271,7 @@ class SerialRunner:
         (self.run_dir / "config.yaml").write_text(dump(self.cfg))
         rows = ["wall_time,env_steps,version,mean_return,std_return,episodes,seconds"]
         episodes = self.cfg.evaluator.episodes
-        rows += [f"{self._started_at + e.wall_s:.3f},{e.env_steps},{e.version},{e.mean:.4f},{e.std:.4f},{episodes},"
+        rows += [f"{self.started_at + e.wall_s:.3f},{e.env_steps},{e.version},{e.mean:.4f},{e.std:.4f},{episodes},"
                  for e in result.evaluations]
         (self.run_dir / "evaluations.csv").write_text("\n".join(rows) + "\n")
         weights = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.learner.weights().items()}
@@ -286,10 +288,31 @@ class SerialRunner:
 
 
 def train_serial(cfg: Experiment, until_return: float | None = None, max_env_steps: int | None = None,
-                 max_seconds: float | None = None, run_dir: str | Path | None = None) -> SerialResult:
-    """Build a :class:`SerialRunner` for ``cfg``, run it, close it."""
+                 max_seconds: float | None = None, run_dir: str | Path | None = None,
+                 on_eval: Callable[[Evaluation], None] | None = None) -> SerialResult:
+    """Build a :class:`SerialRunner` for ``cfg``, run it, close it; with ``run_dir``, its ending.json too."""
     runner = SerialRunner(cfg, run_dir)
     try:
-        return runner.run(until_return, max_env_steps, max_seconds)
+        result = runner.run(until_return, max_env_steps, max_seconds, on_eval)
     finally:
         runner.close()
+    if run_dir is not None:
+        write_ending(run_dir, serial_ending(result, runner.started_at, until_return, max_env_steps, max_seconds))
+    return result
+
+
+def serial_ending(result: SerialResult, started_at: float, until_return: float | None, max_env_steps: int | None,
+                  max_seconds: float | None) -> Ending:
+    """How a serial run ended, with the exit code `rlfleet train` gives it."""
+    if result.solved:
+        last = result.evaluations[-1]
+        how, detail = "target", (f"eval return {last.mean:.1f} >= {until_return:g} after {last.wall_s:.0f} s, "
+                                 f"{last.env_steps} env steps")
+    else:
+        spent = max_env_steps is not None and result.env_steps >= max_env_steps
+        how = "budget"
+        detail = f"env-step budget spent ({result.env_steps} >= {max_env_steps})" if spent else \
+            f"time is up ({max_seconds} s)"
+    code = 0 if result.solved or until_return is None else 3
+    return Ending(how, detail, code, result.env_steps, result.wall_s, started_at, result.best, until_return,
+                  max_env_steps, max_seconds)
