@@ -8,6 +8,10 @@ scraped on their container IP at ``--port``, default 9100). Scrapes twice,
 ``--interval`` apart, to show rates. Exit code 0 when every member is healthy,
 1 otherwise, 2 when no member could be found.
 
+A finished run (``--run`` on a directory with ``ending.json``, written by `rlfleet up` and
+`rlfleet train` when they stop) is not scraped: status says how it ended (target reached, budget
+spent, stopped, failed) and exits 0.
+
 A compose project's Prometheus and Grafana (profile ``monitoring``) have no
 rlfleet /healthz: each is read on its own port, Prometheus (9090) healthy when
 /-/ready answers 200, with how many of its scrape targets are up
@@ -20,7 +24,7 @@ import http.client
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
+from cli import ending
 from cli.fleetview import fetch
 
 
@@ -235,6 +240,15 @@ def collect_status(targets: list[Target], interval_s: float) -> list[dict[str, A
     return rows
 
 
+def show_ending(run_dir: str | Path, as_json: bool) -> None:
+    """How a finished run ended (its ending.json), for a person or as JSON."""
+    end = ending.read(run_dir)
+    if as_json:
+        click.echo(json.dumps({"run": str(run_dir), "finished": True, **asdict(end)}, indent=1))
+    else:
+        click.echo(f"{run_dir}: finished, {end.summary()}; exit code {end.code}")
+
+
 @click.command("status")
 @click.option("--run", "run_dir", type=click.Path(file_okay=False), default=None,
               help="a local run directory (reads its fleet.json)")
@@ -250,13 +264,16 @@ def status(run_dir: str | None, urls: tuple[str, ...], project: str | None, port
     try:
         if sum(x is not None and x != () for x in (run_dir, urls, project)) != 1:
             raise StatusError("give exactly one of --run RUN_DIR, --url URL (repeatable), --compose PROJECT")
+        if run_dir is not None and (Path(run_dir) / ending.FILE).is_file():
+            show_ending(run_dir, as_json)
+            sys.exit(0)
         if run_dir is not None:
             targets = targets_from_run(run_dir)
         elif project is not None:
             targets = targets_from_compose(project, port)
         else:
             targets = [Target(u, u) for u in urls]
-    except StatusError as exc:
+    except (StatusError, ending.EndingError) as exc:
         click.echo(f"rlfleet status: {exc}", err=True)
         sys.exit(2)
     rows = collect_status(targets, interval)
