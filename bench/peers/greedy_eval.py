@@ -43,10 +43,14 @@ def greedy_returns(act: GreedyPolicy, env_id: str, seed: int, episodes: int = EV
 
 class Evaluations:
     """The evaluations of one peer run: due each time the env steps pass a multiple of ``every``; the clock
-    runs from ``start_epoch`` (when the benchmark launched the runner, start-up included)."""
+    runs from ``start_epoch`` (when the benchmark launched the runner, start-up included). Only weights from
+    within ``budget`` env steps can solve (as rlfleet's side: a peer that trains on while it evaluates may
+    pass its budget first)."""
 
-    def __init__(self, env_id: str, seed: int, every: int, target: float | None, start_epoch: float) -> None:
+    def __init__(self, env_id: str, seed: int, every: int, target: float | None, start_epoch: float,
+                 budget: int | None = None) -> None:
         self.env_id, self.seed, self.every, self.target = env_id, seed, every, target
+        self.budget = budget
         self.start_epoch = start_epoch
         self.next_at = every
         self.curve: list[list[float]] = []  # [env steps, wall seconds from launch, mean return]
@@ -61,14 +65,15 @@ class Evaluations:
         mean = float(greedy_returns(act, self.env_id, self.seed).mean())
         wall = time.time() - self.start_epoch
         self.curve.append([env_steps, round(wall, 2), round(mean, 2)])
-        if self.target is not None and mean >= self.target and self.hit is None:
+        within = self.budget is None or env_steps <= self.budget
+        if self.target is not None and mean >= self.target and within and self.hit is None:
             self.hit = (env_steps, wall)
         return self.hit is not None
 
     def result(self, env_steps: int, **extra: Any) -> dict[str, Any]:
         """The run's JSON object: an unsolved run reports the wall time it took to spend its budget."""
         wall = self.hit[1] if self.hit else time.time() - self.start_epoch
-        steps = self.hit[0] if self.hit else env_steps
+        steps = self.hit[0] if self.hit else env_steps if self.budget is None else min(env_steps, self.budget)
         return {"seed": self.seed, "solved": self.hit is not None, "wall_s": round(wall, 2), "env_steps": steps,
                 "env_steps_per_s": round(steps / wall, 1) if wall > 0 else 0.0, "evaluations": self.curve,
                 "best_return": max((c[2] for c in self.curve), default=None), **extra}

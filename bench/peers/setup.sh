@@ -3,6 +3,7 @@
 # pinned and built from the package registry only; nothing of it goes into the project's own .venv.
 # Idempotent: a peer whose venv was built with the same pins is left as it is. Where a peer cannot be
 # installed, pip's error is in .peers/<peer>.log and the other peers are still built (exit 1 at the end).
+# bench/peers/setup.sh [sample-factory] [rllib]: only those; two runs at once build each venv once (a lock each).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -21,9 +22,15 @@ build() {  # build NAME PINS...: .peers/NAME with exactly PINS, unless it alread
         echo "$name: up to date ($venv)"
         return 0
     fi
+    mkdir -p "$PEERS"
+    exec {lock}> "$PEERS/$name.lock"
+    flock "$lock"
+    if [[ -f "$venv/.pins" && "$(cat "$venv/.pins")" == "$pins" ]]; then
+        echo "$name: up to date ($venv)"
+        return 0
+    fi
     echo "$name: building $venv with $pins (log: $PEERS/$name.log)"
     rm -rf "$venv"
-    mkdir -p "$PEERS"
     if "$PYTHON" -m venv "$venv" > "$PEERS/$name.log" 2>&1 \
         && "$venv/bin/pip" install --quiet "$@" >> "$PEERS/$name.log" 2>&1; then
         "$venv/bin/pip" freeze > "$PEERS/$name.freeze.txt"
@@ -36,7 +43,12 @@ build() {  # build NAME PINS...: .peers/NAME with exactly PINS, unless it alread
     return 1
 }
 
+ARGS=("$@")
+for name in "${ARGS[@]}"; do
+    [[ "$name" == sample-factory || "$name" == rllib ]] || { echo "unknown peer $name: sample-factory, rllib" >&2; exit 2; }
+done
+wanted() { [[ ${#ARGS[@]} -eq 0 || " ${ARGS[*]} " == *" $1 "* ]]; }
 status=0
-build sample-factory "${SAMPLE_FACTORY[@]}" || status=1
-build rllib "${RLLIB[@]}" || status=1
+if wanted sample-factory; then build sample-factory "${SAMPLE_FACTORY[@]}" || status=1; fi
+if wanted rllib; then build rllib "${RLLIB[@]}" || status=1; fi
 exit $status

@@ -87,3 +87,10 @@ def test_evaluations_are_due_at_each_multiple_and_the_first_hit_counts() -> None
     assert not evals.due(1999) and evals.due(2000)
     result = evals.result(5000)
     assert result["solved"] and result["env_steps"] == 1003 and result["evaluations"][0][0] == 1003
+
+
+def test_weights_from_past_the_budget_do_not_solve() -> None:
+    evals = greedy_eval.Evaluations("CartPole-v1", seed=0, every=1000, target=10.0, start_epoch=0.0, budget=1500)
+    assert not evals.evaluate(PoleLeaner(), 2000)  # a peer that trained on while it evaluated
+    result = evals.result(2600)
+    assert not result["solved"] and result["env_steps"] == 1500 and result["evaluations"][0][2] >= 10.0
