@@ -24,7 +24,7 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q --durations=15 -m "not multinode"
 
-# A second Docker engine joined as a swarm worker (tests/containers/test_swarm_two_nodes.py): ~15 min, root.
+# A second Docker engine joined as a swarm worker (tests/containers/test_swarm_two_nodes.py): ~20 min, root.
 test-multinode: setup
 	$(BIN)/python -m pytest -q -s -m multinode tests/containers
 

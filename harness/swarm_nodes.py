@@ -210,13 +210,14 @@ def load_image(image: str, timeout_s: float = 1800) -> bool:
 class TwoNodeSwarm:
     """Node A's engine made a swarm manager on the veth address (unless it already is one) and node B
     joined as a worker; the labels put the core on A and the actors on B. ``close()`` takes node B
-    out and leaves the swarm if this made it."""
+    out and leaves the swarm if this made it (else gives A back its labels): the engine as found."""
 
     client_a: Any
     node_b: NodeB
     made_swarm: bool = False
     node_a_id: str = ""
     node_b_id: str = ""
+    _labels_a: dict[str, str] = field(default_factory=dict)
 
     def __enter__(self) -> TwoNodeSwarm:
         info = self.client_a.info().get("Swarm", {})
@@ -228,6 +229,7 @@ class TwoNodeSwarm:
             self.client_a.swarm.init(advertise_addr=ADDR_A, listen_addr=f"{ADDR_A}:2377")
             self.made_swarm = True
         self.node_a_id = self.client_a.info()["Swarm"]["NodeID"]
+        self._labels_a = dict(self.client_a.nodes.get(self.node_a_id).attrs["Spec"].get("Labels") or {})
         token = self.client_a.swarm.attrs["JoinTokens"]["Worker"]
         docker_b("swarm", "join", "--token", token, "--advertise-addr", ADDR_B, "--listen-addr",
                  f"{ADDR_B}:2377", f"{ADDR_A}:2377")
@@ -241,15 +243,19 @@ class TwoNodeSwarm:
     def label(self, core: str, actors: str) -> None:
         """Put the core and the actors on node "a" or "b" (a label moved away is removed)."""
         for which, node_id in (("a", self.node_a_id), ("b", self.node_b_id)):
-            node = self.client_a.nodes.get(node_id)
-            spec = node.attrs["Spec"]
-            labels = spec.setdefault("Labels", {})
-            for key, where in ((LABEL_CORE, core), (LABEL_ACTORS, actors)):
-                if where == which:
-                    labels[key] = "true"
-                else:
-                    labels.pop(key, None)
-            node.update(spec)
+            self._set_labels(node_id, {key: where == which for key, where in ((LABEL_CORE, core),
+                                                                                (LABEL_ACTORS, actors))})
+
+    def _set_labels(self, node_id: str, labels: dict[str, bool]) -> None:
+        node = self.client_a.nodes.get(node_id)
+        spec = node.attrs["Spec"]
+        held = spec.setdefault("Labels", {})
+        for key, on in labels.items():
+            if on:
+                held[key] = "true"
+            else:
+                held.pop(key, None)
+        node.update(spec)
 
     def node_state(self, which: str) -> str:
         node = self.client_a.nodes.get(self.node_a_id if which == "a" else self.node_b_id)
@@ -263,5 +269,8 @@ class TwoNodeSwarm:
         finally:
             if self.made_swarm:
                 self.client_a.swarm.leave(force=True)
-            elif self.node_a_id:
-                self.label(core="", actors="")
+            elif self.node_a_id:  # a swarm that was there before: A's labels as they were
+                node = self.client_a.nodes.get(self.node_a_id)
+                spec = node.attrs["Spec"]
+                spec["Labels"] = self._labels_a
+                node.update(spec)

@@ -18,9 +18,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -28,11 +28,14 @@ from harness import skips
 from harness.docker_fleet import ROOT, SHORT_ENV, metrics, wait_for, write_env_file
 from harness.swarm_nodes import HOST, NodeB, TwoNodeSwarm, kernel_has_ipvs, load_image, unavailable
 
-pytestmark = pytest.mark.multinode
+# image copy, first start, a node's death and return, two 60 s windows: more than the suite's 600 s
+pytestmark = [pytest.mark.multinode, pytest.mark.timeout(1800)]
 
 STARTUP_S = 420  # torch imported in every container on a loaded 2-core machine, node B's first start
 WINDOW_S = 60.0  # env steps/s measured over this
 DOWN_S = 20.0  # node B stays dead this long
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -64,9 +67,10 @@ class TwoNodeStack:
         self.file = tmp_path / "stack.yml"
         self.env_file = write_env_file(tmp_path / "fleet.env", SHORT_ENV)
 
-    def write(self, actors: int) -> None:
-        cmd = [sys.executable, "-m", "cli", "stack", "--config", "configs/cartpole-dqn.yaml", "--env-file",
-               str(self.env_file), "--actors", str(actors), "-o", str(self.file)]
+    def write(self, *options: str, config: str = "configs/cartpole-dqn.yaml") -> None:
+        """`rlfleet stack` with these options (--actors 2, --replay-shards 2, ...)."""
+        cmd = [sys.executable, "-m", "cli", "stack", "--config", config, "--env-file", str(self.env_file),
+               *options, "-o", str(self.file)]
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=120)
 
     def deploy(self) -> None:
@@ -136,10 +140,16 @@ def replay_acked(stack: TwoNodeStack) -> tuple[float, float]:
     return m.get("rlfleet_replay_inserts_total", 0.0), m.get("rlfleet_replay_size", 0.0)
 
 
+def read(fetch: Callable[[], T], what: str) -> T:
+    """fetch() once it answers: a `docker exec` into a busy container can time out once."""
+    return wait_for(fetch, lambda _: True, STARTUP_S, what)
+
+
 def steps_per_s(stack: TwoNodeStack, node: str) -> float:
-    first, t0 = env_steps(stack, node), time.monotonic()
+    first, t0 = read(lambda: env_steps(stack, node), "env steps"), time.monotonic()
     time.sleep(WINDOW_S)
-    return (env_steps(stack, node) - first) / (time.monotonic() - t0)
+    last, t1 = read(lambda: env_steps(stack, node), "env steps"), time.monotonic()
+    return (last - first) / (t1 - t0)
 
 
 def trains_with_actors_on(stack: TwoNodeStack, node: str, actors: int, what: str) -> None:
@@ -159,7 +169,7 @@ def test_fleet_trains_across_two_nodes_and_survives_node_b_dying(
     pair, client_b = swarm
     actors = 2
     stack = TwoNodeStack(docker_client, client_b, tmp_path)
-    stack.write(actors)
+    stack.write("--actors", str(actors))
     figures: dict[str, Any] = {"ipvs": kernel_has_ipvs()}
     try:
         stack.deploy()
@@ -169,7 +179,7 @@ def test_fleet_trains_across_two_nodes_and_survives_node_b_dying(
         figures["two_node_env_steps_per_s"] = steps_per_s(stack, "b")
 
         # node B loses power; what replay acked stays acked
-        acked_before = replay_acked(stack)
+        acked_before = read(lambda: replay_acked(stack), "replay's inserts and size")
         t_kill = time.monotonic()
         pair.node_b.kill()
         wait_for(lambda: pair.node_state("b"), lambda s: s == "down", STARTUP_S, "the manager sees node B down")
@@ -178,14 +188,14 @@ def test_fleet_trains_across_two_nodes_and_survives_node_b_dying(
         t_back = time.monotonic()
         pair.node_b.start()
         wait_for(lambda: pair.node_state("b"), lambda s: s == "ready", STARTUP_S, "node B ready again")
-        updates_back = learner_updates(stack)
+        updates_back = read(lambda: learner_updates(stack), "the learner's updates")
         trains_with_actors_on(stack, "b", actors, "after node B came back")
         wait_for(lambda: live_actors(stack), lambda n: n == actors, STARTUP_S, f"{actors} live actors again")
         t_trains = time.monotonic()
-        assert learner_updates(stack) > updates_back
+        assert read(lambda: learner_updates(stack), "the learner's updates") > updates_back
         figures["kill_to_training_s"] = t_trains - t_kill
         figures["return_to_training_s"] = t_trains - t_back
-        acked_after = replay_acked(stack)
+        acked_after = read(lambda: replay_acked(stack), "replay's inserts and size")
         assert acked_after[0] >= acked_before[0], f"replay's acked inserts went back: {acked_before} -> {acked_after}"
         assert acked_after[1] >= acked_before[1], f"replay lost items: {acked_before} -> {acked_after}"
 
@@ -197,6 +207,70 @@ def test_fleet_trains_across_two_nodes_and_survives_node_b_dying(
         figures["two_node_over_one_node"] = figures["two_node_env_steps_per_s"] / figures["one_node_env_steps_per_s"]
         print("two-node swarm:", json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                             for k, v in figures.items()}))
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.rm()
+
+
+def config_of(container: Any) -> str:
+    code, out = container.exec_run(["cat", "/etc/rlfleet/config.yaml"])
+    assert code == 0, out
+    return str(out.decode())
+
+
+def service_configs(stack: TwoNodeStack, service: str) -> list[str]:
+    out = subprocess.run(["docker", "service", "inspect", "-f",
+                          "{{range .Spec.TaskTemplate.ContainerSpec.Configs}}{{.ConfigName}} {{end}}",
+                          f"{stack.name}_{service}"], capture_output=True, text=True, check=True).stdout
+    return out.split()
+
+
+def test_sharded_stack_trains_across_two_nodes_and_rolls_onto_an_edited_experiment_file(
+    swarm: tuple[TwoNodeSwarm, Any], docker_client: Any, tmp_path: Path
+) -> None:
+    """`rlfleet stack` with 2 replay and 2 paramserver shards: both replay shards store the actors'
+    inserts from node B, both paramserver shards hold the learner's versions. Then the experiment file
+    is edited and the stack deployed again: the deploy succeeds (a config of a fixed name would be
+    refused), every service runs the new file and the fleet trains on."""
+    _, client_b = swarm
+    stack = TwoNodeStack(docker_client, client_b, tmp_path)
+    experiment = tmp_path / "experiment.yaml"
+    experiment.write_text((ROOT / "configs/cartpole-dqn.yaml").read_text())
+    layout = ("--replay-shards", "2", "--paramserver-shards", "2", "--actors", "2")
+    stack.write(*layout, config=str(experiment))
+    try:
+        stack.deploy()
+        trains_with_actors_on(stack, "b", 2, "2 replay and 2 paramserver shards")
+        for shard, series, what in (("replay-0", "rlfleet_replay_inserts_total", "stores inserts"),
+                                    ("replay-1", "rlfleet_replay_inserts_total", "stores inserts"),
+                                    ("paramserver-0", "rlfleet_paramserver_version", "holds a published version"),
+                                    ("paramserver-1", "rlfleet_paramserver_version", "holds a published version")):
+            def value(s: str = shard, name: str = series) -> float:
+                return metrics(stack.one(s)).get(name, -1.0)
+
+            wait_for(value, lambda v: v > 0, STARTUP_S, f"{shard} {what}")
+        before = set(service_configs(stack, "learner"))
+
+        edited = experiment.read_text().replace("\nseed: 0\n", "\nseed: 11\n")
+        assert edited != experiment.read_text()
+        experiment.write_text(edited)
+        stack.write(*layout, config=str(experiment))
+        stack.deploy()
+        after = set(service_configs(stack, "learner"))
+        assert after and after != before, f"the learner's config did not change: {before} -> {after}"
+        for service in ("replay-0", "replay-1", "paramserver-0", "paramserver-1", "learner", "actor", "evaluator"):
+            assert set(service_configs(stack, service)) == after, service
+            def texts(s: str = service) -> list[str]:
+                return [config_of(c) for c in stack.containers(s)]
+
+            wait_for(texts, lambda found: bool(found) and all("\nseed: 11\n" in t for t in found), STARTUP_S,
+                     f"every {service} task runs the edited experiment file")
+        updates = read(lambda: learner_updates(stack), "the new learner's updates")
+        wait_for(lambda: learner_updates(stack), lambda u: u > updates + 20, STARTUP_S,
+                 "the learner trains on after the roll")
+        wait_for(lambda: env_steps(stack, "b"), lambda s: s > 0, STARTUP_S, "node B's actors step after the roll")
     except BaseException:
         print(stack.logs())
         raise
