@@ -53,6 +53,7 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rlfleet")
 def main() -> None:
     """rlfleet: distributed deep RL as ZeroMQ microservices."""
 
@@ -103,11 +104,32 @@ def check_env(config_path: str | None, sets: tuple[str, ...]) -> None:
 @main.command("config")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help=CONFIG_HELP)
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
-def show_config(config_path: str | None, sets: tuple[str, ...]) -> None:
-    """Validate an experiment and print it resolved (file + env + --set)."""
+@click.option("--explain", "explain", is_flag=False, flag_value="", default=None, metavar="[FIELD]",
+              help="print each field's description, default and allowed values (a field or section: only those)")
+def show_config(config_path: str | None, sets: tuple[str, ...], explain: str | None) -> None:
+    """Validate an experiment as `rlfleet up` does (its env made once) and print it resolved (file + env +
+    --set); or, with --explain, what its fields mean."""
     from common import config as config_mod
 
-    click.echo(config_mod.dump(load_or_exit(config_path, sets)), nl=False)
+    if explain is not None:
+        from common.config.explain import UnknownField
+        from common.config.explain import explain as explain_fields
+
+        try:
+            click.echo("\n\n".join(d.text() for d in explain_fields(explain or None)))
+        except UnknownField as exc:
+            click.echo(f"rlfleet: {exc}", err=True)
+            sys.exit(2)
+        return
+    cfg = load_or_exit(config_path, sets)
+    from common.envs import EnvError, probe_env
+
+    try:
+        probe_env(cfg)
+    except EnvError as exc:
+        click.echo(f"rlfleet: {exc}", err=True)
+        sys.exit(2)
+    click.echo(config_mod.dump(cfg), nl=False)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,13 @@ EXIT_TARGET, EXIT_BUDGET, EXIT_CONFIG = 0, 3, 2
 @click.option("--max-seconds", type=float, default=None, help="stop (exit 3 if a target was set) after this long")
 @click.option("--max-env-steps", type=int, default=None, help="stop (exit 3 if a target was set) after this many")
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
+@click.option("--seed", type=int, default=None, help="the experiment seed (sets seed)")
+@click.option("--env", "env_id", default=None, help="the env to train on (sets env.id)")
 @click.option("--runs", "run_root", default="runs", show_default=True, help="where run directories go")
+@click.version_option(package_name="rlfleet")
 def train(config_path: str, serial: bool, until_return: float | None, max_seconds: float | None,
-          max_env_steps: int | None, sets: tuple[str, ...], run_root: str) -> None:
+          max_env_steps: int | None, sets: tuple[str, ...], seed: int | None, env_id: str | None,
+          run_root: str) -> None:
     """Train with the serial runner: the fleet's algorithm objects in one loop, no sockets."""
     from cli.launcher import make_run_dir
     from cli.serial import SerialError, check_serial, train_serial
@@ -30,7 +34,8 @@ def train(config_path: str, serial: bool, until_return: float | None, max_second
 
     logging.basicConfig(level="INFO", format=LOG_FORMAT)
     try:
-        cfg = config_mod.load(config_path, list(sets))
+        extra = ([f"seed={seed}"] if seed is not None else []) + ([f"env.id={env_id}"] if env_id else [])
+        cfg = config_mod.load(config_path, [*sets, *extra])
     except config_mod.ConfigError as exc:
         click.echo(f"rlfleet: {exc}", err=True)
         sys.exit(EXIT_CONFIG)

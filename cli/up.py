@@ -36,12 +36,15 @@ from cli.forkserver import ForkServers
               help="a member that dies mid-run (error exit, killed) is started again, as compose's restart policy "
                    "does; 5 deaths of one member within 300 s end the run")
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="override a config field")
+@click.option("--seed", type=int, default=None, help="the experiment seed (sets seed)")
+@click.option("--env", "env_id", default=None, help="the env to train on (sets env.id)")
 @click.option("--runs", "run_root", default="runs", show_default=True, help="where run directories go")
+@click.version_option(package_name="rlfleet")
 def up(
     config_path: str, actors: int | None, planners: int | None, sync: str | None, learners: int | None,
     until_return: float | None,
     max_seconds: float | None, max_env_steps: int | None, inproc: bool, no_fork_server: bool,
-    sets: tuple[str, ...], run_root: str, restart: str,
+    sets: tuple[str, ...], seed: int | None, env_id: str | None, run_root: str, restart: str,
 ) -> None:
     """Run the whole fleet on this machine and show its progress."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
@@ -56,7 +59,8 @@ def up(
         # round must split into minibatches) then refuse it here, before any run dir or service
         extra = ([f"sync={sync}"] if sync else []) + ([f"actor.count={actors}"] if actors else []) + (
             [f"learners={learners}"] if learners else []) + (
-            [f"planning.planners={planners}"] if planners is not None else [])
+            [f"planning.planners={planners}"] if planners is not None else []) + (
+            [f"seed={seed}"] if seed is not None else []) + ([f"env.id={env_id}"] if env_id else [])
         try:
             cfg = config_mod.load(config_path, [*sets, *extra])
         except config_mod.ConfigError as exc:

@@ -3,6 +3,7 @@ validation, with every problem turned into one readable :class:`ConfigError`."""
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -113,7 +114,10 @@ def format_errors(exc: ValidationError, tree: Mapping[str, Any]) -> str:
         loc = ".".join(parts)
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown field; allowed fields: {_allowed_fields(loc, section)}")
+            allowed = _allowed_fields(loc, section)
+            close = difflib.get_close_matches(parts[-1], allowed.split(", "), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            lines.append(f"{loc}: unknown field; {hint}allowed fields: {allowed}")
         elif err["type"] in ("missing",):
             lines.append(f"{loc}: required field is missing")
         elif loc and err["type"] == "value_error" and isinstance(err.get("input"), dict):
