@@ -1,5 +1,6 @@
 """An actor's episodes: returns per vector slot, one CSV row per finished episode, and the metrics
-(env steps, episodes, mean return) that every acting service (actor, gradient worker) exports."""
+(env steps, episodes, mean return) that every acting service (actor, gradient worker) exports; with a
+TensorBoard writer, each episode's return and the env steps/s by the actor's env steps."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from common.metrics import ServiceMetrics
+from common.tboard import ScalarWriter
 
 
 class EpisodeStats:
@@ -57,8 +59,13 @@ class EpisodeLog:
 class Episodes:
     """What an acting service records each vector step: env steps, finished episodes and their returns."""
 
-    def __init__(self, metrics: ServiceMetrics, num_envs: int, next_step_reset: bool, path: Path) -> None:
+    RATE_EVERY_S = 5.0  # env steps/s to TensorBoard at most this often
+
+    def __init__(self, metrics: ServiceMetrics, num_envs: int, next_step_reset: bool, path: Path,
+                 tb: ScalarWriter | None = None) -> None:
         self.num_envs = num_envs
+        self.tb = tb
+        self._rate_from = (time.monotonic(), 0)
         self.stats = EpisodeStats(num_envs, next_step_reset)
         self.log = EpisodeLog(path)
         self.m_steps = metrics.counter("env_steps", "Environment steps taken (all vector slots).")
@@ -72,7 +79,17 @@ class Episodes:
             self.log.write(env_steps, version, finished)
             self.m_episodes.inc(len(finished))
             self.m_return.set(float(np.mean(self.stats.recent)))
+            if self.tb is not None:
+                for r in finished:
+                    self.tb.add("actor/episode_return", r, step=env_steps)
         self.m_steps.inc(self.num_envs)
+        now = time.monotonic()
+        if self.tb is not None and now - self._rate_from[0] >= self.RATE_EVERY_S:
+            self.tb.add("actor/env_steps_per_s", (env_steps - self._rate_from[1]) / (now - self._rate_from[0]),
+                        step=env_steps)
+            self._rate_from = (now, env_steps)
 
     def close(self) -> None:
         self.log.close()
+        if self.tb is not None:
+            self.tb.close()

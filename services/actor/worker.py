@@ -39,6 +39,7 @@ from common.envs import make_vector_env, probe_env
 from common.metrics import ServiceMetrics
 from common.runtime import FatalError
 from common.security import client_curve
+from common.tboard import ScalarWriter
 from common.wire.errors import CommTimeout, RemoteError
 from services.actor.episodes import Episodes
 from services.actor.member import FleetMember
@@ -75,7 +76,8 @@ class WorkerService(FleetMember):
         self._fleet = (self.links.welcome.fleet_env_steps, 0, max(1, self.links.welcome.num_actors))
         self.exploration = self.worker.explore(self.index, self._fleet[2], self._fleet[0])
         self.episodes = Episodes(self.metrics, cfg.env.num_envs, self.algo.autoreset_mode == "NextStep",
-                                 Path(cfg.run_dir) / "episodes" / f"{actor_id}.csv")
+                                 Path(cfg.run_dir) / "episodes" / f"{actor_id}.csv",
+                                 ScalarWriter(cfg.run_dir, actor_id))
         log.info("worker %s: index %d, pushes gradients to %d paramserver shard(s), %s protocol", actor_id,
                  self.index, cfg.paramserver.shards, cfg.sync)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from common.tboard import read_scalars
 from harness.fleet_helpers import ROOT
 
 CARTPOLE = ROOT / "configs" / "cartpole-dqn.yaml"
@@ -47,6 +48,8 @@ def test_a_fleet_run_that_spent_its_budget_says_so(tmp_path: Path) -> None:
     assert status.returncode == 0, status.stderr
     assert "finished, budget spent: env-step budget spent" in status.stdout
     assert "before eval return 475" in status.stdout and "exit code 3" in status.stdout
+    # the actor's training returns went to TensorBoard too
+    assert read_scalars(run / "tensorboard" / "actor-0").get("actor/episode_return")
 
 
 def test_an_ending_that_is_not_one_is_refused_with_the_file_named(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from common.tboard import ScalarWriter, read_scalars
 
 
@@ -32,3 +34,21 @@ def test_unwritable_run_dir_is_a_no_op(tmp_path: Path) -> None:
     tb.add("eval/return", 1.0, 0)
     tb.flush()
     tb.close()
+
+
+def test_an_actors_episodes_go_to_tensorboard_by_its_env_steps(tmp_path: Path) -> None:
+    from common.metrics import ServiceMetrics
+    from services.actor.episodes import Episodes
+
+    episodes = Episodes(ServiceMetrics("actor"), 2, False, tmp_path / "episodes" / "actor-0.csv",
+                        ScalarWriter(tmp_path, "actor-0"))
+    episodes.RATE_EVERY_S = 0.0  # a rate at every step
+    done, going = np.array([True, False]), np.array([False, False])
+    episodes.step(2, 0, np.array([1.0, 1.0]), going, going)
+    episodes.step(4, 0, np.array([2.0, 1.0]), done, going)  # slot 0 ends with 3
+    episodes.step(6, 1, np.array([0.5, 4.0]), going, done[::-1])  # slot 1 ends with 6
+    episodes.close()
+    scalars = read_scalars(tmp_path / "tensorboard")
+    assert scalars["actor/episode_return"] == [(4, 3.0), (6, 6.0)]
+    rates = scalars["actor/env_steps_per_s"]
+    assert [s for s, _ in rates] == [2, 4, 6] and all(r > 0 for _, r in rates)
