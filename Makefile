@@ -32,8 +32,8 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not e2e and not container and not chaos"
 
 lint: setup
-	$(BIN)/ruff check common services tests bench cli harness
-	$(BIN)/mypy common services bench cli harness
+	$(BIN)/ruff check common services tests bench cli harness rlfleet
+	$(BIN)/mypy common services bench cli harness rlfleet
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
