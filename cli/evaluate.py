@@ -1,4 +1,11 @@
-"""`rlfleet eval --checkpoint PATH`: score a learner checkpoint with no service running.
+"""`rlfleet eval RUN_DIR` or `rlfleet eval --checkpoint PATH`: score a run's weights with no service running.
+
+Which weights of a run directory (``--which``): ``best`` (the default) is RUN_DIR/evaluator/best.pt,
+the weights of the run's best evaluation as the evaluator kept them, and ``latest`` the newest a run
+holds; either falls back to the other when the run has only one. The newest is the learner's
+checkpoint (RUN_DIR/learner/checkpoint.pt) or, for runs trained by gradient workers (no learner), the
+paramserver's snapshot: every RUN_DIR/paramserver/shard-N.npz, assembled with the run's
+RUN_DIR/config.yaml. ``--checkpoint`` takes any one of these files. The command says which it scored.
 
 The experiment config travels inside the checkpoint. Evaluation is the
 evaluator's own code path (``services.actor.evaluator.evaluate``) with its
@@ -78,6 +85,80 @@ def load_for_eval(path: str | Path) -> Loaded:
     return Loaded(cfg, int(state["version"]), updates, core.weights(), exact=False)
 
 
+def load_paramserver_snapshot(run_dir: str | Path) -> Loaded:
+    """The weights gradient workers trained, from the paramserver's shard checkpoints of a run.
+
+    The config is the run's (RUN_DIR/config.yaml); every shard of ``paramserver.shards`` must be there.
+    The version is the lowest of the shards' (each counts its own applied steps)."""
+    import json
+
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise CheckpointError(f"{config_path}: no such file (a paramserver snapshot is read with its run's config)")
+    try:
+        cfg = config_mod.load(str(config_path))
+    except (config_mod.ConfigError, ValueError) as exc:
+        raise CheckpointError(f"{config_path}: does not validate: {exc}") from None
+    weights: dict[str, np.ndarray] = {}
+    versions: list[int] = []
+    for shard in range(cfg.paramserver.shards):
+        path = run_dir / "paramserver" / f"shard-{shard}.npz"
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no such file (the run's paramserver.shards is {cfg.paramserver.shards};"
+                                  " a shard writes its snapshot once it applied gradients)")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            meta = json.loads(arrays.pop("meta").tobytes())
+            versions.append(int(meta["version"]))
+        except (OSError, KeyError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"{path}: not a paramserver snapshot ({type(exc).__name__}: {exc})") from None
+        weights.update({k[len("param/"):]: np.asarray(v, np.float32) for k, v in arrays.items()
+                        if k.startswith("param/")})
+    return Loaded(cfg, min(versions), -1, weights, exact=True)
+
+
+#: where a run keeps weights: (which, path under RUN_DIR, how the command names it)
+BEST_FILE = Path("evaluator") / "best.pt"
+LEARNER_FILE = Path("learner") / "checkpoint.pt"
+WHICH = ("best", "latest")
+
+
+def run_weights(run_dir: str | Path, which: str = "best") -> tuple[Path, str]:
+    """The file ``rlfleet eval RUN_DIR`` scores and how it is named: ``best`` the best evaluation's
+    weights, ``latest`` the learner's checkpoint or the paramserver's snapshot; each falls back on the
+    other when the run has only one."""
+    if which not in WHICH:
+        raise CheckpointError(f"--which {which!r}: allowed: {', '.join(WHICH)}")
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: not a run directory")
+    best = run_dir / BEST_FILE
+    latest = run_dir / LEARNER_FILE
+    if not latest.is_file():
+        latest = run_dir / "paramserver" / "shard-0.npz"
+    found = {"best": best if best.is_file() else None, "latest": latest if latest.is_file() else None}
+    for name in (which, *(w for w in WHICH if w != which)):
+        path = found[name]
+        if path is not None:
+            what = ("the best evaluation's weights" if name == "best" else
+                    "the learner's latest checkpoint" if path.suffix == ".pt" else "the paramserver's snapshot")
+            return path, what if name == which else f"{what} (the run has no {which})"
+    raise CheckpointError(f"{run_dir}: holds no weights (looked for {BEST_FILE}, {LEARNER_FILE} and "
+                          "paramserver/shard-*.npz)")
+
+
+def load_any(path: str | Path) -> Loaded:
+    """A learner checkpoint, the evaluator's best.pt, or a paramserver shard snapshot (.npz) of a run."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no such file")
+        return load_paramserver_snapshot(path.parent.parent)
+    return load_for_eval(path)
+
+
 def make_policy(cfg: Experiment, weights: Mapping[str, np.ndarray]) -> Any:
     """The acting policy the evaluator builds, with ``weights`` loaded."""
     from common.envs import acting_policy
@@ -148,22 +229,35 @@ def record_gif(cfg: Experiment, policy: Any, seed: int, path: str | Path, max_fr
 
 
 @click.command("eval")
-@click.option("--checkpoint", "checkpoint", required=True, type=click.Path(dir_okay=False),
-              help="learner checkpoint (RUN_DIR/learner/checkpoint.pt)")
+@click.argument("run_dir", required=False, type=click.Path(file_okay=False))
+@click.option("--checkpoint", "checkpoint", default=None, type=click.Path(dir_okay=False),
+              help="a learner checkpoint, RUN_DIR/evaluator/best.pt or RUN_DIR/paramserver/shard-N.npz")
+@click.option("--which", type=click.Choice(WHICH), default="best", show_default=True,
+              help="with RUN_DIR: the best evaluation's weights or the latest the run holds")
 @click.option("--episodes", type=click.IntRange(min=1), default=None,
               help="greedy episodes (default: the config's evaluator.episodes)")
 @click.option("--seed", type=int, default=None, help="first episode's seed (default: seed + EVAL_SEED_OFFSET, "
               "the evaluator's)")
 @click.option("--video", type=click.Path(dir_okay=False), default=None, help="write the first episode as a GIF")
-def eval_checkpoint(checkpoint: str, episodes: int | None, seed: int | None, video: str | None) -> None:
-    """Score a learner checkpoint greedily, as the evaluator does, with no service running."""
+def eval_checkpoint(run_dir: str | None, checkpoint: str | None, which: str, episodes: int | None,
+                    seed: int | None, video: str | None) -> None:
+    """Score a run's weights (RUN_DIR: its best by default) or a checkpoint greedily, as the evaluator does,
+    with no service running."""
     from common.evaluation import EVAL_SEED_OFFSET
 
     if video is not None and not video.lower().endswith(".gif"):
         click.echo("rlfleet eval: --video writes a GIF; give a file name ending in .gif", err=True)
         sys.exit(2)
+    if (run_dir is None) == (checkpoint is None):
+        click.echo("rlfleet eval: give a RUN_DIR or --checkpoint PATH (one of them)", err=True)
+        sys.exit(2)
     try:
-        loaded = load_for_eval(checkpoint)
+        what = "checkpoint"
+        if run_dir is not None:
+            path, what = run_weights(run_dir, which)
+            checkpoint = str(path)
+        assert checkpoint is not None
+        loaded = load_any(checkpoint)
         cfg = loaded.cfg
         seed = cfg.seed + EVAL_SEED_OFFSET if seed is None else seed
         episodes = episodes or cfg.evaluator.episodes
@@ -171,8 +265,8 @@ def eval_checkpoint(checkpoint: str, episodes: int | None, seed: int | None, vid
     except CheckpointError as exc:
         click.echo(f"rlfleet eval: {exc}", err=True)
         sys.exit(2)
-    which = "published weights" if loaded.exact else f"online net after update {loaded.updates}"
-    click.echo(f"checkpoint {checkpoint}: {cfg.env.id}, {cfg.algorithm.name}, version {loaded.version} ({which})")
+    kind = "published weights" if loaded.exact else f"online net after update {loaded.updates}"
+    click.echo(f"{what} {checkpoint}: {cfg.env.id}, {cfg.algorithm.name}, version {loaded.version} ({kind})")
     click.echo(f"eval over {episodes} episodes (seeds {seed}..{seed + episodes - 1}): "
                f"mean {returns.mean():.2f} std {returns.std():.2f}")
     if video is not None:

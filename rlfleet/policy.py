@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from cli.evaluate import CheckpointError, load_for_eval, make_policy
+from cli.evaluate import CheckpointError, load_any, make_policy, run_weights
 from common.config import Experiment
 from rlfleet.runs import Run
 
@@ -58,24 +58,24 @@ class Score:
 
 
 def checkpoint_of(run_or_checkpoint: Run | str | Path) -> Path:
-    """A run's learner checkpoint: a Run, a run directory or the checkpoint file itself."""
-    if isinstance(run_or_checkpoint, Run):
-        return run_or_checkpoint.checkpoint
-    path = Path(run_or_checkpoint)
-    return path / "learner" / "checkpoint.pt" if path.is_dir() else path
+    """The weights file of a run (a Run or a run directory: its best evaluation's weights, else its latest,
+    as `rlfleet eval RUN_DIR` picks) or the checkpoint file itself."""
+    path = run_or_checkpoint.run_dir if isinstance(run_or_checkpoint, Run) else Path(run_or_checkpoint)
+    return run_weights(path)[0] if path.is_dir() else path
 
 
 def load_policy(run_or_checkpoint: Run | str | Path) -> Policy:
-    """The acting policy of a run (a :class:`Run`, its directory) or of a learner checkpoint file.
+    """The acting policy of a run (a :class:`Run`, its directory) or of a checkpoint file (a learner's,
+    RUN_DIR/evaluator/best.pt or a paramserver shard's .npz).
 
     CheckpointError (a ValueError) names the file when there is none or it is not a checkpoint."""
     path = checkpoint_of(run_or_checkpoint)
     if not path.is_file():
-        raise CheckpointError(f"{path}: no such file (a run's learner checkpoint is RUN_DIR/learner/checkpoint.pt; "
-                              "runs trained by gradient workers have none)")
+        raise CheckpointError(f"{path}: no such file (a run's weights are RUN_DIR/evaluator/best.pt, "
+                              "RUN_DIR/learner/checkpoint.pt or RUN_DIR/paramserver/shard-N.npz)")
     from common.envs import probe_env
 
-    loaded = load_for_eval(path)
+    loaded = load_any(path)
     obs_space, _ = probe_env(loaded.cfg)
     return Policy(loaded.cfg, loaded.version, path, tuple(obs_space.shape or ()),
                   make_policy(loaded.cfg, loaded.weights))

@@ -20,6 +20,7 @@ from common.evaluation import EVAL_SEED_OFFSET, eval_envs, evaluate
 from common.metrics import ServiceMetrics
 from common.tboard import ScalarWriter
 from common.wire.errors import CommTimeout, RemoteError
+from services.actor.best import BestKeeper
 from services.actor.member import FleetMember
 
 log = logging.getLogger("rlfleet.evaluator")
@@ -44,6 +45,7 @@ class EvaluatorService(FleetMember):
             self._csv.write("wall_time,env_steps,version,mean_return,std_return,episodes,seconds\n")
         self.tb = ScalarWriter(cfg.run_dir, "evaluator")  # RUN_DIR/tensorboard/evaluator
         self._envs: VectorEnv | None = None  # type: ignore[type-arg]
+        self.best = BestKeeper(cfg)  # RUN_DIR/evaluator/best.pt: the weights of the best evaluation
 
     def run(self) -> None:
         """Evaluate each new version (paced by every_s), or at every multiple of every_steps env steps."""
@@ -96,6 +98,8 @@ class EvaluatorService(FleetMember):
                          "seconds": time.monotonic() - start}
             log.info("eval v%d: return %.1f +- %.1f over %d episodes (%.1f s)", version, self.last["mean"],
                      self.last["std"], cfg.episodes, self.last["seconds"])
+            if self.best.offer(version, self.last["mean"], self.last["std"], env_steps, tensors):
+                log.info("eval v%d: the best so far, kept as %s", version, self.best.path)
         elif not self.last:
             return  # no weights yet
         self.m_return.set(self.last["mean"])
