@@ -14,9 +14,11 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from common.algorithms.adders.nstep import NStepAdder
 
 
-def run_adder(adder: NStepAdder, actions: np.ndarray, steps: int = 4) -> dict[str, np.ndarray]:
-    """``steps`` steps of one env slot ending in a truncation: every window is emitted."""
-    obs_shape, obs_dtype = adder.obs_shape, adder.obs_dtype
+def run_adder(adder: NStepAdder, actions: np.ndarray, steps: int = 4,
+              env_dtype: type | None = None) -> dict[str, np.ndarray]:
+    """``steps`` steps of one env slot ending in a truncation: every window is emitted. ``env_dtype``:
+    the env's observations' dtype, when it is not the one the adder stores."""
+    obs_shape, obs_dtype = adder.obs_shape, env_dtype or adder.obs_dtype
     adder.reset(np.zeros((1, *obs_shape), obs_dtype))
     out: dict[str, list[np.ndarray]] = {}
     for t in range(steps):
@@ -48,12 +50,13 @@ def test_frames_stay_uint8_and_discrete_actions_int64_in_every_column() -> None:
     assert adder.gamma == 0.5 and adder.n_step == 3
 
 
-def test_box_actions_are_stored_as_float32_vectors() -> None:
+def test_box_actions_are_stored_as_float32_vectors_and_float64_observations_as_float32() -> None:
     adder = NStepAdder(1, 2, 0.9, (3,), action_shape=(2,), action_dtype=np.float32)
     assert adder.schema()["action"] == ("float32", (2,))
-    cols = run_adder(adder, np.array([[0.25, -0.5]]))
+    cols = run_adder(adder, np.array([[0.25, -0.5]]), env_dtype=np.float64)
     assert_columns_match_schema(adder, cols)
     np.testing.assert_array_equal(cols["action"], np.tile([0.25, -0.5], (4, 1)))
+    np.testing.assert_array_equal(cols["next_obs"][:, 0], [2, 3, 4, 4])
 
 
 def test_an_action_of_the_wrong_shape_is_refused_naming_both_shapes() -> None:
