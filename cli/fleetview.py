@@ -109,6 +109,23 @@ def collect(members: Iterable[HasUrl], elapsed: float) -> Scrape:
     return snap
 
 
+def last_progress(csv_path: Path) -> Scrape | None:
+    """A run's last progress.csv row (wall seconds, env steps) and its best evaluation; None without rows."""
+    try:
+        with open(csv_path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError:
+        return None
+    if not rows:
+        return None
+    returns = [float(r["eval_return"]) for r in rows if r.get("eval_return")]
+    try:
+        return Scrape(elapsed=float(rows[-1]["wall_s"]), env_steps=float(rows[-1]["env_steps"]),
+                      eval_return=max(returns) if returns else None)
+    except (KeyError, ValueError):
+        return None
+
+
 CSV_FIELDS = ("wall_s", "env_steps", "updates", "eval_return", "eval_version", "replay_size", "weights_version",
               "env_steps_per_s", "updates_per_s", "actor_staleness")
 
@@ -116,15 +133,21 @@ CSV_FIELDS = ("wall_s", "env_steps", "updates", "eval_return", "eval_version", "
 class FleetView:
     """Live console table (on a terminal) or a plain line every few seconds, plus progress.csv."""
 
-    def __init__(self, members: list[Any], csv_path: Path, live: bool, lines: bool = True) -> None:
-        """``live``: the console table (on a terminal); else, with ``lines``, a plain line every few seconds."""
+    def __init__(self, members: list[Any], csv_path: Path, live: bool, lines: bool = True,
+                 before: Scrape | None = None) -> None:
+        """``live``: the console table (on a terminal); else, with ``lines``, a plain line every few seconds.
+        ``before``: a resumed run's last figures (:func:`last_progress`): its env steps and wall seconds
+        are added to this fleet's, its best return kept, and progress.csv goes on after its rows."""
         self.members = members
         self.lines = lines
-        self.best_return: float | None = None
+        self.before = before or Scrape()
+        self.best_return: float | None = self.before.eval_return
         self._prev: Scrape | None = None
-        self._csv_file = open(csv_path, "w", newline="")  # noqa: SIM115 (closed in close())
+        resumed = before is not None and csv_path.is_file()
+        self._csv_file = open(csv_path, "a" if resumed else "w", newline="")  # noqa: SIM115 (closed in close())
         self._csv = csv.writer(self._csv_file)
-        self._csv.writerow(CSV_FIELDS)
+        if not resumed:
+            self._csv.writerow(CSV_FIELDS)
         self._console = Console()
         self._live = Live(console=self._console, refresh_per_second=2) if live else None
         if self._live:
@@ -132,17 +155,18 @@ class FleetView:
         self._last_print = 0.0
 
     def update(self, elapsed: float) -> Scrape:
-        snap = collect(self.members, elapsed)
+        snap = collect(self.members, elapsed + self.before.elapsed)
+        snap.env_steps += self.before.env_steps
         prev = self._prev
-        if prev is not None and elapsed > prev.elapsed:
-            dt = elapsed - prev.elapsed
+        if prev is not None and snap.elapsed > prev.elapsed:
+            dt = snap.elapsed - prev.elapsed
             snap.steps_per_s = max(0.0, snap.env_steps - prev.env_steps) / dt
             snap.updates_per_s = max(0.0, snap.updates - prev.updates) / dt
         if snap.eval_return is not None:
             self.best_return = max(self.best_return or snap.eval_return, snap.eval_return)
         self._prev = snap
         self._csv.writerow([
-            f"{elapsed:.2f}", int(snap.env_steps), int(snap.updates),
+            f"{snap.elapsed:.2f}", int(snap.env_steps), int(snap.updates),
             "" if snap.eval_return is None else f"{snap.eval_return:.3f}",
             "" if snap.eval_version is None else int(snap.eval_version),
             int(snap.replay_size), int(snap.version), f"{snap.steps_per_s:.1f}", f"{snap.updates_per_s:.1f}",

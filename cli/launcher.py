@@ -28,7 +28,7 @@ from cli.dispatch import build
 from cli.ending import Ending
 from cli.ending import write as write_ending
 from cli.env_check import check_env
-from cli.fleetview import FleetView, Scrape, scrape
+from cli.fleetview import FleetView, Scrape, last_progress, scrape
 from cli.forkserver import ForkedProcess, ForkServerError, ForkServers, gpu_visible, needs_fresh_process, reap_orphans
 from cli.supervision import RestartPolicy
 from common import config as config_mod
@@ -147,15 +147,19 @@ class Fleet:
         (run_dir / "logs").mkdir(exist_ok=True)
 
     # -- start ---------------------------------------------------------------
-    def start(self, stop: threading.Event | None = None) -> None:
+    def start(self, stop: threading.Event | None = None, after_stores: Callable[[], None] | None = None) -> None:
         """Start every member (until ``stop`` is set), in the order of ``self.members``: stores first,
-        then the learner (the one everyone waits for), the actors, the evaluator."""
+        then the learner (the one everyone waits for), the actors, the evaluator. ``after_stores``: called
+        once the stores (replay, paramserver) are started, before any other member."""
         # What `rlfleet status --run DIR` reads to find the fleet's endpoints.
         fleet = [{"label": m.label, "service": m.name, "shard": m.shard, "url": m.url} for m in self.members]
         (self.run_dir / "fleet.json").write_text(json.dumps({"inproc": self.inproc, "members": fleet}, indent=1))
         for m in self.members:
             if stop is not None and stop.is_set():
                 return
+            if after_stores is not None and m.name not in ("replay", "paramserver"):
+                after_stores()
+                after_stores = None
             m.log_path = self.run_dir / "logs" / f"{m.label}.log"
             if self.inproc:
                 self._start_thread(m)
@@ -319,11 +323,13 @@ def _echo(message: str, err: bool = False) -> None:
 def run_fleet(
     cfg: Experiment, actors: int, until_return: float | None, max_seconds: float | None, inproc: bool,
     run_root: str = "runs", live: bool | None = None, max_env_steps: int | None = None,
-    forkservers: ForkServers | None = None, restart: str = "on-failure",
+    forkservers: ForkServers | None = None, restart: str = "on-failure", resume: Path | None = None,
+    init_from: Path | None = None,
 ) -> int:
-    """Run a local fleet; returns the process exit code. ``restart``: see cli/supervision.py."""
+    """Run a local fleet; returns the process exit code. ``restart``: see cli/supervision.py; ``resume``: see
+    :func:`launch`."""
     return launch(cfg, actors, until_return, max_seconds, inproc, run_root, live, max_env_steps, forkservers,
-                  restart).code
+                  restart, resume=resume, init_from=init_from).code
 
 
 def launch(
@@ -331,12 +337,17 @@ def launch(
     run_root: str = "runs", live: bool | None = None, max_env_steps: int | None = None,
     forkservers: ForkServers | None = None, restart: str = "on-failure",
     say: Callable[[str, bool], None] = _echo, handle_signals: bool = True, progress: bool = True,
+    resume: Path | None = None, init_from: Path | None = None,
 ) -> Launched:
     """Run a local fleet until a target, a budget, a signal or a failure; writes RUN_DIR/ending.json.
 
     ``say(message, is_error)`` gets every line for a person. ``handle_signals`` False (the Python API):
     SIGINT and SIGTERM handlers are left as they are, and a KeyboardInterrupt stops the fleet as SIGINT
-    would. ``progress`` False: no progress line (the live view or its line every few seconds)."""
+    would. ``progress`` False: no progress line (the live view or its line every few seconds). ``resume``: a
+    run directory to go on in (its services restore their own state from it: the learner's checkpoint, the
+    replay snapshots, the paramserver's snapshots, the evaluator's best) instead of a new one; env steps
+    and wall seconds count on from its progress.csv, and budgets apply to the totals. ``init_from``: a
+    checkpoint whose weights a new run starts from (cli/init_weights.py)."""
     if inproc and cfg.learners > 1:
         say(f"rlfleet: learners={cfg.learners} needs a fleet of processes (a torch.distributed rank each); "
             "allowed with --inproc: learners=1", True)
@@ -346,7 +357,18 @@ def launch(
     except EnvError as exc:
         say(f"rlfleet: {exc}", True)
         return Launched(EXIT_CONFIG)
-    run_dir = make_run_dir(cfg, run_root)
+    initial = None
+    if init_from is not None:
+        from cli.evaluate import CheckpointError
+        from cli.init_weights import read_weights
+
+        try:
+            initial = read_weights(init_from, cfg)
+        except CheckpointError as exc:
+            say(f"rlfleet: {exc}", True)
+            return Launched(EXIT_CONFIG)
+    run_dir = make_run_dir(cfg, run_root) if resume is None else resume.resolve()
+    before = None if resume is None else last_progress(run_dir / "progress.csv")
     cfg, members = plan(cfg, actors, run_dir, inproc)
     try:
         cfg, made = security.local_keys(cfg, run_dir)
@@ -355,7 +377,8 @@ def launch(
         return Launched(EXIT_CONFIG, run_dir)
     if inproc:
         setup_logging("INFO", run_dir / "logs" / "fleet.log")
-    say(f"run directory: {run_dir}", False)
+    say(f"run directory: {run_dir}" + ("" if resume is None else " (resumed" + (
+        "" if before is None else f" at {before.env_steps:.0f} env steps, {before.elapsed:.0f} s") + ")"), False)
     if made:
         say(f"security.mode=curve without keys: made a throwaway set in {made[0].path.parent} "
             "(this run only; 'rlfleet keys' makes keys to keep)", False)
@@ -369,13 +392,24 @@ def launch(
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if handle_signals else {}
     live = (sys.stdout.isatty() if live is None else live) and progress
-    view = FleetView(members, run_dir / "progress.csv", live=live, lines=progress)
+    view = FleetView(members, run_dir / "progress.csv", live=live, lines=progress,
+                     before=None if resume is None else before or Scrape())
     code = EXIT_FAILED
     how, detail = "failed", "the fleet did not start"
     start, started_at = time.monotonic(), time.time()
     snap: Scrape | None = None
     try:
-        fleet.start(stop)
+        seed_weights = None
+        if initial is not None:
+            from cli.init_weights import publish_initial
+
+            weights = initial
+
+            def seed_weights() -> None:
+                publish_initial(cfg, weights, cfg.network.timeout_s * 6)
+                say(f"weights of {init_from} published as version 0", False)
+
+        fleet.start(stop, after_stores=seed_weights)
         fleet.wait_healthy(cfg.network.timeout_s * 6, stop)
         start, started_at = time.monotonic(), time.time()
         policy = RestartPolicy(restart)

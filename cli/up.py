@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -18,8 +19,14 @@ from cli.forkserver import ForkServers
 
 
 @click.command()
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
-              help="experiment file (YAML)")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="experiment file (YAML); required unless --resume")
+@click.option("--resume", "resume", type=click.Path(file_okay=False), default=None, metavar="RUN_DIR",
+              help="go on with a stopped run in its directory, with its config (RUN_DIR/config.yaml): checkpoints, "
+                   "replay snapshots and the env-step and wall counters continue")
+@click.option("--init-from", "init_from", type=click.Path(dir_okay=False), default=None, metavar="CHECKPOINT",
+              help="a new run that starts from this checkpoint's weights (weights only: a learner's checkpoint, "
+                   "RUN_DIR/evaluator/best.pt or a paramserver shard's .npz)")
 @click.option("--actors", type=click.IntRange(min=1), default=None, help="actors to start (default: actor.count)")
 @click.option("--planners", type=click.IntRange(min=0), default=None,
               help="planners to start with planning.enabled (default: planning.planners)")
@@ -45,9 +52,25 @@ def up(
     until_return: float | None,
     max_seconds: float | None, max_env_steps: int | None, inproc: bool, no_fork_server: bool,
     sets: tuple[str, ...], seed: int | None, env_id: str | None, run_root: str, restart: str,
+    resume: str | None = None, init_from: str | None = None,
 ) -> None:
     """Run the whole fleet on this machine and show its progress."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    if (config_path is None) == (resume is None):
+        click.echo("rlfleet up: give --config FILE (a new run) or --resume RUN_DIR (a stopped run, with its own "
+                   "config), one of them", err=True)
+        sys.exit(2)
+    if resume is not None:
+        config_path = os.path.join(resume, "config.yaml")
+        if not os.path.isfile(config_path):
+            click.echo(f"rlfleet up: --resume {resume}: {config_path} not found (a run directory of rlfleet up "
+                       "holds its config.yaml)", err=True)
+            sys.exit(2)
+    if resume is not None and init_from is not None:
+        click.echo("rlfleet up: --resume goes on with a run's own state; --init-from starts a new run from "
+                   "weights: give one of them", err=True)
+        sys.exit(2)
+    assert config_path is not None
     forkservers = None if inproc or no_fork_server else ForkServers.start_if_enabled()
     try:
         from cli.launcher import EXIT_CONFIG, run_fleet
@@ -67,7 +90,9 @@ def up(
             click.echo(f"rlfleet: {exc}", err=True)
             sys.exit(EXIT_CONFIG)
         code = run_fleet(cfg, actors or cfg.actor.count, until_return, max_seconds, inproc, run_root,
-                         max_env_steps=max_env_steps, forkservers=forkservers, restart=restart)
+                         max_env_steps=max_env_steps, forkservers=forkservers, restart=restart,
+                         resume=None if resume is None else Path(resume),
+                         init_from=None if init_from is None else Path(init_from))
     finally:
         if forkservers is not None:
             forkservers.close()
