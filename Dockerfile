@@ -7,8 +7,9 @@
 # repository root, cut down by .dockerignore to common/, services/, configs/,
 # deploy/docker/ and wheelhouse/.
 # Build args: BASE_IMAGE (any Debian-like image with python3.11 + venv),
-# TORCH (cpu | cuda, the torch images only). With wheels in wheelhouse/
-# nothing is downloaded.
+# TORCH (cpu | cuda, the torch images only; cuda installs from wheelhouse/cuda/),
+# PIP_INDEX_URL and TORCH_INDEX_URL (no wheelhouse only). With wheels in
+# wheelhouse/ nothing is downloaded.
 #
 # Stage order matters to the legacy builder (no BuildKit), which builds every
 # stage above the target: the torch-free targets come first, so building them
@@ -17,6 +18,9 @@ ARG BASE_IMAGE=python:3.11-slim
 
 # -- dependencies: a venv in /opt/rlfleet --------------------------------------
 FROM ${BASE_IMAGE} AS deps
+# Without a wheelhouse: pip's index (and torch's) as the build passes them; none is named here
+ARG PIP_INDEX_URL
+ARG TORCH_INDEX_URL
 COPY deploy/docker/install-deps.sh deploy/docker/strip-venv.sh deploy/docker/requirements.txt /tmp/build/
 COPY wheelhouse/ /tmp/wheelhouse/
 RUN sh /tmp/build/install-deps.sh /opt/rlfleet none
@@ -67,6 +71,8 @@ CMD ["service", "paramserver", "--config", "/etc/rlfleet/config.yaml"]
 # -- services with torch --------------------------------------------------------
 FROM deps AS deps-torch
 ARG TORCH=cpu
+ARG PIP_INDEX_URL
+ARG TORCH_INDEX_URL
 RUN sh /tmp/build/install-deps.sh /opt/rlfleet "$TORCH" && sh /tmp/build/strip-venv.sh /opt/rlfleet
 
 FROM service AS torch

@@ -13,15 +13,22 @@
 # fetched on the host with pip (which trusts the host's certificates), so the
 # image builds install with `pip --no-index` and never reach an index.
 # WHEELHOUSE=0 skips it: images then install from the package index.
+# Indexes and mirrors are the host's: pip's own configuration, and for the
+# debootstrap base the first Debian URI of the host's apt sources; no host is
+# named here. Where pip's index serves no CPU build of torch, TORCH_CPU_INDEX
+# names one; CUDA_WHEELS=1 also fetches the CUDA torch into wheelhouse/cuda/
+# (gigabytes; from TORCH_CUDA_INDEX if set) and builds
+# rlfleet/learner:$TAG-cuda with TORCH=cuda.
 #
 # Env: BASE_IMAGE, TAG (default latest), WHEELHOUSE (1), CACHE
-# (~/.cache/rlfleet), PYTHON (.venv/bin/python or python3), MIRROR (Debian).
+# (~/.cache/rlfleet), PYTHON (.venv/bin/python or python3), MIRROR (Debian;
+# default: the host's apt sources), TORCH_CPU_INDEX, CUDA_WHEELS (0),
+# TORCH_CUDA_INDEX, PIP_INDEX_URL and TORCH_INDEX_URL (WHEELHOUSE=0 builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TAG=${TAG:-latest}
 CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rlfleet}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
 DEBIAN_BASE=rlfleet/debian-python:bookworm
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 TORCH_VERSION=2.13.0
@@ -37,6 +44,12 @@ if [ -z "${DOCKER_BUILDKIT:-}" ]; then
 fi
 
 # -- base image -------------------------------------------------------------
+host_apt_mirror() {  # the first URI of the host's apt sources (one-line and deb822 formats), or nothing
+    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null \
+        | awk '/^deb / { for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) { print $i; exit } }
+               /^URIs:/ { print $2; exit }'
+}
+
 debian_base() {
     if docker image inspect "$DEBIAN_BASE" >/dev/null 2>&1; then
         log "base: $DEBIAN_BASE (cached image)"; return
@@ -44,6 +57,8 @@ debian_base() {
     local tarball="$CACHE/bookworm-python3.tar"
     if [ ! -s "$tarball" ]; then
         command -v debootstrap >/dev/null || { log "debootstrap missing: apt-get install debootstrap"; exit 1; }
+        MIRROR=${MIRROR:-$(host_apt_mirror)}
+        [ -n "$MIRROR" ] || { log "MIRROR: no Debian URI in the host's apt sources; set MIRROR to a Debian mirror"; exit 1; }
         mkdir -p "$CACHE"
         local root
         root=$(mktemp -d /tmp/rlfleet-rootfs.XXXXXX)
@@ -88,17 +103,29 @@ if [ "${WHEELHOUSE:-1}" = 1 ]; then
         log "wheelhouse: up to date"
     else
         log "wheelhouse: pip download of the pinned deps and torch $TORCH_VERSION (CPU)"
-        find wheelhouse -name '*.whl' -delete
-        # torch: a local CPU wheel if pip's find-links has one, else PyTorch's CPU index.
-        if ! "$PYTHON" -m pip download -q --only-binary=:all: -d wheelhouse "torch==$TORCH_VERSION" \
-                -r deploy/docker/requirements.txt 2>/dev/null \
-            || ! ls wheelhouse/torch-"$TORCH_VERSION"*cpu*.whl >/dev/null 2>&1; then
-            find wheelhouse -name 'torch-*.whl' -delete
-            "$PYTHON" -m pip download -q --only-binary=:all: -d wheelhouse \
-                --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple \
-                "torch==$TORCH_VERSION" -r deploy/docker/requirements.txt
+        find wheelhouse -maxdepth 1 -name '*.whl' -delete
+        # torch alone first (from TORCH_CPU_INDEX if set, else pip's configured index and find-links), checked to
+        # be the CPU build before anything else is fetched; then the pinned deps and torch's own from pip's
+        # index, torch itself from the wheelhouse (V+cpu sorts above V).
+        "$PYTHON" -m pip download -q --only-binary=:all: --no-deps -d wheelhouse --find-links wheelhouse \
+            ${TORCH_CPU_INDEX:+--index-url "$TORCH_CPU_INDEX"} "torch==$TORCH_VERSION"
+        if ! ls wheelhouse/torch-"$TORCH_VERSION"+cpu*.whl >/dev/null 2>&1; then
+            log "wheelhouse: pip's index gave no CPU build of torch $TORCH_VERSION" \
+                "($(cd wheelhouse && ls torch-*.whl 2>/dev/null)); set TORCH_CPU_INDEX to an index that serves it"
+            find wheelhouse -maxdepth 1 -name 'torch-*.whl' -delete
+            exit 1
         fi
+        "$PYTHON" -m pip download -q --only-binary=:all: -d wheelhouse --find-links wheelhouse \
+            "torch==$TORCH_VERSION" -r deploy/docker/requirements.txt
         printf '%s' "$want" >"$stamp"
+    fi
+    if [ "${CUDA_WHEELS:-0}" = 1 ]; then
+        log "wheelhouse/cuda: pip download of torch $TORCH_VERSION with CUDA and its nvidia-* wheels"
+        "$PYTHON" -m pip download -q --only-binary=:all: -d wheelhouse/cuda \
+            ${TORCH_CUDA_INDEX:+--index-url "$TORCH_CUDA_INDEX"} "torch==$TORCH_VERSION"
+        if ls wheelhouse/cuda/torch-*+cpu*.whl >/dev/null 2>&1; then
+            log "wheelhouse/cuda: the index gave the CPU build of torch; set TORCH_CUDA_INDEX"; exit 1
+        fi
     fi
 else
     log "wheelhouse: off (WHEELHOUSE=0): images install from the package index"
@@ -107,11 +134,17 @@ fi
 T_WHEELS=$(now)
 
 # -- images -----------------------------------------------------------------
+# Without a wheelhouse the builds install from the host's pip index (its configuration) and, for torch,
+# TORCH_INDEX_URL if set: build args, passed only when there is a value.
+INDEX_ARGS=()
+PIP_INDEX_URL=${PIP_INDEX_URL:-$("$PYTHON" -m pip config get global.index-url 2>/dev/null || true)}
+[ -z "$PIP_INDEX_URL" ] || INDEX_ARGS+=(--build-arg "PIP_INDEX_URL=$PIP_INDEX_URL")
+[ -z "${TORCH_INDEX_URL:-}" ] || INDEX_ARGS+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL")
 build() {  # name [docker build args...]
     local name=$1; shift
     local t
     t=$(now)
-    if ! docker build -q --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "rlfleet/$name:$TAG" "$@" . \
+    if ! docker build -q --build-arg "BASE_IMAGE=$BASE_IMAGE" "${INDEX_ARGS[@]}" -t "rlfleet/$name:$TAG" "$@" . \
             >"$CACHE/build-$name.log" 2>&1; then
         tail -30 "$CACHE/build-$name.log" >&2; log "build of rlfleet/$name failed"; exit 1
     fi
@@ -123,6 +156,13 @@ for name in replay paramserver learner actor; do
     build "$name" --target "$name"
 done
 build prometheus -f deploy/prometheus/Dockerfile
+if [ "${CUDA_WHEELS:-0}" = 1 ]; then  # its own tag: rlfleet/learner:$TAG stays the CPU one
+    t=$(now)
+    docker build -q --build-arg "BASE_IMAGE=$BASE_IMAGE" "${INDEX_ARGS[@]}" --build-arg TORCH=cuda --target learner \
+        -t "rlfleet/learner:$TAG-cuda" . >"$CACHE/build-learner-cuda.log" 2>&1 \
+        || { tail -30 "$CACHE/build-learner-cuda.log" >&2; log "build of rlfleet/learner:$TAG-cuda failed"; exit 1; }
+    log "rlfleet/learner:$TAG-cuda built in $(( $(now) - t )) s"
+fi
 
 log "done in $(( $(now) - T0 )) s (base $(( T_BASE - T0 )) s, wheelhouse $(( T_WHEELS - T_BASE )) s," \
     "images $(( $(now) - T_WHEELS )) s); BASE_IMAGE=$BASE_IMAGE"
