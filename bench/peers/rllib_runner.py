@@ -107,6 +107,8 @@ def main() -> None:
     while steps < args.budget:
         result = algo.train()
         steps = int(result[ENV_RUNNER_RESULTS][NUM_ENV_STEPS_SAMPLED_LIFETIME])
+        print(f"{args.algo} {args.env} seed {args.seed}: {steps} env steps at {time.time() - start:.1f} s",
+              file=sys.stderr, flush=True)
         if evals.due(steps) and evals.evaluate(greedy_policy(algo), steps):
             break
     out = evals.result(steps, algo=args.algo, env=args.env, budget=args.budget)
