@@ -135,9 +135,11 @@ def learner_updates(stack: TwoNodeStack) -> float:
     return metrics(stack.one("learner")).get("rlfleet_learner_updates_total", 0.0)
 
 
-def replay_acked(stack: TwoNodeStack) -> tuple[float, float]:
-    m = metrics(stack.one("replay"))
-    return m.get("rlfleet_replay_inserts_total", 0.0), m.get("rlfleet_replay_size", 0.0)
+def replay_size(stack: TwoNodeStack) -> float:
+    """Items replay holds: what it acked (the table's capacity is far off). Not its inserts counter,
+    which starts again with a restarted replay: Swarm replaces a task whose health check times out,
+    which happens on a loaded machine, and replay comes back from its snapshot."""
+    return metrics(stack.one("replay")).get("rlfleet_replay_size", 0.0)
 
 
 def read(fetch: Callable[[], T], what: str) -> T:
@@ -179,7 +181,7 @@ def test_fleet_trains_across_two_nodes_and_survives_node_b_dying(
         figures["two_node_env_steps_per_s"] = steps_per_s(stack, "b")
 
         # node B loses power; what replay acked stays acked
-        acked_before = read(lambda: replay_acked(stack), "replay's inserts and size")
+        held_before = read(lambda: replay_size(stack), "replay's size")
         t_kill = time.monotonic()
         pair.node_b.kill()
         wait_for(lambda: pair.node_state("b"), lambda s: s == "down", STARTUP_S, "the manager sees node B down")
@@ -195,9 +197,8 @@ def test_fleet_trains_across_two_nodes_and_survives_node_b_dying(
         assert read(lambda: learner_updates(stack), "the learner's updates") > updates_back
         figures["kill_to_training_s"] = t_trains - t_kill
         figures["return_to_training_s"] = t_trains - t_back
-        acked_after = read(lambda: replay_acked(stack), "replay's inserts and size")
-        assert acked_after[0] >= acked_before[0], f"replay's acked inserts went back: {acked_before} -> {acked_after}"
-        assert acked_after[1] >= acked_before[1], f"replay lost items: {acked_before} -> {acked_after}"
+        held_after = read(lambda: replay_size(stack), "replay's size")
+        assert held_after >= held_before, f"replay lost acked items: {held_before} -> {held_after}"
 
         # the same fleet on one node: the actors' label moves to A, the swarm moves them
         pair.label(core="a", actors="a")
