@@ -331,8 +331,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(f"--networks {','.join(args.networks)}: allowed: {', '.join(NETWORKS)}")
     if args.cpu_threads < 1:
         ap.error(f"--cpu-threads {args.cpu_threads}: at least 1")
-    args.update_seconds = args.update_seconds or (1.0 if args.cpu else 8.0)
-    args.fleet_seconds = args.fleet_seconds or (15.0 if args.cpu else 25.0)
+    args.update_seconds = args.update_seconds or (1.0 if args.cpu else 5.0)
+    args.fleet_seconds = args.fleet_seconds or (15.0 if args.cpu else 20.0)
     started = time.monotonic()
     result: dict[str, Any] = {
         "bench": "device", "mode": "cpu" if args.cpu else "cuda", "cuda_available": cuda_ready(),
