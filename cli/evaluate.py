@@ -187,8 +187,9 @@ def record_gif(cfg: Experiment, policy: Any, seed: int, path: str | Path, max_fr
     from PIL import Image
 
     from common import atari
-    from common.envs import custom_env_class
+    from common.envs import custom_env_class, import_env_modules
 
+    import_env_modules(cfg.env)
     kw = dict(cfg.env.kwargs)
     cls = custom_env_class(cfg.env.id)
     env: gym.Env  # type: ignore[type-arg]
@@ -243,6 +244,7 @@ def eval_checkpoint(run_dir: str | None, checkpoint: str | None, which: str, epi
                     seed: int | None, video: str | None) -> None:
     """Score a run's weights (RUN_DIR: its best by default) or a checkpoint greedily, as the evaluator does,
     with no service running."""
+    from common.envs import EnvError
     from common.evaluation import EVAL_SEED_OFFSET
 
     if video is not None and not video.lower().endswith(".gif"):
@@ -262,7 +264,7 @@ def eval_checkpoint(run_dir: str | None, checkpoint: str | None, which: str, epi
         seed = cfg.seed + EVAL_SEED_OFFSET if seed is None else seed
         episodes = episodes or cfg.evaluator.episodes
         returns = evaluate_weights(cfg, loaded.weights, episodes, seed)
-    except CheckpointError as exc:
+    except (CheckpointError, EnvError) as exc:  # EnvError: the run's env cannot be made here
         click.echo(f"rlfleet eval: {exc}", err=True)
         sys.exit(2)
     kind = "published weights" if loaded.exact else f"online net after update {loaded.updates}"

@@ -56,6 +56,17 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="rlfleet")
 def main() -> None:
     """rlfleet: distributed deep RL as ZeroMQ microservices."""
+    caller_dir_on_path()
+
+
+def caller_dir_on_path() -> None:
+    """The directory the command runs in goes on sys.path (as `python -m` puts it), so an env.id or
+    env.imports module there imports in every command and every service it starts (they inherit it)."""
+    import os
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 @main.command()

@@ -39,25 +39,51 @@ class StepLatency(gym.Wrapper):  # type: ignore[type-arg]
         return self.env.step(action)
 
 
-def custom_env_class(env_id: str) -> type[gym.Env] | None:  # type: ignore[type-arg]
-    """``module:Class`` naming a gymnasium.Env subclass, or None for a registered id."""
+def import_module(name: str, what: str) -> Any:
+    """Import ``name``; an EnvError naming it, where Python looked and how to fix it when it fails."""
+    import sys
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        where = [p or "(the working directory)" for p in sys.path]
+        raise EnvError(f"{what}: cannot import module {name!r} ({exc}). Looked in sys.path: {where}. Fix: run "
+                       "rlfleet from the directory that holds it, add that directory to PYTHONPATH, or install "
+                       "its package (pip install -e .); in a container, copy it into the image "
+                       "(docs/custom_envs.md)") from None
+    except Exception as exc:  # the module itself failed: its own error, without rlfleet's traceback
+        raise EnvError(f"{what}: importing module {name!r} failed: {type(exc).__name__}: {exc}") from None
+
+
+def import_env_modules(cfg: EnvConfig) -> None:
+    """Import ``env.imports`` (their gymnasium.register calls run) before the id is resolved."""
+    for name in cfg.imports:
+        import_module(name, f"env.imports {name!r}")
+
+
+def custom_env_class(env_id: str) -> Callable[..., gym.Env] | None:  # type: ignore[type-arg]
+    """``module:Class`` (a gymnasium.Env subclass) or ``module:function`` (returns an Env), or None for a
+    registered id (gymnasium's own ``module:EnvId-v0``: the import registers it)."""
     if ":" not in env_id:
         return None
     module_name, attr = env_id.split(":", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise EnvError(f"env.id={env_id!r}: cannot import module {module_name!r} ({exc})") from None
+    module = import_module(module_name, f"env.id={env_id!r}")
     obj = getattr(module, attr, None)
     if isinstance(obj, type) and issubclass(obj, gym.Env):
         return obj
-    return None  # gymnasium's own "module:EnvId-v0" form: the module registers it
+    if callable(obj) and not isinstance(obj, type):
+        return obj  # type: ignore[no-any-return]
+    if obj is not None:
+        raise EnvError(f"env.id={env_id!r}: {module_name}.{attr} is a {type(obj).__name__}; allowed: a "
+                       "gymnasium.Env subclass or a function returning an Env")
+    return None
 
 
 def env_factory(cfg: EnvConfig, training: bool = True) -> Callable[[], gym.Env]:  # type: ignore[type-arg]
     """A thunk that makes one env as configured (render_mode None: no rendering cost).
 
     ``training`` False: an evaluation's env (Atari: whole games, real rewards; see common/atari.py)."""
+    import_env_modules(cfg)
     cls = custom_env_class(cfg.id)
 
     def make() -> gym.Env:  # type: ignore[type-arg]
@@ -69,6 +95,8 @@ def env_factory(cfg: EnvConfig, training: bool = True) -> Callable[[], gym.Env]:
                 raise EnvError(str(exc)) from None
         elif cls is not None:
             env = cls(**cfg.kwargs)
+            if not isinstance(env, gym.Env):
+                raise EnvError(f"env.id={cfg.id!r} returned a {type(env).__name__}; allowed: a gymnasium.Env")
             if cfg.max_episode_steps:
                 env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)
         else:

@@ -92,9 +92,29 @@ def load(
             raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
         tree.update(loaded)
     environ = os.environ if environ is None else environ
-    for keys, value, source in [*env_overrides(environ), *cli_overrides(sets)]:
+    file_env = _env_id(tree)
+    overrides = cli_overrides(sets)
+    for keys, value, source in [*env_overrides(environ), *overrides]:
         _set_path(tree, keys, value, source)
+    given = {tuple(keys) for keys, _, _ in overrides}
+    if ("env", "id") in given and ("name",) not in given and _env_id(tree) not in (None, file_env):
+        tree["name"] = env_run_name(str(_env_id(tree)), str((tree.get("algorithm") or {}).get("name", "")))
     return validate(tree)
+
+
+def _env_id(tree: Mapping[str, Any]) -> Any:
+    env = tree.get("env")
+    return env.get("id") if isinstance(env, Mapping) else None
+
+
+def env_run_name(env_id: str, algorithm: str) -> str:
+    """The name of a run whose env.id was set on the command line (the file's name would name another
+    env): the env's class or function (or registered id, lowercased, without its version) and the
+    algorithm, e.g. ``mygrid-ppo`` for ``mymodule:MyGrid``."""
+    base = env_id.split(":", 1)[1] if ":" in env_id else env_id.split("/")[-1]
+    base = base.rsplit("-v", 1)[0] if "-v" in base else base
+    slug = "".join(c if c.isalnum() else "-" for c in base.lower()).strip("-") or "env"
+    return f"{slug}-{algorithm}" if algorithm else slug
 
 
 def validate(tree: Mapping[str, Any]) -> Experiment:

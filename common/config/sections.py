@@ -69,7 +69,10 @@ class AtariConfig(Strict):
 
 
 class EnvConfig(Strict):
-    id: str = Field("CartPole-v1", description="gymnasium id, or 'module:Class' for a custom env")
+    id: str = Field("CartPole-v1", description="a registered gymnasium id, or 'module:Class' / 'module:function' "
+                    "(an Env subclass, or a function returning an Env, called with env.kwargs) for your own env")
+    imports: list[str] = Field(default_factory=list, description="modules imported before env.id is resolved "
+                               "(a package whose import runs gymnasium.register)")
     num_envs: PosInt = Field(4, description="environments per actor, stepped as one vector env")
     vectorization: Literal["sync", "async", "threads"] = Field(
         "sync", description="gymnasium SyncVectorEnv (one process), AsyncVectorEnv (a process per env), or"
