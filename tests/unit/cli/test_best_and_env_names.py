@@ -1,0 +1,59 @@
+"""The evaluator's best weights file, a run's name for a command-line env, and what env.id refuses."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cli.evaluate import load_for_eval, run_weights
+from common.config import load
+from common.config.loading import env_run_name
+from common.envs import EnvError, custom_env_class, probe_env
+from harness.fleet_helpers import CONFIGS
+from services.actor.best import BestKeeper, best_path
+
+
+def test_only_a_better_evaluation_replaces_the_best_and_a_restart_remembers_it(tmp_path: Path) -> None:
+    cfg = load(str(CONFIGS / "cartpole-dqn.yaml"), [f"run_dir={tmp_path}"])
+    w = {"a": np.ones(3, np.float32)}
+    keeper = BestKeeper(cfg)
+    assert keeper.offer(4, 20.0, 1.0, 5000, w)
+    assert not keeper.offer(5, 20.0, 0.0, 6000, {"a": np.zeros(3, np.float32)})  # equal: not better
+    assert not keeper.offer(6, 10.0, 0.0, 7000, {"a": np.zeros(3, np.float32)})
+    again = BestKeeper(cfg)  # a restarted evaluator
+    assert again.best == 20.0 and not again.offer(7, 19.0, 0.0, 8000, w)
+    assert again.offer(8, 30.0, 0.0, 9000, {"a": np.full(3, 2.0, np.float32)})
+    loaded = load_for_eval(best_path(tmp_path))
+    assert loaded.version == 8 and loaded.exact and np.array_equal(loaded.weights["a"], np.full(3, 2.0))
+    assert run_weights(tmp_path) == (best_path(tmp_path), "the best evaluation's weights")
+    path, what = run_weights(tmp_path, "latest")  # no learner checkpoint, no snapshot: the best, said so
+    assert path == best_path(tmp_path) and what.endswith("(the run has no latest)")
+
+
+def test_a_run_is_named_after_the_env_given_on_the_command_line() -> None:
+    assert env_run_name("mymodule:MyPole", "dqn") == "mypole-dqn"
+    assert env_run_name("pkg.envs:make_grid", "ppo") == "make-grid-ppo"
+    assert env_run_name("ALE/Pong-v5", "dqn") == "pong-dqn"
+    path = str(CONFIGS / "cartpole-dqn.yaml")
+    assert load(path, ["env.id=LunarLander-v3"]).name == "lunarlander-dqn"
+    assert load(path, ["env.id=LunarLander-v3", "name=mine"]).name == "mine"  # a name given stays
+    assert load(path, ["env.id=CartPole-v1"]).name == load(path).name  # the file's own env: its name
+
+
+def test_env_id_refusals_name_the_module_and_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(EnvError, match=r"cannot import module 'no_such_env_module'.*sys.path.*PYTHONPATH"):
+        custom_env_class("no_such_env_module:Env")
+    (tmp_path / "envmod_for_test.py").write_text("NOT_AN_ENV = 3\ndef broken(**kw):\n    return 5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(EnvError, match="is a int; allowed: a gymnasium.Env subclass or a function"):
+        custom_env_class("envmod_for_test:NOT_AN_ENV")
+    cfg = load(str(CONFIGS / "cartpole-dqn.yaml"), ["env.id=envmod_for_test:broken"])
+    with pytest.raises(EnvError, match="returned a int; allowed: a gymnasium.Env"):
+        probe_env(cfg)
+    cfg = load(str(CONFIGS / "cartpole-dqn.yaml"), ['env.imports=["no_such_env_module"]'])
+    with pytest.raises(EnvError, match="env.imports 'no_such_env_module': cannot import"):
+        probe_env(cfg)
+    sys.modules.pop("envmod_for_test", None)
