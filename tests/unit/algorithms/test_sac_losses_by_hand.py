@@ -66,7 +66,7 @@ def by_hand(sac: SACLearner, b: dict[str, np.ndarray], weights: np.ndarray | Non
     return {"critic_loss": float(critic.detach()), "actor_loss": float(actor.detach()), "alpha": alpha,
             "entropy": entropy, "q_mean": float(q1.detach().mean()), "critic": critic_grads, "actor": actor_grads,
             "alpha_grad": entropy - sac.target_entropy,
-            "priorities": (0.5 * ((q1 - y).abs() + (q2 - y).abs()) + PRIORITY_EPS).detach().double().numpy()}
+            "td": (0.5 * ((q1 - y).abs() + (q2 - y).abs())).detach().double().numpy()}
 
 
 @pytest.mark.parametrize("weighted", [False, True])
@@ -85,7 +85,9 @@ def test_every_loss_gradient_and_priority_is_the_docstrings_formula(weighted: bo
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-6)
     assert grads["alpha"][0].shape == sac.log_alpha.shape
     assert float(grads["alpha"][0]) == pytest.approx(want["alpha_grad"], rel=1e-5)
-    np.testing.assert_allclose(priorities, want["priorities"], rtol=1e-5)
+    np.testing.assert_allclose(priorities, want["td"] + PRIORITY_EPS, rtol=1e-5)
+    # PRIORITY_EPS is added, not taken away: no priority is zero even where both critics hit the target
+    assert (priorities - want["td"]).mean() == pytest.approx(PRIORITY_EPS, abs=3e-7)
     assert priorities.dtype == np.float64 and priorities.shape == (N,)
 
 
