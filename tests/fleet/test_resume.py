@@ -65,3 +65,22 @@ def test_resume_refuses_what_it_cannot_use(tmp_path: Path) -> None:
     assert res.returncode == 2 and "config.yaml not found" in res.stdout, res.stdout
     res = rlfleet("up", "--resume", str(tmp_path), "--config", str(CONFIGS / "cartpole-dqn.yaml"), timeout=60)
     assert res.returncode == 2 and "one of them" in res.stdout, res.stdout
+
+
+@pytest.mark.e2e
+def test_a_stopped_a3c_run_resumes_from_the_paramservers_snapshot(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    first = rlfleet("up", "--config", str(CONFIGS / "cartpole-a3c.yaml"), "--actors", "2", "--max-env-steps", "4000",
+                    "--max-seconds", "200", "--runs", str(runs), timeout=300)
+    assert first.returncode == 0, first.stdout[-3000:]
+    run_dir = only_run_dir(runs)
+    before = read_csv(run_dir / "progress.csv")
+    version_before = int(before[-1]["weights_version"])
+    second = rlfleet("up", "--resume", str(run_dir), "--max-env-steps", str(int(before[-1]["env_steps"]) + 2000),
+                     "--max-seconds", "400", timeout=300)
+    assert second.returncode == 0, second.stdout[-3000:]
+    log = (run_dir / "logs" / "paramserver-0.log").read_text()
+    restored = re.search(r"version (\d+) and its optimizer state restored", log)
+    assert restored and int(restored.group(1)) >= version_before > 0, log[-3000:]
+    after = read_csv(run_dir / "progress.csv")[len(before):]
+    assert after and int(after[-1]["weights_version"]) > int(restored.group(1))
