@@ -61,12 +61,13 @@ def main() -> None:
 
 def caller_dir_on_path() -> None:
     """The directory the command runs in goes on sys.path (as `python -m` puts it), so an env.id or
-    env.imports module there imports in every command and every service it starts (they inherit it)."""
+    env.imports module there imports in every command and every service it starts (they inherit it).
+    Appended: a folder there named like one of rlfleet's packages does not shadow it."""
     import os
 
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+        sys.path.append(cwd)
 
 
 @main.command()
