@@ -1,5 +1,6 @@
 """Your own env from your own directory: `env.id: module:Class` / `module:function` and `env.imports`,
-resolved the same way by `rlfleet up` (every service), `rlfleet train --serial` and `rlfleet eval`, run
+resolved the same way by `rlfleet up` (every service), `rlfleet train --serial`, `rlfleet.train` and
+`rlfleet eval`, run
 with the working directory holding the module, and from another directory with it on PYTHONPATH; a
 module that does not import is a clean error naming it, sys.path and the fix."""
 
@@ -60,6 +61,13 @@ def test_an_env_class_from_the_users_directory_trains_serves_and_evaluates(user_
                  "--max-env-steps", "600", "--runs", "serial-runs", cwd=user_dir)
     assert serial.returncode == 0, serial.stdout[-3000:]
     assert only_run_dir(user_dir / "serial-runs").name.startswith("make-pole-dqn-")
+
+    api = subprocess.run(  # the Python API, from a script in the user's directory
+        [sys.executable, "-c", "import rlfleet; run = rlfleet.train(" + repr(config) + ", {'env.id': "
+         "'mymodule:MyPole'}, serial=True, max_env_steps=500, progress=False, runs='api-runs'); "
+         "print('RUN', run.run_dir.name)"], cwd=user_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, timeout=300)
+    assert api.returncode == 0 and "RUN mypole-dqn-" in api.stdout, api.stdout[-3000:]
 
     ev = cli("eval", str(run_dir), "--episodes", "2", cwd=user_dir)
     assert ev.returncode == 0 and "mymodule:MyPole, dqn" in ev.stdout, ev.stdout
