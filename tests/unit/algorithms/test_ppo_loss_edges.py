@@ -89,3 +89,5 @@ def test_value_clipping_keeps_the_larger_error() -> None:
     assert value_loss(-value, old, ret, 0.2).item() == pytest.approx(2.25)
     # towards the return and past it: clipped (0.2 - 2)^2 = 3.24 beats unclipped (1 - 2)^2 = 1
     assert value_loss(value, old, torch.tensor([2.0]), 0.2).item() == pytest.approx(3.24)
+    # downwards towards the return: clipped to 1 - 0.2, (0.8 - 0)^2 = 0.64 beats (0.5 - 0)^2 = 0.25
+    assert value_loss(torch.tensor([0.5]), torch.tensor([1.0]), torch.tensor([0.0]), 0.2).item() == pytest.approx(0.64)
