@@ -45,7 +45,9 @@ fi
 
 # -- base image -------------------------------------------------------------
 host_apt_mirror() {  # the first URI of the host's apt sources (one-line and deb822 formats), or nothing
-    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null \
+    # a missing sources file (or awk's early exit cutting cat's pipe) is no error here: set -e and
+    # pipefail would otherwise end the script silently inside MIRROR=$(...)
+    { cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null || true; } \
         | awk '/^deb / { for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) { print $i; exit } }
                /^URIs:/ { print $2; exit }'
 }
