@@ -8,6 +8,11 @@ rolls them as well. Placement, restart policy and ``endpoint_mode: dnsrr`` are d
 shard i of replay runs as service ``replay-<i>`` (with S > 1), and every shard also answers to the name
 ``replay`` on the stack's network, so Prometheus' DNS discovery finds them all. docs/operations.md
 ("Several hosts") walks through its use.
+
+``docker stack deploy`` refuses compose's ``deploy.resources.reservations.devices`` (what
+docker-compose.gpu.yml reserves a GPU with), so a GPU learner is placed the Swarm way (``--gpu-learner``,
+:func:`gpu_learner`): a node label, and where the GPU nodes' engines advertise their GPUs as generic
+resources, a reservation of one per learner.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ RENDEZVOUS_PORT = 29400
 GRAFANA_IMAGE = "grafana/grafana-oss:11.4.0"
 GRAFANA_PROVISIONING = "/etc/grafana/provisioning"
 GRAFANA_DASHBOARDS = "/var/lib/grafana/dashboards"  # deploy/grafana/provisioning/dashboards/*.yml reads here
+GPU_LABEL = "rlfleet.gpu"  # the node label a GPU learner is placed by
+GPU_KIND = "gpu"  # the generic resource's kind: dockerd --node-generic-resource gpu=<GPU UUID>, one per GPU
+GPU_MODES = ("label", "reserve")
 
 
 def config_name(content: bytes, kind: str = "config") -> str:
@@ -114,12 +122,38 @@ def fleet_environment(replay_shards: int, paramserver_shards: int, learners: int
     }
 
 
+def gpu_learner(mode: str) -> tuple[list[str], dict[str, Any], dict[str, str]]:
+    """The learner on a GPU node: (placement constraints, resources, environment) for ``mode``.
+
+    Both modes run the learner on nodes labelled ``rlfleet.gpu=true`` with ``learner.device=cuda``;
+    the node's engine runs containers with NVIDIA's runtime by default (Swarm cannot pick a runtime).
+    ``label``: every GPU of the node is visible (``NVIDIA_VISIBLE_DEVICES=all``), and learner ranks
+    on one node share them (rank i trains on ``cuda:(i mod GPUs)``). ``reserve``: each learner also
+    reserves one GPU as a generic resource (``discrete_resource_spec`` of kind ``gpu``): Swarm places
+    it only where a GPU is left, and sets ``DOCKER_RESOURCE_GPU`` to the UUID of the one it assigned,
+    which NVIDIA's runtime (``swarm-resource = "DOCKER_RESOURCE_GPU"``) makes the container's only
+    GPU. No ``NVIDIA_VISIBLE_DEVICES`` is set then: without the runtime's setting the learner sees no
+    GPU and stops saying so, rather than share every GPU of the node unseen."""
+    if mode not in GPU_MODES:
+        raise ValueError(f"--gpu-learner {mode!r}; allowed: {' or '.join(GPU_MODES)}")
+    environment = {"RLFLEET_LEARNER__DEVICE": "cuda", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+    resources: dict[str, Any] = {}
+    if mode == "label":
+        environment["NVIDIA_VISIBLE_DEVICES"] = "all"
+    else:
+        resources = {"reservations": {"generic_resources": [
+            {"discrete_resource_spec": {"kind": GPU_KIND, "value": 1}}]}}
+    return [f"node.labels.{GPU_LABEL} == true"], resources, environment
+
+
 def build(config_file: Path, out_dir: Path, *, replay_shards: int = 1, paramserver_shards: int = 1,
           learners: int = 1, actors: int = 2, planners: int = 0, env: Mapping[str, str] | None = None,
-          image_prefix: str = "", tag: str = "latest", grafana_dir: Path | None = None) -> dict[str, Any]:
+          image_prefix: str = "", tag: str = "latest", grafana_dir: Path | None = None,
+          gpu: str | None = None) -> dict[str, Any]:
     """The stack file as a mapping. ``config_file`` is referred to relative to ``out_dir`` (docker stack
     deploy reads it from there); ``env`` holds the RLFLEET_ overrides every service gets; ``grafana_dir``
-    (deploy/grafana) adds Prometheus and Grafana."""
+    (deploy/grafana) adds Prometheus and Grafana; ``gpu`` (``label`` or ``reserve``) puts the learner
+    on a GPU node with the CUDA image (``<tag>-cuda``), :func:`gpu_learner`."""
     for name, value, least in (("replay shards", replay_shards, 1), ("paramserver shards", paramserver_shards, 1),
                                ("learners", learners, 1), ("actors", actors, 0), ("planners", planners, 0)):
         if value < least:
@@ -166,6 +200,14 @@ def build(config_file: Path, out_dir: Path, *, replay_shards: int = 1, paramserv
     services["learner"] = service("learner", "learner", "rlfleet.core", replicas=learners, volume="learner-checkpoints",
                                   extra_env={"RLFLEET_LEARNERS": str(learners),
                                              "RLFLEET_LEARNER__RENDEZVOUS": f"tcp://learner:{RENDEZVOUS_PORT}"})
+    if gpu is not None:
+        constraints, resources, gpu_env = gpu_learner(gpu)
+        learner = services["learner"]
+        learner["image"] = f"{image('learner')}-cuda"  # docker-compose.gpu.yml's tag: the TORCH=cuda build
+        learner["environment"].update(gpu_env)
+        learner["deploy"]["placement"]["constraints"] = constraints
+        if resources:
+            learner["deploy"]["resources"] = resources
     services["actor"] = service("actor", "actor", "rlfleet.actors", replicas=actors)
     services["evaluator"] = service("evaluator", "actor", "rlfleet.actors")
     services["modeler"] = service("modeler", "learner", "rlfleet.core", volume="modeler-checkpoints")
@@ -205,10 +247,15 @@ def check(config_file: Path, stack: Mapping[str, Any]) -> None:
               type=click.Path(file_okay=False, exists=True),
               help="add Prometheus and Grafana, with Grafana's provisioning and dashboards from this directory "
                    "as swarm configs (--monitoring alone: deploy/grafana)")
+@click.option("--gpu-learner", "gpu", is_flag=False, flag_value="label", default=None, type=click.Choice(GPU_MODES),
+              help="the learner on nodes labelled rlfleet.gpu=true, CUDA image (<tag>-cuda), learner.device=cuda; "
+                   "'reserve' also reserves one GPU per learner as a generic resource of kind gpu "
+                   "(--gpu-learner alone: label)")
 @click.option("-o", "--output", default="-", show_default=True, type=click.Path(dir_okay=False),
               help="where to write the stack file ('-': stdout)")
 def stack(config_path: str, replay_shards: int, paramserver_shards: int, learners: int, actors: int, planners: int,
-          env_file: str | None, image_prefix: str, tag: str, grafana_dir: str | None, output: str) -> None:
+          env_file: str | None, image_prefix: str, tag: str, grafana_dir: str | None, gpu: str | None,
+          output: str) -> None:
     """Write a Docker Swarm stack file for S replay shards, P paramserver shards and N learners."""
     from common.config import ConfigError
 
@@ -219,7 +266,7 @@ def stack(config_path: str, replay_shards: int, paramserver_shards: int, learner
         env = read_env_file(Path(env_file)) if env_file else {}
         spec = build(Path(config_path), out_dir, replay_shards=replay_shards, paramserver_shards=paramserver_shards,
                      learners=learners, actors=actors, planners=planners, env=env, image_prefix=image_prefix,
-                     tag=tag, grafana_dir=Path(grafana_dir) if grafana_dir else None)
+                     tag=tag, grafana_dir=Path(grafana_dir) if grafana_dir else None, gpu=gpu)
         check(Path(config_path), spec)
     except (ValueError, ConfigError) as exc:
         click.echo(f"rlfleet stack: {exc}", err=True)

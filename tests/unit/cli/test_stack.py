@@ -101,3 +101,49 @@ def test_monitoring_ships_grafana_files_as_configs_named_by_content(tmp_path: Pa
     for m in grafana["configs"]:
         assert m["source"] == config_name(shipped[m["target"]].read_bytes(), "grafana")
     assert stack["services"]["prometheus"]["ports"][0]["mode"] == "host"  # answers without the routing mesh
+
+
+def test_gpu_learner_goes_to_nodes_labelled_gpu_with_the_cuda_image(tmp_path: Path) -> None:
+    plain = yaml.safe_load(rlfleet_stack(tmp_path, "--config", str(DQN), "--tag", "v3").stdout)["services"]
+    proc = rlfleet_stack(tmp_path, "--config", str(DQN), "--tag", "v3", "--learners", "2", "--gpu-learner")
+    assert proc.returncode == 0, proc.stderr
+    services = yaml.safe_load(proc.stdout)["services"]
+    learner = services["learner"]
+    assert learner["image"] == "rlfleet/learner:v3-cuda"  # docker-compose.gpu.yml's TORCH=cuda build
+    assert learner["deploy"]["placement"]["constraints"] == ["node.labels.rlfleet.gpu == true"]
+    assert learner["deploy"]["replicas"] == 2
+    assert "resources" not in learner["deploy"]  # a label alone: no reservation Swarm could not meet
+    env = learner["environment"]
+    assert env["RLFLEET_LEARNER__DEVICE"] == "cuda"
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", "compute,utility")
+    assert env["RLFLEET_NETWORK__REPLAY"] == plain["learner"]["environment"]["RLFLEET_NETWORK__REPLAY"]
+    # only the learner moves: the modeler (same image) stays a CPU service on the core node
+    for name, spec in services.items():
+        if name != "learner":
+            assert spec == plain[name], name
+    assert plain["learner"]["image"] == "rlfleet/learner:v3"
+    assert plain["learner"]["deploy"]["placement"]["constraints"] == ["node.labels.rlfleet.core == true"]
+    assert not {"RLFLEET_LEARNER__DEVICE", "NVIDIA_VISIBLE_DEVICES"} & set(plain["learner"]["environment"])
+    assert "devices" not in proc.stdout  # compose's device reservation, which docker stack deploy refuses
+
+
+def test_gpu_learner_reserve_asks_one_gpu_generic_resource_per_learner(tmp_path: Path) -> None:
+    proc = rlfleet_stack(tmp_path, "--config", str(DQN), "--learners", "4", "--gpu-learner", "reserve")
+    assert proc.returncode == 0, proc.stderr
+    learner = yaml.safe_load(proc.stdout)["services"]["learner"]
+    deploy = learner["deploy"]
+    assert deploy["placement"]["constraints"] == ["node.labels.rlfleet.gpu == true"]
+    # the compose file's form of `docker service create --generic-resource gpu=1`, per replica
+    assert deploy["resources"] == {"reservations": {"generic_resources": [
+        {"discrete_resource_spec": {"kind": "gpu", "value": 1}}]}}
+    assert deploy["replicas"] == 4
+    env = learner["environment"]
+    assert env["RLFLEET_LEARNER__DEVICE"] == "cuda"
+    # the GPU comes from Swarm's DOCKER_RESOURCE_GPU through NVIDIA's runtime, never all of the node's
+    assert "NVIDIA_VISIBLE_DEVICES" not in env
+
+
+def test_gpu_learner_mode_is_checked(tmp_path: Path) -> None:
+    proc = rlfleet_stack(tmp_path, "--config", str(DQN), "--gpu-learner", "all")
+    assert proc.returncode == 2
+    assert "'all' is not one of 'label', 'reserve'" in proc.stderr
