@@ -29,7 +29,7 @@ class Ending:
     detail: str  # one line for a person: what reached what, which budget, which signal, what failed
     code: int  # the exit code the command returned
     env_steps: int
-    wall_s: float  # from the moment the run started training (the fleet healthy; the serial loop's start)
+    wall_s: float  # from the command's start (a fleet's start-up included; the serial loop's start)
     started_at: float  # Unix time of that moment
     best_return: float | None
     until_return: float | None

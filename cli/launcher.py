@@ -24,6 +24,7 @@ from typing import Any
 
 import click
 
+from cli import runstart
 from cli.dispatch import build
 from cli.ending import Ending
 from cli.ending import write as write_ending
@@ -324,12 +325,12 @@ def run_fleet(
     cfg: Experiment, actors: int, until_return: float | None, max_seconds: float | None, inproc: bool,
     run_root: str = "runs", live: bool | None = None, max_env_steps: int | None = None,
     forkservers: ForkServers | None = None, restart: str = "on-failure", resume: Path | None = None,
-    init_from: Path | None = None,
+    init_from: Path | None = None, started_at: float | None = None,
 ) -> int:
-    """Run a local fleet; returns the process exit code. ``restart``: see cli/supervision.py; ``resume``: see
-    :func:`launch`."""
+    """Run a local fleet; returns the process exit code. ``restart``: see cli/supervision.py; ``resume`` and
+    ``started_at``: see :func:`launch`."""
     return launch(cfg, actors, until_return, max_seconds, inproc, run_root, live, max_env_steps, forkservers,
-                  restart, resume=resume, init_from=init_from).code
+                  restart, resume=resume, init_from=init_from, started_at=started_at).code
 
 
 def launch(
@@ -337,7 +338,7 @@ def launch(
     run_root: str = "runs", live: bool | None = None, max_env_steps: int | None = None,
     forkservers: ForkServers | None = None, restart: str = "on-failure",
     say: Callable[[str, bool], None] = _echo, handle_signals: bool = True, progress: bool = True,
-    resume: Path | None = None, init_from: Path | None = None,
+    resume: Path | None = None, init_from: Path | None = None, started_at: float | None = None,
 ) -> Launched:
     """Run a local fleet until a target, a budget, a signal or a failure; writes RUN_DIR/ending.json.
 
@@ -347,7 +348,11 @@ def launch(
     run directory to go on in (its services restore their own state from it: the learner's checkpoint, the
     replay snapshots, the paramserver's snapshots, the evaluator's best) instead of a new one; env steps
     and wall seconds count on from its progress.csv, and budgets apply to the totals. ``init_from``: a
-    checkpoint whose weights a new run starts from (cli/init_weights.py)."""
+    checkpoint whose weights a new run starts from (cli/init_weights.py). ``started_at``: the Unix time the
+    command started (default: now); the run clock (progress.csv, the live view, ``max_seconds``) counts from
+    it, start-up included, and RUN_DIR/run.json records it with the target and budgets (cli/runstart.py)."""
+    started_at = time.time() if started_at is None else started_at
+    start = time.monotonic() - max(0.0, time.time() - started_at)
     if inproc and cfg.learners > 1:
         say(f"rlfleet: learners={cfg.learners} needs a fleet of processes (a torch.distributed rank each); "
             "allowed with --inproc: learners=1", True)
@@ -369,6 +374,8 @@ def launch(
             return Launched(EXIT_CONFIG)
     run_dir = make_run_dir(cfg, run_root) if resume is None else resume.resolve()
     before = None if resume is None else last_progress(run_dir / "progress.csv")
+    record = runstart.begin(run_dir, started_at, until_return, max_env_steps, max_seconds,
+                            None if resume is None else (before or Scrape()).elapsed)
     cfg, members = plan(cfg, actors, run_dir, inproc)
     try:
         cfg, made = security.local_keys(cfg, run_dir)
@@ -396,7 +403,6 @@ def launch(
                      before=None if resume is None else before or Scrape())
     code = EXIT_FAILED
     how, detail = "failed", "the fleet did not start"
-    start, started_at = time.monotonic(), time.time()
     snap: Scrape | None = None
     try:
         seed_weights = None
@@ -411,7 +417,9 @@ def launch(
 
         fleet.start(stop, after_stores=seed_weights)
         fleet.wait_healthy(cfg.network.timeout_s * 6, stop)
-        start, started_at = time.monotonic(), time.time()
+        if record.ready_s is None:
+            record.ready_s = round(time.monotonic() - start + record.clock[-1][1], 3)
+            runstart.write(run_dir, record)
         policy = RestartPolicy(restart)
         while not stop.wait(1.0):
             for line in fleet.supervise(policy):

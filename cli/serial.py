@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cli import runstart
 from cli.ending import Ending
 from cli.ending import write as write_ending
 from common import algorithms
@@ -289,8 +290,12 @@ class SerialRunner:
 
 def train_serial(cfg: Experiment, until_return: float | None = None, max_env_steps: int | None = None,
                  max_seconds: float | None = None, run_dir: str | Path | None = None,
-                 on_eval: Callable[[Evaluation], None] | None = None) -> SerialResult:
-    """Build a :class:`SerialRunner` for ``cfg``, run it, close it; with ``run_dir``, its ending.json too."""
+                 on_eval: Callable[[Evaluation], None] | None = None, started_at: float | None = None) -> SerialResult:
+    """Build a :class:`SerialRunner` for ``cfg``, run it, close it; with ``run_dir``, its run.json (the target
+    and budgets, ``started_at``: the command's start, default now; cli/runstart.py) and ending.json too."""
+    if run_dir is not None:
+        runstart.begin(run_dir, time.time() if started_at is None else started_at, until_return, max_env_steps,
+                       max_seconds)
     runner = SerialRunner(cfg, run_dir)
     try:
         result = runner.run(until_return, max_env_steps, max_seconds, on_eval)

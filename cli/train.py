@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 import click
 
@@ -27,6 +28,7 @@ def train(config_path: str, serial: bool, until_return: float | None, max_second
           max_env_steps: int | None, sets: tuple[str, ...], seed: int | None, env_id: str | None,
           run_root: str) -> None:
     """Train with the serial runner: the fleet's algorithm objects in one loop, no sockets."""
+    started_at = time.time()
     from cli.launcher import make_run_dir
     from cli.serial import SerialError, check_serial, train_serial
     from common import config as config_mod
@@ -49,7 +51,7 @@ def train(config_path: str, serial: bool, until_return: float | None, max_second
         click.echo(f"rlfleet: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
     run_dir = make_run_dir(cfg, run_root)
-    result = train_serial(cfg, until_return, max_env_steps, max_seconds, run_dir=run_dir)
+    result = train_serial(cfg, until_return, max_env_steps, max_seconds, run_dir=run_dir, started_at=started_at)
     best = "-" if result.best is None else f"{result.best:.1f}"
     click.echo(f"{run_dir}: {'solved' if result.solved else 'not solved'} after {result.env_steps} env steps, "
                f"{result.updates} updates, {result.wall_s:.1f} s; best evaluation {best}")

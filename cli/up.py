@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -55,6 +56,7 @@ def up(
     resume: str | None = None, init_from: str | None = None,
 ) -> None:
     """Run the whole fleet on this machine and show its progress."""
+    started_at = time.time()  # the run clock counts from here, start-up included
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     if (config_path is None) == (resume is None):
         click.echo("rlfleet up: give --config FILE (a new run) or --resume RUN_DIR (a stopped run, with its own "
@@ -92,7 +94,7 @@ def up(
         code = run_fleet(cfg, actors or cfg.actor.count, until_return, max_seconds, inproc, run_root,
                          max_env_steps=max_env_steps, forkservers=forkservers, restart=restart,
                          resume=None if resume is None else Path(resume),
-                         init_from=None if init_from is None else Path(init_from))
+                         init_from=None if init_from is None else Path(init_from), started_at=started_at)
     finally:
         if forkservers is not None:
             forkservers.close()

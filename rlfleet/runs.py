@@ -14,7 +14,7 @@ from cli.ending import read as read_ending
 class Evaluation:
     """One evaluation of the run: the evaluator's mean greedy return of a weights version."""
 
-    wall_s: float  # from the moment the run started training
+    wall_s: float  # from the run's start (ending.json's started_at)
     env_steps: int | None  # the fleet's env steps when it was made (None: the evaluator did not know them)
     version: int
     mean: float

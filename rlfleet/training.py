@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,11 +50,12 @@ def train(config: str | Path | Experiment, overrides: Mapping[str, Any] | None =
 
     ``serial`` runs the serial runner (`rlfleet train --serial`) instead of the fleet (`rlfleet up`);
     ``actors`` sets actor.count; ``runs`` is where the run directory goes. TrainError if it cannot start."""
+    started_at = time.time()
     if until_return is None and max_env_steps is None and max_seconds is None:
         raise TrainError("train needs a stopping point: until_return, max_env_steps or max_seconds")
     cfg = resolve_config(config, overrides, actors)
     if serial:
-        return _train_serial(cfg, until_return, max_env_steps, max_seconds, progress, str(runs))
+        return _train_serial(cfg, until_return, max_env_steps, max_seconds, progress, str(runs), started_at)
     from cli.forkserver import ForkServers
 
     errors: list[str] = []
@@ -67,7 +69,7 @@ def train(config: str | Path | Experiment, overrides: Mapping[str, Any] | None =
     try:
         launched = launch(cfg, cfg.actor.count, until_return, max_seconds, False, str(runs), live=False,
                           max_env_steps=max_env_steps, forkservers=forkservers, say=say, handle_signals=False,
-                          progress=progress)
+                          progress=progress, started_at=started_at)
     finally:
         if forkservers is not None:
             forkservers.close()
@@ -77,7 +79,7 @@ def train(config: str | Path | Experiment, overrides: Mapping[str, Any] | None =
 
 
 def _train_serial(cfg: Experiment, until_return: float | None, max_env_steps: int | None,
-                  max_seconds: float | None, progress: bool, runs: str) -> Run:
+                  max_seconds: float | None, progress: bool, runs: str, started_at: float) -> Run:
     from cli.serial import Evaluation, SerialError, check_serial, train_serial
 
     try:
@@ -89,5 +91,6 @@ def _train_serial(cfg: Experiment, until_return: float | None, max_env_steps: in
         print(f"[{e.wall_s:5.0f} s] steps {e.env_steps}  weights v{e.version}  eval {e.mean:.1f}", flush=True)
 
     run_dir = make_run_dir(cfg, runs)
-    train_serial(cfg, until_return, max_env_steps, max_seconds, run_dir=run_dir, on_eval=show if progress else None)
+    train_serial(cfg, until_return, max_env_steps, max_seconds, run_dir=run_dir, on_eval=show if progress else None,
+                 started_at=started_at)
     return read_run(run_dir)

@@ -37,9 +37,11 @@ class EpisodeStats:
 
 
 class EpisodeLog:
-    """Every finished episode as a CSV row: what reports and the determinism test read."""
+    """Every finished episode as a CSV row: what reports and the determinism test read. ``wall_s``: seconds
+    since this log opened; ``env_steps``: this actor's own; ``wall_time``: Unix time, which `rlfleet report`
+    puts on the run's clock."""
 
-    FIELDS = "wall_s,env_steps,version,episode_return\n"
+    FIELDS = "wall_s,env_steps,version,episode_return,wall_time\n"
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -49,8 +51,8 @@ class EpisodeLog:
         self._start = time.time()
 
     def write(self, env_steps: int, version: int, returns: list[float]) -> None:
-        wall = time.time() - self._start
-        self._file.writelines(f"{wall:.3f},{env_steps},{version},{r:g}\n" for r in returns)
+        now = time.time()
+        self._file.writelines(f"{now - self._start:.3f},{env_steps},{version},{r:g},{now:.3f}\n" for r in returns)
 
     def close(self) -> None:
         self._file.close()
