@@ -1,16 +1,19 @@
-"""`rlfleet report RUN_DIR [RUN_DIR ...]`: figures and a Markdown summary of one or several runs.
+"""`rlfleet report RUN_DIR [RUN_DIR ...]`: figures and a Markdown page of one or several runs.
 
-Figures (PNG, FIG_SIZE pixels each), runs overlaid and labelled "N actors, sync":
+Figures (PNG, FIG_SIZE pixels each), runs overlaid and labelled "config: algorithm, protocol, N actors";
+every x axis starts at 0: env steps, and wall seconds from the command's start (start-up included):
 
-- ``eval_return_vs_steps.png`` / ``eval_return_vs_time.png``: greedy evaluation mean
-  return (band: +- std over the evaluation's episodes) against env steps and wall seconds;
+- ``eval_return_vs_steps.png`` / ``eval_return_vs_time.png``: every greedy evaluation marked (band: +- std over
+  its episodes), the training episodes' returns (mean of the last 20, dashed), each run's target
+  (dotted) and the first evaluation that reached it (a star: the table's "to target");
 - ``throughput.png``: env steps/s and learner updates/s over time (5 s moving average);
 - ``replay_staleness.png``: replay size, and weights staleness in versions (see
   :func:`cli.rundata.staleness`);
 - ``speedup.png`` (runs with two actor counts or more): time to target of the fewest
   actors divided by the time of N, and the same for env steps/s, beside the ideal N/N0.
 
-``report.md`` beside them has every run's figures (:class:`cli.rundata.Summary`).
+``report.md`` beside them has the table (:class:`cli.rundata.Summary`, computed from the arrays the
+figures draw) and every figure.
 """
 
 from __future__ import annotations
@@ -25,7 +28,18 @@ from statistics import median
 import click
 import numpy as np
 
-from cli.rundata import Run, RunError, Summary, default_target, load_run, staleness, summarize
+from cli.rundata import (
+    TRAINING_WINDOW,
+    Run,
+    RunError,
+    Summary,
+    default_target,
+    load_run,
+    staleness,
+    summarize,
+    to_target,
+    trailing_mean,
+)
 
 FIG_SIZE = (960, 600)  # pixels of every figure
 _DPI = 100
@@ -56,51 +70,69 @@ def _save(fig, path: Path) -> None:  # type: ignore[no-untyped-def]
 
 
 def _labels(runs: Sequence[Run]) -> list[str]:
-    """'N actors, sync', with the run's name added where two runs would share a label."""
+    """'config: algorithm, sync, N actors', with the run's name added where two runs would share a label."""
     base = [r.label for r in runs]
     return [f"{b} ({r.name})" if base.count(b) > 1 else b for b, r in zip(base, runs, strict=True)]
 
 
-def _smooth(values: np.ndarray, window: int = 5) -> np.ndarray:
-    """Trailing mean over the last ``window`` values (fewer at the start)."""
-    csum = np.cumsum(np.concatenate([[0.0], values]))
-    idx = np.arange(1, len(values) + 1)
-    lo = np.maximum(0, idx - window)
-    return (csum[idx] - csum[lo]) / (idx - lo)
-
-
-def plot_eval(runs: Sequence[Run], x: str, path: Path, target: float | None) -> None:
+def plot_returns(runs: Sequence[Run], x: str, path: Path, targets: Sequence[float | None]) -> None:
     fig, (ax,) = _figure()
-    for run, label in zip(runs, _labels(runs), strict=True):
-        if not run.has_evals:
-            continue
-        e = run.evals
-        order = np.argsort(e[x], kind="stable")
-        xs, mean, std = e[x][order], e["mean"][order], e["std"][order]
-        (line,) = ax.plot(xs, mean, label=label, lw=1.6)
-        ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.15, lw=0)
-    if target is not None:
-        ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g}")
-    ax.set_xlabel("env steps" if x == "env_steps" else "wall seconds")
-    ax.set_ylabel("eval mean return (greedy)")
-    ax.set_title(f"Evaluation return against {'env steps' if x == 'env_steps' else 'wall time'}")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=9)
+    draw_returns(ax, runs, x, targets)
     _save(fig, path)
+
+
+def draw_returns(ax, runs: Sequence[Run], x: str, targets: Sequence[float | None]) -> None:  # type: ignore[no-untyped-def]
+    """Evaluations (marked, +- std) and smoothed training returns of every run against ``x`` (env_steps or
+    wall_s), with each run's target and the first evaluation that reached it."""
+    shared = len(set(targets)) == 1
+    for run, label, target in zip(runs, _labels(runs), targets, strict=True):
+        color = None
+        if run.has_evals:
+            e = run.evals
+            xs, mean, std = e[x], e["mean"], e["std"]
+            (line,) = ax.plot(xs, mean, marker="o", ms=4, lw=1.6, label=f"{label}: evaluations")
+            color = line.get_color()
+            if len(xs) > 1:
+                ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.15, lw=0)
+            else:
+                ax.errorbar(xs, mean, yerr=std, color=color, capsize=3, lw=1)
+            hit = to_target(run, target)
+            if hit is not None:
+                ax.plot(hit[0] if x == "wall_s" else hit[1], mean[np.flatnonzero(mean >= target)[0]], marker="*",
+                        ms=13, color=color, mec="black", mew=0.6, ls="none")
+        ep = run.episodes
+        if ep:
+            (line,) = ax.plot(ep[x], trailing_mean(ep["return"], TRAINING_WINDOW), color=color, ls="--", lw=1,
+                              alpha=0.8, label=f"{label}: training episodes (mean of last {TRAINING_WINDOW})")
+            color = line.get_color()
+        if target is not None and not shared:
+            ax.axhline(target, color=color, ls=":", lw=1.2, label=f"{label}: target {target:g}")
+        if x == "wall_s" and run.ready_s is not None and len(runs) == 1:
+            ax.axvline(run.ready_s, color="grey", ls="-.", lw=0.8, label=f"fleet healthy ({run.ready_s:.1f} s)")
+    if shared and targets[0] is not None:
+        ax.axhline(targets[0], color="grey", ls=":", lw=1.2, label=f"target {targets[0]:g}")
+    ax.set_xlim(left=0)
+    ax.set_xlabel("env steps" if x == "env_steps" else "wall seconds from the command's start")
+    ax.set_ylabel("episode return")
+    what = "env steps" if x == "env_steps" else "wall time"
+    ax.set_title(f"Return against {what} (greedy evaluations; *: first to reach the target)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
 
 
 def plot_throughput(runs: Sequence[Run], path: Path) -> None:
     fig, (top, bottom) = _figure(2)
     for run, label in zip(runs, _labels(runs), strict=True):
         p = {k: v[1:] for k, v in run.progress.items()}  # the first row has no rate yet
-        top.plot(p["wall_s"], _smooth(p["env_steps_per_s"]), label=label, lw=1.4)
-        bottom.plot(p["wall_s"], _smooth(p["updates_per_s"]), label=label, lw=1.4)
+        top.plot(p["wall_s"], trailing_mean(p["env_steps_per_s"], 5), label=label, lw=1.4)
+        bottom.plot(p["wall_s"], trailing_mean(p["updates_per_s"], 5), label=label, lw=1.4)
     top.set_ylabel("env steps / s")
     bottom.set_ylabel("learner updates / s")
     bottom.set_xlabel("wall seconds")
     top.set_title("Throughput (5 s moving average)")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
+        ax.set_xlim(left=0)
     top.legend(loc="best", fontsize=9)
     _save(fig, path)
 
@@ -121,6 +153,7 @@ def plot_replay_staleness(runs: Sequence[Run], path: Path) -> None:
     bottom.set_xlabel("wall seconds")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
+        ax.set_xlim(left=0)
     top.legend(loc="best", fontsize=9)
     bottom.legend(loc="best", fontsize=8)
     _save(fig, path)
@@ -189,22 +222,26 @@ def _fmt(v: float | int | None, spec: str = ".1f") -> str:
 
 
 def markdown(summaries: Sequence[Summary], figures: Sequence[str], rows: Sequence[dict[str, float | int | None]],
-             target: float | None) -> str:
-    tgt = "none" if target is None else f"{target:g}"
+             target_note: str) -> str:
     lines = [
         "# rlfleet report", "",
-        f"Target eval return: {tgt}. Time and env steps to target: the first progress.csv row whose eval",
-        "return reached it (what `rlfleet up --until-return` stops on; within the 1 s scrape). Steps/s and",
-        "updates/s: means over progress.csv. Returns: greedy evaluations from evaluations.csv.", "",
-        "| run | actors | sync | evaluations | final return | best return | seconds to target | "
-        "env steps to target | seconds | env steps | env steps/s | updates/s |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"Targets: {target_note}. Seconds count from the command's start (`rlfleet up`: start-up included;",
+        "start-up s: until every service was first healthy). To target: the first evaluation whose mean reached",
+        "the target, the star on the figures (the launcher stops at the next 1 s scrape after it). Returns:",
+        "greedy evaluations (evaluations.csv); training return: mean of the last",
+        f"{TRAINING_WINDOW} training episodes of all actors (episodes/*.csv). Steps/s and updates/s: means over",
+        "progress.csv.", "",
+        "| run | config | algorithm | sync | actors | target | evaluations | final return | best return | "
+        "training return | seconds to target | env steps to target | start-up s | seconds | env steps | "
+        "env steps/s | updates/s |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summaries:
         lines.append(
-            f"| {s.run} | {s.actors} | {s.sync} | {s.evaluations} | {_fmt(s.final_return)} | {_fmt(s.best_return)} "
-            f"| {_fmt(s.seconds_to_target)} | {_fmt(s.env_steps_to_target, 'd')} | {_fmt(s.seconds)} "
-            f"| {s.env_steps} | {_fmt(s.steps_per_s)} | {_fmt(s.updates_per_s)} |"
+            f"| {s.run} | {s.config} | {s.algorithm} | {s.sync} | {s.actors} | {_fmt(s.target, 'g')} "
+            f"| {s.evaluations} | {_fmt(s.final_return)} | {_fmt(s.best_return)} | {_fmt(s.training_return)} "
+            f"| {_fmt(s.seconds_to_target)} | {_fmt(s.env_steps_to_target, 'd')} | {_fmt(s.ready_s)} "
+            f"| {_fmt(s.seconds)} | {s.env_steps} | {_fmt(s.steps_per_s)} | {_fmt(s.updates_per_s)} |"
         )
     if rows:
         lines += ["", "## Speedup", "", "| actors | seconds to target | speedup (time) | env steps/s | "
@@ -221,27 +258,43 @@ def markdown(summaries: Sequence[Summary], figures: Sequence[str], rows: Sequenc
     return "\n".join(lines)
 
 
+def run_targets(runs: Sequence[Run], target: float | None) -> tuple[list[float | None], str]:
+    """Each run's target and a note on where they came from: ``target`` (--target) for every run, else
+    the run's own (--until-return, from run.json), else its env's reward_threshold."""
+    if target is not None:
+        return [target] * len(runs), f"{target:g} (--target)"
+    out: list[float | None] = []
+    notes: list[str] = []
+    for r in runs:
+        if r.target is not None:
+            out.append(r.target)
+            notes.append(f"{r.target:g} (the run's --until-return)")
+        else:
+            out.append(default_target(r.env_id))
+            notes.append("none" if out[-1] is None else f"{out[-1]:g} ({r.env_id}'s reward_threshold)")
+    return out, ", ".join(dict.fromkeys(notes))
+
+
 def write_report(run_dirs: Sequence[str | Path], out: str | Path, target: float | None = None) -> Path:
     """Every figure and report.md for ``run_dirs`` into ``out``; returns the report.md path.
 
     RunError if a directory is not a run or has no evaluations yet."""
     runs = [load_run(d) for d in run_dirs]
-    if target is None:
-        target = default_target(runs[0].env_id)
+    targets, note = run_targets(runs, target)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    plot_eval(runs, "env_steps", out / FIGURES[0], target)
-    plot_eval(runs, "wall_s", out / FIGURES[1], target)
+    plot_returns(runs, "env_steps", out / FIGURES[0], targets)
+    plot_returns(runs, "wall_s", out / FIGURES[1], targets)
     plot_throughput(runs, out / FIGURES[2])
     plot_replay_staleness(runs, out / FIGURES[3])
     figures = list(FIGURES)
-    summaries = [summarize(r, target) for r in runs]
+    summaries = [summarize(r, t) for r, t in zip(runs, targets, strict=True)]
     rows = speedups(summaries)
     if rows:
-        plot_speedup(rows, out / "speedup.png", target)
+        plot_speedup(rows, out / "speedup.png", targets[0])
         figures.append("speedup.png")
     path = out / "report.md"
-    path.write_text(markdown(summaries, figures, rows, target))
+    path.write_text(markdown(summaries, figures, rows, note))
     return path
 
 
@@ -249,9 +302,11 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, target: float 
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option("--out", "out", default=None, help="output directory (default: RUN_DIR/report for one run, "
               "./report for several)")
-@click.option("--target", type=float, default=None, help="eval return target (default: the env's reward_threshold)")
+@click.option("--target", type=float, default=None,
+              help="eval return target of every run (default: each run's own --until-return, else its env's "
+                   "reward_threshold)")
 def report(run_dirs: tuple[str, ...], out: str | None, target: float | None) -> None:
-    """PNG figures and a Markdown summary (report.md) of one or several runs."""
+    """PNG figures and a Markdown page with all of them (report.md) of one or several runs."""
     if out is None:
         out = str(Path(run_dirs[0]) / "report") if len(run_dirs) == 1 else "report"
     try:

@@ -1,28 +1,35 @@
 """Reading a run directory (what `rlfleet up` leaves behind) into arrays and key figures.
 
-A run directory holds ``config.yaml`` (resolved), ``progress.csv`` (one row a
-second, from the fleet's /metrics), ``evaluations.csv`` (one row per
-evaluation) and ``episodes/<actor>.csv``. This module is what ``rlfleet
-report`` and the scaling benchmark read runs with; it only reads.
+A run directory holds ``config.yaml`` (resolved), ``run.json`` (the target, the budgets and the
+command's start: cli/runstart.py), ``progress.csv`` (one row a second, from the fleet's /metrics),
+``evaluations.csv`` (one row per evaluation), ``episodes/<actor>.csv`` (one row per training episode)
+and, once it stopped, ``ending.json``. This module is what ``rlfleet report`` and the scaling benchmark
+read runs with; it only reads.
 
-Clocks: progress.csv's ``wall_s`` counts from the moment the fleet was healthy
-(the run clock). evaluations.csv stamps rows with Unix time; each evaluation is
-put on the run clock by the first progress row that shows its version (the
-launcher scrapes once a second, so placement is within a second), and its env
-steps are the evaluator's own count where the row has one (evaluator.every_steps),
-else interpolated from progress.csv.
+Clocks: every figure is on the run clock, seconds from the command's start (progress.csv's ``wall_s``).
+evaluations.csv and the episode files stamp rows with Unix time, put on the run clock by run.json.
+(A run from before run.json counted progress.csv from the moment the fleet was healthy; its
+evaluations are placed by the first progress row that shows their version, within the 1 s scrape.)
+Env steps are the fleet's: an evaluation's is the evaluator's own count where the row has one
+(evaluator.every_steps), else, as for training episodes, progress.csv's at that moment, interpolated
+(from 0 at the command's start).
 """
 
 from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
+
+from cli import runstart
+from cli.ending import EndingError
+from cli.ending import read as read_ending
 
 
 class RunError(ValueError):
@@ -38,10 +45,17 @@ class Run:
     name: str
     progress: dict[str, np.ndarray]
     evals: dict[str, np.ndarray] = field(default_factory=dict)  # wall_s, env_steps, version, mean, std
+    config: str = "?"  # the experiment's name (config.yaml's name)
+    algorithm: str = "?"
+    target: float | None = None  # the eval return the run stopped on (--until-return), None: none given
+    ready_s: float | None = None  # wall_s when every service was first healthy (run.json), None: not known
+    episodes: dict[str, np.ndarray] = field(default_factory=dict)  # wall_s, env_steps, return: every actor's
+    # training episodes, in time order; empty where the episode files carry no Unix time (older runs)
 
     @property
     def label(self) -> str:
-        return f"{self.actors} actor{'s' if self.actors != 1 else ''}, {self.sync}"
+        """'cartpole-dqn: dqn, async, 2 actors'."""
+        return f"{self.config}: {self.algorithm}, {self.sync}, {self.actors} actor{'s' if self.actors != 1 else ''}"
 
     @property
     def has_evals(self) -> bool:
@@ -50,9 +64,11 @@ class Run:
 
 @dataclass
 class Summary:
-    """A run's figures, as report.md prints them."""
+    """A run's figures, as report.md prints them: all from the arrays the figures draw."""
 
     run: str
+    config: str
+    algorithm: str
     actors: int
     sync: str
     target: float | None
@@ -65,10 +81,15 @@ class Summary:
     env_steps_to_target: int | None
     steps_per_s: float  # mean over the progress.csv span
     updates_per_s: float
+    ready_s: float | None = None  # start-up: wall_s when the fleet was first healthy
+    training_return: float | None = None  # mean of the last TRAINING_WINDOW training episodes
 
     @property
     def reached(self) -> bool:
         return self.seconds_to_target is not None
+
+
+TRAINING_WINDOW = 20  # training episodes in a smoothed point (the actors' own episode_return gauge: 20)
 
 
 def _read_csv(path: Path) -> dict[str, np.ndarray]:
@@ -90,18 +111,32 @@ def _read_csv(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def _own_target(p: Path, start: runstart.RunStart | None) -> float | None:
+    """run.json's until_return; for a run from before run.json, ending.json's."""
+    if start is not None:
+        return start.until_return
+    try:
+        return read_ending(p).until_return
+    except EndingError:
+        return None
+
+
 def load_run(path: str | Path, require_evals: bool = True) -> Run:
     """Read one run directory; RunError says what is missing."""
     p = Path(path)
     if not p.is_dir():
         raise RunError(f"{p}: no such directory")
     cfg_path, progress_path = p / "config.yaml", p / "progress.csv"
+    if cfg_path.is_file() and (p / "result.json").is_file() and not progress_path.is_file():
+        raise RunError(f"{p} is a serial run (rlfleet train --serial): it has evaluations.csv but no progress.csv, "
+                       "which the report's figures and table need; `rlfleet up` runs have both")
     if not cfg_path.is_file() or not progress_path.is_file():
         raise RunError(f"{p} is not a run directory (no config.yaml and progress.csv; `rlfleet up` makes them)")
     try:
         cfg: dict[str, Any] = yaml.safe_load(cfg_path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RunError(f"{cfg_path}: not valid YAML ({exc})") from None
+        start = runstart.read(p)
+    except (yaml.YAMLError, runstart.RunStartError) as exc:
+        raise RunError(f"{p}: {exc}") from None
     progress = _read_csv(progress_path)
     if not progress or "wall_s" not in progress or len(progress["wall_s"]) == 0:
         raise RunError(f"{progress_path} has no rows yet: the run had not started when it stopped")
@@ -112,21 +147,32 @@ def load_run(path: str | Path, require_evals: bool = True) -> Run:
         env_id=str(cfg.get("env", {}).get("id", "?")),
         name=p.resolve().name,
         progress=progress,
+        config=str(cfg.get("name", "?")),
+        algorithm=str(cfg.get("algorithm", {}).get("name", "?")),
+        target=_own_target(p, start),
+        ready_s=None if start is None else start.ready_s,
     )
     evals_path = p / "evaluations.csv"
-    if evals_path.is_file():
-        run.evals = place_evaluations(_read_csv(evals_path), progress)
+    rows = _read_csv(evals_path) if evals_path.is_file() else {}
+    clock = start.wall_s if start is not None else _clock_from_scrapes(rows, progress)
+    if rows:
+        run.evals = place_evaluations(rows, progress, clock)
+    run.episodes = training_episodes(p / "episodes", progress, clock)
     if require_evals and not run.has_evals:
         raise RunError(f"{p}: no evaluations yet (evaluations.csv is missing or empty); "
                        "is the evaluator enabled (evaluator.enabled) and did the run last past its first one?")
     return run
 
 
-def place_evaluations(rows: dict[str, np.ndarray], progress: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """evaluations.csv rows on the run clock, with env steps interpolated from progress.csv."""
+Clock = Callable[[np.ndarray], np.ndarray]  # Unix times -> the run clock
+
+
+def _clock_from_scrapes(rows: dict[str, np.ndarray], progress: dict[str, np.ndarray]) -> Clock:
+    """For a run from before run.json: the run clock's Unix start, from when scrapes first saw each
+    evaluation's version."""
     if not rows or len(rows.get("mean_return", ())) == 0:
-        return {}
-    wall, steps = progress["wall_s"], progress["env_steps"]
+        return lambda t: np.asarray(t, np.float64) * math.nan
+    wall = progress["wall_s"]
     seen = progress.get("eval_version", np.full(len(wall), math.nan))
     first_seen: dict[int, float] = {}
     for t, v in zip(wall, seen, strict=True):
@@ -141,20 +187,67 @@ def place_evaluations(rows: dict[str, np.ndarray], progress: dict[str, np.ndarra
             counted.add(int(v))
             bounds.append(u - first_seen[int(v)])
     if bounds:
-        start = max(bounds)
+        origin = max(bounds)
     else:  # no scrape saw one: put the last evaluation at the end of progress.csv
-        start = float(rows["wall_time"][-1] - wall[-1])
-    t_run = rows["wall_time"] - start
-    env_steps = np.interp(t_run, wall, steps)
+        origin = float(rows["wall_time"][-1] - wall[-1])
+    return lambda t: np.asarray(t, np.float64) - origin
+
+
+def steps_at(wall_s: np.ndarray, progress: dict[str, np.ndarray]) -> np.ndarray:
+    """The fleet's env steps at run-clock times, interpolated in progress.csv (0 at the command's start)."""
+    wall, steps = progress["wall_s"], progress["env_steps"]
+    if wall[0] > 0:
+        wall, steps = np.concatenate([[0.0], wall]), np.concatenate([[0.0], steps])
+    return np.interp(wall_s, wall, steps)
+
+
+def place_evaluations(rows: dict[str, np.ndarray], progress: dict[str, np.ndarray],
+                      clock: Clock | None = None) -> dict[str, np.ndarray]:
+    """evaluations.csv rows on the run clock (``clock``: Unix time to it; default: from the scrapes),
+    with env steps from the evaluator or, where it has none, from progress.csv."""
+    if not rows or len(rows.get("mean_return", ())) == 0:
+        return {}
+    clock = clock or _clock_from_scrapes(rows, progress)
+    t_run = clock(rows["wall_time"])
+    env_steps = steps_at(t_run, progress)
     if "env_steps" in rows:  # the evaluator's own count, where it recorded one (evaluator.every_steps)
         env_steps = np.where(np.isnan(rows["env_steps"]), env_steps, rows["env_steps"])
+    order = np.argsort(t_run, kind="stable")
     return {
-        "wall_s": t_run,
-        "env_steps": env_steps,
-        "version": rows["version"],
-        "mean": rows["mean_return"],
-        "std": rows.get("std_return", np.zeros_like(rows["mean_return"])),
+        "wall_s": t_run[order],
+        "env_steps": env_steps[order],
+        "version": rows["version"][order],
+        "mean": rows["mean_return"][order],
+        "std": rows.get("std_return", np.zeros_like(rows["mean_return"]))[order],
     }
+
+
+def training_episodes(folder: Path, progress: dict[str, np.ndarray], clock: Clock) -> dict[str, np.ndarray]:
+    """Every actor's training episodes (episodes/*.csv) on the run clock, in time order: wall_s, env_steps
+    (the fleet's, from progress.csv) and return. Empty if no file has Unix times (``wall_time``)."""
+    times, returns = [], []
+    for path in sorted(folder.glob("*.csv")):
+        rows = _read_csv(path)
+        if "wall_time" in rows and "episode_return" in rows:
+            keep = ~np.isnan(rows["wall_time"]) & ~np.isnan(rows["episode_return"])
+            times.append(rows["wall_time"][keep])
+            returns.append(rows["episode_return"][keep])
+    if not times or not sum(len(t) for t in times):
+        return {}
+    t, r = np.concatenate(times), np.concatenate(returns)
+    order = np.argsort(t, kind="stable")
+    wall, r = clock(t[order]), r[order]
+    placed = ~np.isnan(wall)
+    wall, r = wall[placed], r[placed]
+    return {"wall_s": wall, "env_steps": steps_at(wall, progress), "return": r} if len(wall) else {}
+
+
+def trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
+    """Mean over the last ``window`` values at each point (fewer at the start)."""
+    csum = np.cumsum(np.concatenate([[0.0], values]))
+    idx = np.arange(1, len(values) + 1)
+    lo = np.maximum(0, idx - window)
+    return np.asarray((csum[idx] - csum[lo]) / (idx - lo))
 
 
 def default_target(env_id: str) -> float | None:
@@ -173,25 +266,34 @@ def _rate(values: np.ndarray, wall: np.ndarray) -> float:
     return float(values[-1] - values[0]) / span if span > 0 else 0.0
 
 
+def to_target(run: Run, target: float | None) -> tuple[float, int] | None:
+    """(wall_s, env steps) of the first evaluation whose mean reached ``target``: the point the
+    evaluation curves show; None if none did."""
+    if target is None or not run.has_evals:
+        return None
+    hits = np.flatnonzero(run.evals["mean"] >= target)
+    if not len(hits):
+        return None
+    return float(run.evals["wall_s"][hits[0]]), int(round(run.evals["env_steps"][hits[0]]))
+
+
 def summarize(run: Run, target: float | None) -> Summary:
-    """Key figures. Time and env steps to target: the first progress.csv row whose eval
-    return reaches the target (what the launcher stops on). Rates: mean over progress.csv."""
+    """Key figures, from the arrays the figures draw. To target: the first evaluation that reached it
+    (:func:`to_target`). Rates: mean over progress.csv."""
     p = run.progress
     wall, steps = p["wall_s"], p["env_steps"]
-    to_s: float | None = None
-    to_steps: int | None = None
-    if target is not None:
-        hits = np.flatnonzero(np.nan_to_num(p.get("eval_return", np.full(len(wall), np.nan)), nan=-np.inf) >= target)
-        if len(hits):
-            to_s, to_steps = float(wall[hits[0]]), int(steps[hits[0]])
+    hit = to_target(run, target)
     means = run.evals["mean"] if run.has_evals else np.array([math.nan])
+    training = run.episodes.get("return", np.array([]))
     return Summary(
-        run=run.name, actors=run.actors, sync=run.sync, target=target,
+        run=run.name, config=run.config, algorithm=run.algorithm, actors=run.actors, sync=run.sync, target=target,
         evaluations=len(run.evals["mean"]) if run.has_evals else 0,
         final_return=float(means[-1]), best_return=float(np.nanmax(means)),
         seconds=float(wall[-1]), env_steps=int(steps[-1]),
-        seconds_to_target=to_s, env_steps_to_target=to_steps,
+        seconds_to_target=None if hit is None else hit[0], env_steps_to_target=None if hit is None else hit[1],
         steps_per_s=_rate(steps, wall), updates_per_s=_rate(p.get("updates", np.zeros_like(wall)), wall),
+        ready_s=run.ready_s,
+        training_return=float(training[-TRAINING_WINDOW:].mean()) if len(training) else None,
     )
 
 
