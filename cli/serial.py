@@ -19,8 +19,10 @@ the tool that tells an algorithm bug from a fleet effect.
 - **Evaluation**: greedy, as the evaluator scores (:func:`common.evaluation.evaluate`), every
   ``evaluator.every_steps`` env steps (5,000 when unset).
 
-Not run here: planning (Dyna-Q's planners) and gradient workers (A3C/HogWild); they are refused
-with the reason.
+- **Gradient workers** (A3C/A2C/HogWild: no learner, the paramserver's optimizer applies what workers
+  push): a lane per worker and one optimizer, as :mod:`cli.serial_workers` says.
+
+Not run here: planning (Dyna-Q's planners); it is refused with the reason.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch
 from cli import runstart
 from cli.ending import Ending
 from cli.ending import write as write_ending
+from cli.serial_workers import WorkerPool
 from common import algorithms
 from common.algorithms.checkpoint import save_checkpoint
 from common.config import Experiment, dump
@@ -89,9 +92,6 @@ class SerialResult:
 
 def check_serial(cfg: Experiment) -> None:
     """Raise :class:`SerialError` if the serial runner cannot run ``cfg``, naming the field and what is allowed."""
-    if cfg.algorithm.trains_with_workers():
-        raise SerialError(f"algorithm {cfg.algorithm.name} trains through gradient workers with this config (the "
-                          "paramserver applies their gradients); the serial runner runs a learner only")
     if cfg.planning.enabled:
         raise SerialError("planning.enabled=true: the serial runner has no planners; allowed: planning.enabled=false")
 
@@ -141,6 +141,16 @@ class SerialRunner:
         # a QR decomposition) rounds differently with another thread count
         self._threads = torch.get_num_threads()
         torch.set_num_threads(cfg.learner.torch_threads)
+        self.version = 0
+        self.env_steps = 0
+        self._since_publish = 0
+        self.started_at = time.time()
+        self.eval_policy = self.algo.make_policy(cfg.algorithm, obs_space, act_space, device="cpu", seed=cfg.seed)
+        # gradient workers: lanes and the paramserver's optimizer instead of a learner, table and actors
+        self.pool = WorkerPool(cfg, self.algo) if cfg.algorithm.trains_with_workers() else None
+        if self.pool is not None:
+            self.lanes: list[Lane] = []
+            return
         self.learner = self.algo.make_learner(cfg.algorithm, obs_space, act_space, device=cfg.learner.device,
                                               seed=cfg.seed)
         table_cfg = next(t for t in cfg.replay.tables if t.name == cfg.learner.table)
@@ -148,13 +158,8 @@ class SerialRunner:
         self.lanes = [Lane(cfg, self.algo, i) for i in range(self.actors)]
         for lane in self.lanes:  # version 0, as the fleet's actors get it from the paramserver
             lane.policy.load_weights(self.learner.weights())
-        self.eval_policy = self.algo.make_policy(cfg.algorithm, obs_space, act_space, device="cpu", seed=cfg.seed)
         self.round = self.algo.make_round(self.learner, cfg.learner.updates_per_round,
                                           self.actors * cfg.env.num_envs, cfg.actor.steps_per_round)
-        self.version = 0
-        self.env_steps = 0
-        self._since_publish = 0
-        self.started_at = time.time()
 
     # -- acting -----------------------------------------------------------------
     def act(self) -> None:
@@ -214,6 +219,29 @@ class SerialRunner:
         for lane in self.lanes:
             lane.policy.load_weights(weights)
 
+    def step(self) -> None:
+        """One iteration: every lane acts one vector step, then what the protocol learns after it."""
+        if self.pool is not None:
+            self.pool.step()
+            self.env_steps, self.version = self.pool.env_steps, self.pool.version
+            return
+        self.act()
+        if self.cfg.sync == "async":
+            self.learn_async()
+        else:
+            self._steps_in_round += 1
+            if self._steps_in_round == self.cfg.actor.steps_per_round:
+                self._steps_in_round = 0
+                self.learn_round()
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The newest weights (the learner's, or the workers' optimizer's)."""
+        return self.pool.weights() if self.pool is not None else self.learner.weights()
+
+    @property
+    def updates(self) -> int:
+        return self.pool.updates if self.pool is not None else self.learner.num_updates
+
     # -- the loop ---------------------------------------------------------------
     def run(self, until_return: float | None = None, max_env_steps: int | None = None,
             max_seconds: float | None = None, on_eval: Callable[[Evaluation], None] | None = None) -> SerialResult:
@@ -226,27 +254,20 @@ class SerialRunner:
         eval_seed = cfg.seed + EVAL_SEED_OFFSET
         envs = eval_envs(cfg, cfg.evaluator.episodes, eval_seed)
         result = SerialResult(False, 0, 0, 0, 0.0)
-        steps_in_round = 0
+        self._steps_in_round = 0
         try:
             while True:
-                self.act()
-                if cfg.sync == "async":
-                    self.learn_async()
-                else:
-                    steps_in_round += 1
-                    if steps_in_round == cfg.actor.steps_per_round:
-                        steps_in_round = 0
-                        self.learn_round()
+                self.step()
                 wall = time.perf_counter() - start
                 if self.env_steps >= next_eval:
                     next_eval += every
-                    self.eval_policy.load_weights(self.learner.weights())
+                    self.eval_policy.load_weights(self.weights())
                     returns = evaluate(self.eval_policy, cfg, cfg.evaluator.episodes, eval_seed, envs)
                     wall = time.perf_counter() - start
                     e = Evaluation(wall, self.env_steps, self.version, float(returns.mean()), float(returns.std()))
                     result.evaluations.append(e)
                     log.info("serial: %d env steps, %d updates, v%d: return %.1f +- %.1f (%.1f s)", e.env_steps,
-                             self.learner.num_updates, e.version, e.mean, e.std, e.wall_s)
+                             self.updates, e.version, e.mean, e.std, e.wall_s)
                     if on_eval is not None:
                         on_eval(e)
                     if until_return is not None and e.mean >= until_return:
@@ -258,7 +279,7 @@ class SerialRunner:
                     break
         finally:
             envs.close()
-        result.env_steps, result.updates, result.version = self.env_steps, self.learner.num_updates, self.version
+        result.env_steps, result.updates, result.version = self.env_steps, self.updates, self.version
         result.wall_s = time.perf_counter() - start
         if self.run_dir is not None:
             self.write(result)
@@ -275,9 +296,10 @@ class SerialRunner:
         rows += [f"{self.started_at + e.wall_s:.3f},{e.env_steps},{e.version},{e.mean:.4f},{e.std:.4f},{episodes},"
                  for e in result.evaluations]
         (self.run_dir / "evaluations.csv").write_text("\n".join(rows) + "\n")
-        weights = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.learner.weights().items()}
+        weights = {k: torch.from_numpy(np.array(v)) for k, v in self.weights().items()}
+        core = self.pool.state() if self.pool is not None else self.learner.state()
         save_checkpoint(self.run_dir / self.cfg.learner.dir / "checkpoint.pt",
-                        {"core": self.learner.state(), "version": self.version, "config": dump(self.cfg),
+                        {"core": core, "version": self.version, "config": dump(self.cfg),
                          "weights": weights})
         summary: dict[str, Any] = {**asdict(result), "best": result.best}
         (self.run_dir / "result.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -285,6 +307,8 @@ class SerialRunner:
     def close(self) -> None:
         for lane in self.lanes:
             lane.close()
+        if self.pool is not None:
+            self.pool.close()
         torch.set_num_threads(self._threads)
 
 

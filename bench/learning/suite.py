@@ -12,8 +12,8 @@ peer (the rl-baselines3-zoo's settings for the env, at its best: bench/peers/; S
 - ``fleet``: `rlfleet up` of the config (its actors, its protocol);
 - ``sb3``: the peer on the same seed and budget (the runs file keeps one set of peer runs per env and
   algorithm, shared by the rows that race it);
-- ``serial``: `rlfleet train --serial` of the config, where the serial runner runs it (no gradient
-  workers, no planners): what the algorithm does apart from the fleet.
+- ``serial``: `rlfleet train --serial` of the config, where the serial runner runs it (no
+  planners): what the algorithm does apart from the fleet.
 
 Every side is scored alike: the mean return of 10 greedy (mean-action) episodes on fixed seeds every
 ``every`` env steps; a run is solved at the first evaluation at or above the target, its wall seconds
@@ -83,7 +83,7 @@ class Row:
     budget: int  # env steps, every side
     every: int  # env steps between evaluations, every side
     peer: str | None = None  # a key of PEERS
-    serial: bool = True  # the serial runner runs it (no gradient workers, no planners)
+    serial: bool = True  # the serial runner runs it (no planners)
     max_seconds: float | None = None  # wall budget of each side (heavy rows)
     sets: tuple[str, ...] = field(default=())  # `--set` overrides of the config, every side
 
@@ -100,23 +100,21 @@ SUITE: tuple[Row, ...] = (
     Row("cartpole-dqn-barrier", "cartpole-dqn-barrier.yaml", "CartPole-v1", "Ape-X DQN", "barrier", 475, 50_000, 5_000,
         "dqn"),
     Row("cartpole-dqn-hogwild", "cartpole-dqn-hogwild.yaml", "CartPole-v1", "HogWild DQN", "async", 475, 300_000,
-        5_000, "dqn", serial=False),
+        5_000, "dqn"),
     Row("cartpole-dynaq", "cartpole-dynaq.yaml", "CartPole-v1", "Dyna-Q", "async", 475, 50_000, 5_000, "dqn",
         serial=False),
     Row("cartpole-ppo", "cartpole-ppo.yaml", "CartPole-v1", "DPPO", "barrier", 475, 200_000, 2_000, "ppo"),
     Row("cartpole-appo", "cartpole-ppo.yaml", "CartPole-v1", "APPO", "async", 475, 200_000, 2_000, "ppo",
         sets=("sync=async",)),
-    Row("cartpole-a3c", "cartpole-a3c.yaml", "CartPole-v1", "A3C", "async", 475, 500_000, 5_000, "a2c",
-        serial=False),
-    Row("cartpole-a2c", "cartpole-a2c.yaml", "CartPole-v1", "A2C", "barrier", 475, 500_000, 5_000, "a2c",
-        serial=False),
+    Row("cartpole-a3c", "cartpole-a3c.yaml", "CartPole-v1", "A3C", "async", 475, 500_000, 5_000, "a2c"),
+    Row("cartpole-a2c", "cartpole-a2c.yaml", "CartPole-v1", "A2C", "barrier", 475, 500_000, 5_000, "a2c"),
     Row("lunarlander-dqn", "lunarlander-dqn.yaml", "LunarLander-v3", "DQN", "async", 200, 500_000, 5_000, "dqn"),
     Row("lunarlander-ppo", "lunarlander-ppo.yaml", "LunarLander-v3", "DPPO", "barrier", 200, 1_500_000, 10_000,
         "ppo"),
     Row("lunarlander-appo", "lunarlander-appo.yaml", "LunarLander-v3", "APPO", "async", 200, 1_500_000, 10_000,
         "ppo"),
     Row("lunarlander-a3c", "lunarlander-a3c.yaml", "LunarLander-v3", "A3C", "async", 200, 2_000_000, 10_000,
-        "a2c", serial=False),
+        "a2c"),
     Row("lunarlandercontinuous-ppo", "lunarlandercontinuous-ppo.yaml", "LunarLanderContinuous-v3", "DPPO",
         "barrier", 200, 1_500_000, 10_000, "ppo"),
     Row("lunarlandercontinuous-sac", "lunarlandercontinuous-sac.yaml", "LunarLanderContinuous-v3", "SAC", "async",

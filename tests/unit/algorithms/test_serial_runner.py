@@ -30,6 +30,7 @@ def load(name: str, *sets: str) -> Experiment:
     ("cartpole-dqn.yaml", 475.0, 60_000),
     ("cartpole-ppo.yaml", 475.0, 100_000),
     ("pendulum-sac.yaml", -200.0, 20_000),
+    ("cartpole-a3c.yaml", 475.0, 100_000),  # gradient workers: lanes and the paramserver's optimizer
 ])
 def test_solves_the_shipped_config(name: str, target: float, budget: int, tmp_path: Path) -> None:
     cfg = load(name)
@@ -112,14 +113,32 @@ def test_barrier_round_trains_once_per_round() -> None:
     assert result.updates == rounds_learnt * cfg.learner.updates_per_round
 
 
-@pytest.mark.parametrize(("name", "words"), [
-    ("cartpole-a3c.yaml", ["gradient workers"]),
-    ("cartpole-dynaq.yaml", ["planning.enabled", "allowed"]),
-])
-def test_refuses_what_it_cannot_run(name: str, words: list[str]) -> None:
+def test_gradient_workers_step_as_the_paramserver() -> None:
+    """Async: one optimizer step per completed rollout of each worker; barrier (A2C): one step per round,
+    the mean of the workers' gradients. Every lane acts with the newest weights after a step."""
+    for name, per_rollout in (("cartpole-a3c.yaml", 2), ("cartpole-a2c.yaml", 1)):
+        cfg = load(name, "evaluator.every_steps=100000")
+        assert cfg.actor.count == 2
+        runner = SerialRunner(cfg)
+        try:
+            pool = runner.pool
+            assert pool is not None
+            rollouts = 10
+            result = runner.run(max_env_steps=rollouts * cfg.algorithm.n_steps * cfg.actor.count * cfg.env.num_envs)
+            assert result.updates == result.version == rollouts * per_rollout, name
+            newest = runner.weights()
+            for lane in pool.lanes:
+                for key, value in lane.worker.weights().items():
+                    np.testing.assert_array_equal(value, newest[key])
+            assert pool.trainer.optimizer is not None and pool.trainer.optimizer.steps == result.updates
+        finally:
+            runner.close()
+
+
+def test_refuses_what_it_cannot_run() -> None:
     with pytest.raises(SerialError) as info:
-        SerialRunner(load(name))
-    assert all(w in str(info.value) for w in words), str(info.value)
+        SerialRunner(load("cartpole-dynaq.yaml"))
+    assert all(w in str(info.value) for w in ["planning.enabled", "allowed"]), str(info.value)
 
 
 def test_cli_trains_and_refuses(tmp_path: Path) -> None:
@@ -130,8 +149,8 @@ def test_cli_trains_and_refuses(tmp_path: Path) -> None:
     assert "solved after" in ok.stdout
     (run_dir,) = tmp_path.iterdir()
     assert (run_dir / "learner" / "checkpoint.pt").is_file() and (run_dir / "result.json").is_file()
-    bad = subprocess.run([sys.executable, "-m", "cli", "train", "--serial", "--config", "configs/cartpole-a3c.yaml",
+    bad = subprocess.run([sys.executable, "-m", "cli", "train", "--serial", "--config", "configs/cartpole-dynaq.yaml",
                           "--until-return", "475", "--runs", str(tmp_path / "refused")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "gradient workers" in bad.stderr
+    assert bad.returncode == 2 and "planning.enabled" in bad.stderr
     assert not (tmp_path / "refused").exists()
