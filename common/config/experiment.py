@@ -13,6 +13,7 @@ from common.config.sections import (
     EnvConfig,
     EvaluatorConfig,
     LearnerConfig,
+    LoggingConfig,
     MetricsConfig,
     NetworkConfig,
     ParamServerConfig,
@@ -36,6 +37,7 @@ class Experiment(Strict):
     paramserver: ParamServerConfig = Field(default_factory=lambda: ParamServerConfig())
     network: NetworkConfig = Field(default_factory=lambda: NetworkConfig())
     metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())
+    logging: LoggingConfig = Field(default_factory=lambda: LoggingConfig())
     security: SecurityConfig = Field(default_factory=lambda: SecurityConfig())
     planning: PlanningConfig = Field(default_factory=lambda: PlanningConfig())
     run_dir: str = Field("runs/current", description="where this run writes logs, CSVs and checkpoints")

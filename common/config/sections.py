@@ -289,6 +289,31 @@ class MetricsConfig(Strict):
     port: Annotated[int, Field(ge=0, le=65535)] = Field(9100, description="0 picks a free port")
 
 
+class LoggingConfig(Strict):
+    """Where scalars go besides Prometheus and RUN_DIR/tensorboard (common/tboard.py, common/wandb_log.py)."""
+
+    wandb: bool = Field(
+        False, description="also log every TensorBoard scalar to Weights & Biases: a W&B run per service, grouped"
+        " by the run, files in RUN_DIR/wandb; needs the wandb package (pip install wandb), not installed by"
+        " rlfleet")
+    wandb_project: str = Field("rlfleet", min_length=1, description="logging.wandb: the W&B project")
+    wandb_entity: str | None = Field(None, description="logging.wandb: the W&B team or user; null: your default")
+    wandb_group: str | None = Field(None, description="logging.wandb: the group of the run's W&B runs; null: the"
+                                    " run directory's name (rlfleet up: <name>-<time>)")
+    wandb_mode: Literal["online", "offline"] | None = Field(
+        None, description="logging.wandb: offline keeps the runs in RUN_DIR/wandb (wandb sync uploads them later);"
+        " null: the WANDB_MODE environment variable, else online")
+
+    @model_validator(mode="after")
+    def _installed(self) -> LoggingConfig:
+        from common.wandb_log import missing_wandb
+
+        why = missing_wandb() if self.wandb else None
+        if why is not None:
+            raise ValueError(f"wandb=true but {why}; or wandb: false")
+        return self
+
+
 class SecurityConfig(Strict):
     """CurveZMQ on every ZeroMQ socket (common/security.py; keys from ``rlfleet keys``).
 

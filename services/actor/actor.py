@@ -24,7 +24,7 @@ from common.config import Experiment
 from common.envs import acting_policy, make_vector_env
 from common.metrics import ServiceMetrics
 from common.runtime import refusal_is_fatal
-from common.tboard import ScalarWriter
+from common.tboard import scalar_writer
 from common.wire.errors import CommTimeout, RemoteError
 from services.actor.episodes import Episodes
 from services.actor.member import FleetMember
@@ -103,7 +103,7 @@ class ActorService(FleetMember):
         self.pending_bytes = 0
         self.episodes = Episodes(self.metrics, cfg.env.num_envs, self.algo.autoreset_mode == "NextStep",
                                  Path(cfg.run_dir) / "episodes" / f"{actor_id}.csv",
-                                 ScalarWriter(cfg.run_dir, actor_id))
+                                 scalar_writer(cfg, actor_id, "actor"))
         explore = ", ".join(f"{k} {v:.4g}" for k, v in self.exploration.items()) or "no exploration parameter"
         log.info("actor %s: index %d of %d, %s, replay shard %d, %s protocol", actor_id, self.index,
                  self.num_actors, explore, shard, cfg.sync)

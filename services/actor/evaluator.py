@@ -18,7 +18,7 @@ from common.config import Experiment
 from common.envs import acting_policy
 from common.evaluation import EVAL_SEED_OFFSET, eval_envs, evaluate
 from common.metrics import ServiceMetrics
-from common.tboard import ScalarWriter
+from common.tboard import scalar_writer
 from common.wire.errors import CommTimeout, RemoteError
 from services.actor.best import BestKeeper
 from services.actor.member import FleetMember
@@ -43,7 +43,7 @@ class EvaluatorService(FleetMember):
         self._csv = open(self.csv_path, "a", buffering=1)  # noqa: SIM115 (closed in close())
         if self._csv.tell() == 0:
             self._csv.write("wall_time,env_steps,version,mean_return,std_return,episodes,seconds\n")
-        self.tb = ScalarWriter(cfg.run_dir, "evaluator")  # RUN_DIR/tensorboard/evaluator
+        self.tb = scalar_writer(cfg, "evaluator")  # RUN_DIR/tensorboard/evaluator
         self._envs: VectorEnv | None = None  # type: ignore[type-arg]
         self.best = BestKeeper(cfg)  # RUN_DIR/evaluator/best.pt: the weights of the best evaluation
 

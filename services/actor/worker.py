@@ -39,7 +39,7 @@ from common.envs import make_vector_env, probe_env
 from common.metrics import ServiceMetrics
 from common.runtime import FatalError
 from common.security import client_curve
-from common.tboard import ScalarWriter
+from common.tboard import scalar_writer
 from common.wire.errors import CommTimeout, RemoteError
 from services.actor.episodes import Episodes
 from services.actor.member import FleetMember
@@ -77,7 +77,7 @@ class WorkerService(FleetMember):
         self.exploration = self.worker.explore(self.index, self._fleet[2], self._fleet[0])
         self.episodes = Episodes(self.metrics, cfg.env.num_envs, self.algo.autoreset_mode == "NextStep",
                                  Path(cfg.run_dir) / "episodes" / f"{actor_id}.csv",
-                                 ScalarWriter(cfg.run_dir, actor_id))
+                                 scalar_writer(cfg, actor_id, "worker"))
         log.info("worker %s: index %d, pushes gradients to %d paramserver shard(s), %s protocol", actor_id,
                  self.index, cfg.paramserver.shards, cfg.sync)
 

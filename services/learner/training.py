@@ -28,7 +28,7 @@ from common.algorithms.rounds import Round, concat_in_canonical_order
 from common.clients.replay_sample import SampleBatch, SampleClient
 from common.config import Experiment
 from common.metrics import ServiceMetrics
-from common.tboard import ScalarWriter
+from common.tboard import scalar_writer
 from common.wire.errors import CommTimeout
 from services.learner.imagination import ImaginedMix
 
@@ -48,7 +48,7 @@ class Trainer:
         self.sampler = SampleClient.from_config(cfg, "learner", batch_size=core.data.batch_items)
         self.mix = mix
         self.table = next(t for t in cfg.replay.tables if t.name == cfg.learner.table)
-        self.tb = ScalarWriter(cfg.run_dir, "learner")  # RUN_DIR/tensorboard/learner; a no-op without tensorboard
+        self.tb = scalar_writer(cfg, "learner")  # RUN_DIR/tensorboard/learner; a no-op without tensorboard
         self._tb_last = 0.0
         self._replay_reconnects = 0
         m = metrics
