@@ -6,7 +6,8 @@ What is read, to have no false alarms (prose is never read, only code):
 - commands: ``rlfleet SUB ...`` (also ``.venv/bin/rlfleet``, ``python -m cli``) in a fenced block or an
   inline code span; the flags after it up to a shell separator (`` | ``, ``;``, ``&&``, `` # ``) or the
   span's end, in a fenced block also on continuation lines (after a trailing ``\\``, or lines that start
-  with ``[`` or ``-``, as a synopsis wraps). Each flag must be an option of that subcommand.
+  with ``[`` or ``-``, as a synopsis wraps); under a heading that names ``rlfleet SUB``, an inline span
+  that starts with a flag. Each flag must be an option of that subcommand.
 - config fields: the key of ``--set KEY=VALUE`` and of ``RLFLEET_SECTION__FIELD=`` anywhere in code; in an
   inline code span, a dotted name whose first part is a section of the experiment (``learner.device``,
   ``replay.tables[].columns: first_insert``, ``algorithm[dqn].lr``); in a fenced block, such a name in
@@ -132,14 +133,30 @@ def code(text: str) -> Iterator[tuple[int, str, bool]]:
         yield joined.count("\n", 0, m.start()) + 1, m.group(1).replace("\n", " "), False
 
 
+def heading_commands(text: str) -> list[str | None]:
+    """For each line (from 1), the command its nearest heading names (``## `rlfleet up`: ...``), or None."""
+    out: list[str | None] = [None]
+    for line in text.splitlines():
+        if line.startswith("#"):
+            m = re.search(r"`(?:\S*/)?rlfleet ([a-z][a-z-]*)", line)
+            out.append(m.group(1) if m else None)
+        else:
+            out.append(out[-1])
+    return out
+
+
 def commands(doc: Path, text: str) -> Iterator[Mention]:
-    """Every rlfleet subcommand named and every flag given to one."""
+    """Every rlfleet subcommand named and every flag given to one; under a heading that names a command,
+    also an inline span that starts with a flag (`--resume RUN_DIR`)."""
     command: str | None = None
     continues = False
+    under = heading_commands(text)
     for line, chunk, fenced in code(text):
         stripped = chunk.strip()
         if not (fenced and command is not None and (continues or stripped[:1] in ("[", "-"))):
             command = None
+        if not fenced and stripped.startswith("-") and under[line] is not None:
+            command = under[line]
         continues = fenced and stripped.endswith("\\")
         rest = chunk
         if (m := INVOCATION.search(chunk)) is not None:
@@ -218,10 +235,15 @@ def test_the_check_catches_what_is_not_there() -> None:
         "`learner.device` is fine, `replay.tables[].capcity` is not, `env.kwargs.anything` goes,",  # 10
         "`learner.py` is a file, `algorithm.lr` and `algorithm[dqn].n_step` are fields, `algorithm.lrr` is not.",
         "`evaluator.epsilon` is gone on purpose.",  # 12
+        "## `rlfleet up`: a section",  # 13
+        "`--resume RUN_DIR` is fine, `--resum RUN_DIR` and `--scale` are not options of up",  # 14
+        "## Another section",  # 15
+        "`--anything` goes here",  # 16
     ])
     found = {str(m).split(": ", 1)[0].rsplit(":", 1)[1] + " " + m.name for m in problems(doc, text)}
     assert found == {"1 --acters", "1 upp", "4 --until-retrun", "6 --outt", "8 lerner.device",
-                     "8 learner.devise", "10 replay.tables[].capcity", "11 algorithm.lrr"}, sorted(found)
+                     "8 learner.devise", "10 replay.tables[].capcity", "11 algorithm.lrr", "14 --resum",
+                     "14 --scale"}, sorted(found)
 
 
 def test_each_name_left_out_is_really_not_a_field() -> None:
