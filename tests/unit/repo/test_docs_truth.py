@@ -1,5 +1,6 @@
-"""Docs describe the code as it is: every `rlfleet` command and flag, and every config field, that
-README.md and docs/*.md name exists; docs/configuration.md names every shipped config.
+"""Docs describe the code as it is: every `rlfleet` command and flag, every config field and every
+repository path that README.md and docs/*.md name exists; docs/configuration.md names every shipped
+config and algorithm, docs/launcher.md every option of the commands it shows.
 
 What is read, to have no false alarms (prose is never read, only code):
 
@@ -278,6 +279,24 @@ def test_launcher_md_names_every_option_of_the_commands_it_shows() -> None:
     options = cli_options()
     missing = {c: sorted(options[c] - named - {"--help", "-h"}) for c in sorted(shown)}
     assert not any(missing.values()), f"docs/launcher.md does not name these options: {missing}"
+
+
+# a path into the repository, in code: its first folder one of these (rlfleet/NAME without a suffix is
+# an image name, rlfleet/actor)
+REPO_PATH = re.compile(r"(?<![\w./-])((?:common|services|cli|bench|harness|tests|deploy|configs|docs)/[\w./-]*\w"
+                       r"|rlfleet/[\w/-]+\.py)(?![\w<*])")
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    missing = [f"{doc.relative_to(ROOT)}:{line}: {path}" for doc in DOCS for line, chunk, _ in code(doc.read_text())
+               for path in REPO_PATH.findall(chunk) if not (ROOT / path).exists()]
+    assert not missing, "the docs name files that are not there:\n" + "\n".join(missing)
+
+
+def test_the_path_check_reads_paths_not_image_names() -> None:
+    text = ("`common/tboard.py`, `rlfleet/actor:latest`, `rlfleet/runs.py`, `configs/<name>.yaml`,"
+            " `RUN_DIR/learner/a.pt`")
+    assert REPO_PATH.findall(text) == ["common/tboard.py", "rlfleet/runs.py"]
 
 
 def test_configuration_md_names_every_algorithm() -> None:
