@@ -144,6 +144,7 @@ class SerialRunner:
         self.version = 0
         self.env_steps = 0
         self._since_publish = 0
+        self._steps_in_round = 0  # barrier: vector steps of the round so far
         self.started_at = time.time()
         self.eval_policy = self.algo.make_policy(cfg.algorithm, obs_space, act_space, device="cpu", seed=cfg.seed)
         # gradient workers: lanes and the paramserver's optimizer instead of a learner, table and actors
