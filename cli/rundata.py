@@ -11,15 +11,14 @@ evaluations.csv and the episode files stamp rows with Unix time, put on the run 
 (A run from before run.json counted progress.csv from the moment the fleet was healthy; its
 evaluations are placed by the first progress row that shows their version, within the 1 s scrape.)
 Env steps are the fleet's: an evaluation's is the evaluator's own count where the row has one
-(evaluator.every_steps), else, as for training episodes, progress.csv's at that moment, interpolated
-(from 0 at the command's start).
+(evaluator.every_steps), else, as for training episodes, :class:`FleetSteps` at that moment.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,9 +154,11 @@ def load_run(path: str | Path, require_evals: bool = True) -> Run:
     evals_path = p / "evaluations.csv"
     rows = _read_csv(evals_path) if evals_path.is_file() else {}
     clock = start.wall_s if start is not None else _clock_from_scrapes(rows, progress)
+    actors = actor_episodes(p / "episodes", clock)
+    fleet_steps = FleetSteps(progress, actors)
     if rows:
-        run.evals = place_evaluations(rows, progress, clock)
-    run.episodes = training_episodes(p / "episodes", progress, clock)
+        run.evals = place_evaluations(rows, progress, clock, fleet_steps)
+    run.episodes = training_episodes(actors, fleet_steps)
     if require_evals and not run.has_evals:
         raise RunError(f"{p}: no evaluations yet (evaluations.csv is missing or empty); "
                        "is the evaluator enabled (evaluator.enabled) and did the run last past its first one?")
@@ -193,23 +194,40 @@ def _clock_from_scrapes(rows: dict[str, np.ndarray], progress: dict[str, np.ndar
     return lambda t: np.asarray(t, np.float64) - origin
 
 
-def steps_at(wall_s: np.ndarray, progress: dict[str, np.ndarray]) -> np.ndarray:
-    """The fleet's env steps at run-clock times, interpolated in progress.csv (0 at the command's start)."""
-    wall, steps = progress["wall_s"], progress["env_steps"]
-    if wall[0] > 0:
-        wall, steps = np.concatenate([[0.0], wall]), np.concatenate([[0.0], steps])
-    return np.interp(wall_s, wall, steps)
+class FleetSteps:
+    """The fleet's env steps at run-clock times: progress.csv's, interpolated between its rows. Before its
+    first row (start-up: the actors step before every service is healthy, and rows begin after), the sum
+    over actors of each one's own count at its last finished episode (episodes/*.csv; a lower bound by
+    less than an episode per actor), else a straight line from 0 at the command's start."""
+
+    def __init__(self, progress: dict[str, np.ndarray], actors: Sequence[ActorEpisodes] = ()) -> None:
+        self.wall, self.steps = progress["wall_s"], progress["env_steps"]
+        self.actors = actors
+
+    def __call__(self, wall_s: np.ndarray) -> np.ndarray:
+        wall, steps = self.wall, self.steps
+        if wall[0] > 0:
+            wall, steps = np.concatenate([[0.0], wall]), np.concatenate([[0.0], steps])
+        out = np.interp(wall_s, wall, steps)
+        early = wall_s < self.wall[0]
+        if self.actors and early.any():
+            counted = np.zeros(int(early.sum()))
+            for a in self.actors:
+                last = np.searchsorted(a.wall_s, wall_s[early], side="right") - 1
+                counted += np.where(last >= 0, a.own_steps[np.maximum(last, 0)], 0.0)
+            out[early] = np.minimum(counted, self.steps[0])
+        return out
 
 
 def place_evaluations(rows: dict[str, np.ndarray], progress: dict[str, np.ndarray],
-                      clock: Clock | None = None) -> dict[str, np.ndarray]:
+                      clock: Clock | None = None, fleet_steps: FleetSteps | None = None) -> dict[str, np.ndarray]:
     """evaluations.csv rows on the run clock (``clock``: Unix time to it; default: from the scrapes),
-    with env steps from the evaluator or, where it has none, from progress.csv."""
+    with env steps from the evaluator or, where it has none, :class:`FleetSteps`."""
     if not rows or len(rows.get("mean_return", ())) == 0:
         return {}
     clock = clock or _clock_from_scrapes(rows, progress)
     t_run = clock(rows["wall_time"])
-    env_steps = steps_at(t_run, progress)
+    env_steps = (fleet_steps or FleetSteps(progress))(t_run)
     if "env_steps" in rows:  # the evaluator's own count, where it recorded one (evaluator.every_steps)
         env_steps = np.where(np.isnan(rows["env_steps"]), env_steps, rows["env_steps"])
     order = np.argsort(t_run, kind="stable")
@@ -222,24 +240,39 @@ def place_evaluations(rows: dict[str, np.ndarray], progress: dict[str, np.ndarra
     }
 
 
-def training_episodes(folder: Path, progress: dict[str, np.ndarray], clock: Clock) -> dict[str, np.ndarray]:
-    """Every actor's training episodes (episodes/*.csv) on the run clock, in time order: wall_s, env_steps
-    (the fleet's, from progress.csv) and return. Empty if no file has Unix times (``wall_time``)."""
-    times, returns = [], []
+@dataclass
+class ActorEpisodes:
+    """One actor's training episodes on the run clock, in time order."""
+
+    wall_s: np.ndarray
+    own_steps: np.ndarray  # the actor's own env steps when each ended
+    returns: np.ndarray
+
+
+def actor_episodes(folder: Path, clock: Clock) -> list[ActorEpisodes]:
+    """Each actor's episodes/*.csv whose rows carry Unix times (``wall_time``; older runs' do not)."""
+    out = []
     for path in sorted(folder.glob("*.csv")):
         rows = _read_csv(path)
-        if "wall_time" in rows and "episode_return" in rows:
-            keep = ~np.isnan(rows["wall_time"]) & ~np.isnan(rows["episode_return"])
-            times.append(rows["wall_time"][keep])
-            returns.append(rows["episode_return"][keep])
-    if not times or not sum(len(t) for t in times):
+        if "wall_time" not in rows or "episode_return" not in rows:
+            continue
+        wall = clock(rows["wall_time"])
+        keep = ~np.isnan(wall) & ~np.isnan(rows["episode_return"])
+        order = np.argsort(wall[keep], kind="stable")
+        out.append(ActorEpisodes(wall[keep][order], rows["env_steps"][keep][order],
+                                 rows["episode_return"][keep][order]))
+    return [a for a in out if len(a.wall_s)]
+
+
+def training_episodes(actors: Sequence[ActorEpisodes], fleet_steps: FleetSteps) -> dict[str, np.ndarray]:
+    """Every actor's training episodes in time order: wall_s, env_steps (the fleet's) and return; empty
+    without any."""
+    if not actors:
         return {}
-    t, r = np.concatenate(times), np.concatenate(returns)
-    order = np.argsort(t, kind="stable")
-    wall, r = clock(t[order]), r[order]
-    placed = ~np.isnan(wall)
-    wall, r = wall[placed], r[placed]
-    return {"wall_s": wall, "env_steps": steps_at(wall, progress), "return": r} if len(wall) else {}
+    wall = np.concatenate([a.wall_s for a in actors])
+    returns = np.concatenate([a.returns for a in actors])
+    order = np.argsort(wall, kind="stable")
+    return {"wall_s": wall[order], "env_steps": fleet_steps(wall[order]), "return": returns[order]}
 
 
 def trailing_mean(values: np.ndarray, window: int) -> np.ndarray:

@@ -193,3 +193,16 @@ def test_a_serial_run_is_refused_with_the_reason(tmp_path: Path) -> None:
     (tmp_path / "result.json").write_text("{}\n")
     with pytest.raises(RunError, match=r"serial run \(rlfleet train --serial\).*no progress.csv"):
         load_run(tmp_path)
+
+
+def test_env_steps_during_start_up_are_the_actors_own_counts() -> None:
+    """progress.csv starts once every service is healthy; the actors stepped before that."""
+    from cli.rundata import ActorEpisodes, FleetSteps
+
+    progress = {"wall_s": np.array([9.7, 10.7]), "env_steps": np.array([5232.0, 5832.0])}
+    actors = [ActorEpisodes(np.array([8.6, 8.7]), np.array([44.0, 76.0]), np.array([11.0, 19.0])),
+              ActorEpisodes(np.array([8.65]), np.array([30.0]), np.array([9.0]))]
+    steps = FleetSteps(progress, actors)
+    assert list(steps(np.array([1.0, 8.6, 8.66, 8.8, 9.7, 10.2]))) == [0, 44, 74, 106, 5232, 5532]
+    # without episode files: a straight line from 0 at the command's start
+    assert list(FleetSteps(progress)(np.array([0.0, 4.85]))) == [0, 2616]
