@@ -25,11 +25,13 @@ from click.testing import CliRunner, Result
 from PIL import Image
 
 from cli.main import main
-from cli.report import FIG_SIZE, FIGURES
+from cli.report import FIG_SIZE, FIGURES, _figure, draw_returns, write_report
+from cli.rundata import load_run
 from common.wire.transport import free_tcp_port
 from harness.fleet_helpers import CONFIGS, ROOT, read_csv
 
 RUN_SECONDS = 15
+TARGET = 10_000  # the run's --until-return: out of reach, the run ends on its time budget (exit 3)
 FAST = [  # small and quick: evaluations every 2 s, checkpoint at stop
     "--set", "evaluator.every_steps=null", "--set", "evaluator.every_s=1", "--set", "evaluator.episodes=5",
     "--set", "algorithm.hidden=[64,64]", "--set", "replay.tables.0.min_size=500",
@@ -43,7 +45,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli", "up", "--config", str(CONFIGS / "cartpole-dqn.yaml"), "--actors", "2",
-         "--max-seconds", str(RUN_SECONDS), "--runs", str(runs), *FAST],
+         "--max-seconds", str(RUN_SECONDS), "--until-return", str(TARGET), "--runs", str(runs), *FAST],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -62,7 +64,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
-    assert proc.returncode == 0, out[-3000:]
+    assert proc.returncode == 3, out[-3000:]
     return {"run_dir": run_dir, "status": status, "out": out}
 
 
@@ -135,9 +137,11 @@ def test_report_figures_and_numbers_match_the_csvs(fleet: dict[str, Any], tmp_pa
     progress = read_csv(run_dir / "progress.csv")
     evals = read_csv(run_dir / "evaluations.csv")
     assert evals, "the evaluator wrote no row in a 25 s run"
-    seen = [float(r["eval_return"]) for r in progress if r["eval_return"]]
-    target = max(seen)  # reached, by construction: the first row that shows it is the time to target
-    hit = next(r for r in progress if r["eval_return"] and float(r["eval_return"]) >= target)
+    means = [float(r["mean_return"]) for r in evals]
+    target = max(means)  # reached, by construction: the first evaluation that has it is the time to target
+    hit = means.index(target)
+    curve = load_run(run_dir).evals  # what the figures draw
+    started_at = json.loads((run_dir / "run.json").read_text())["started_at"]
 
     out = tmp_path / "report"
     res = rlfleet("report", str(run_dir), "--out", str(out), "--target", str(target), timeout=120)
@@ -150,7 +154,6 @@ def test_report_figures_and_numbers_match_the_csvs(fleet: dict[str, Any], tmp_pa
     for name in FIGURES:
         assert f"]({name})" in md
     (row,) = _table(md)
-    means = [float(r["mean_return"]) for r in evals]
     first, last = progress[0], progress[-1]
     span = float(last["wall_s"]) - float(first["wall_s"])
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -159,13 +162,35 @@ def test_report_figures_and_numbers_match_the_csvs(fleet: dict[str, Any], tmp_pa
     assert int(row["evaluations"]) == len(evals)
     assert float(row["final return"]) == pytest.approx(means[-1], abs=0.051)
     assert float(row["best return"]) == pytest.approx(max(means), abs=0.051)
-    assert float(row["seconds to target"]) == pytest.approx(float(hit["wall_s"]), abs=0.051)
-    assert int(row["env steps to target"]) == int(hit["env_steps"])
+    # the table's point is the curve's: the first evaluation at the target, on the command's clock
+    assert float(row["seconds to target"]) == pytest.approx(float(evals[hit]["wall_time"]) - started_at, abs=0.051)
+    assert float(row["seconds to target"]) == pytest.approx(curve["wall_s"][hit], abs=0.051)
+    assert int(row["env steps to target"]) == round(curve["env_steps"][hit])
     assert int(row["env steps"]) == int(last["env_steps"])
     steps_rate = (int(last["env_steps"]) - int(first["env_steps"])) / span
     updates_rate = (int(last["updates"]) - int(first["updates"])) / span
     assert float(row["env steps/s"]) == pytest.approx(steps_rate, abs=0.051)
     assert float(row["updates/s"]) == pytest.approx(updates_rate, abs=0.051)
+
+
+def test_a_real_runs_report_has_its_target_and_counts_from_the_command(fleet: dict[str, Any], tmp_path: Path) -> None:
+    run_dir: Path = fleet["run_dir"]
+    start = json.loads((run_dir / "run.json").read_text())
+    assert start["until_return"] == TARGET and start["max_seconds"] == RUN_SECONDS
+    first = read_csv(run_dir / "progress.csv")[0]
+    # the clock runs from the command's start: the first scrape comes after start-up, which took time
+    assert 0 < start["ready_s"] <= float(first["wall_s"])
+    assert json.loads((run_dir / "ending.json").read_text())["started_at"] == start["started_at"]
+    md = write_report([run_dir], tmp_path / "report").read_text()
+    assert f"Targets: {TARGET} (the run's --until-return)" in md
+    (row,) = _table(md)
+    assert row["target"] == str(TARGET) and row["seconds to target"] == "-"
+    assert float(row["start-up s"]) == pytest.approx(start["ready_s"], abs=0.051)
+    run = load_run(run_dir)
+    assert len(run.episodes["return"]) and 0 < run.episodes["wall_s"][0]  # training episodes, on the same clock
+    fig, (ax,) = _figure()
+    draw_returns(ax, [run], "wall_s", [TARGET])
+    assert ax.get_xlim()[0] == 0
 
 
 def test_report_speedup_chart_for_two_actor_counts(fleet: dict[str, Any], tmp_path: Path) -> None:
