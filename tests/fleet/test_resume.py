@@ -41,6 +41,10 @@ def test_a_stopped_dqn_run_resumes_with_its_counters(tmp_path: Path) -> None:
     assert int(after[-1]["env_steps"]) >= steps_before + 3000
     ending = json.loads((run_dir / "ending.json").read_text())
     assert ending["env_steps"] >= steps_before + 3000 and ending["how"] == "budget", ending
+    # run.json keeps the first command's start and puts the resumed command's on the run's clock
+    start = json.loads((run_dir / "run.json").read_text())
+    assert [wall for _, wall in start["clock"]] == [0.0, wall_before]
+    assert start["max_env_steps"] == steps_before + 3000
 
     # --init-from: a new run from those weights only (the learner's optimizer and counters fresh)
     checkpoint = run_dir / "learner" / "checkpoint.pt"
@@ -52,7 +56,10 @@ def test_a_stopped_dqn_run_resumes_with_its_counters(tmp_path: Path) -> None:
     new_dir = only_run_dir(tmp_path / "new")
     log = (new_dir / "logs" / "learner.log").read_text()
     assert "no checkpoint; starting from the fleet's weights version 0" in log, log[-3000:]
-    assert "update counter 0" in log and int(read_csv(new_dir / "progress.csv")[0]["env_steps"]) < steps_before
+    # its env steps count from 0, not on from the run it took the weights of (the actors step through
+    # start-up before the first row: on a loaded machine that can exceed the first run's 3,000 and more)
+    steps_resumed = int(after[-1]["env_steps"])
+    assert "update counter 0" in log and int(read_csv(new_dir / "progress.csv")[0]["env_steps"]) < steps_resumed
     # weights of another network are refused before anything starts
     other = rlfleet("up", "--config", str(CONFIGS / "cartpole-a3c.yaml"), "--init-from", str(checkpoint),
                     "--runs", str(tmp_path / "other"), timeout=120)
