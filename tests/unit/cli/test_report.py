@@ -30,7 +30,7 @@ from cli.rundata import load_run
 from common.wire.transport import free_tcp_port
 from harness.fleet_helpers import CONFIGS, ROOT, read_csv
 
-RUN_SECONDS = 15
+RUN_SECONDS = 20  # from the command's start, start-up included (7-9 s on a loaded 2-core machine)
 TARGET = 10_000  # the run's --until-return: out of reach, the run ends on its time budget (exit 3)
 FAST = [  # small and quick: evaluations every 2 s, checkpoint at stop
     "--set", "evaluator.every_steps=null", "--set", "evaluator.every_s=1", "--set", "evaluator.episodes=5",
