@@ -13,6 +13,8 @@ owns the rest:
   constructor (``averager``; None: one learner) averages gradients between compute and apply
   (:meth:`average`) and sums cross-rank statistics (:meth:`group_sum`); :attr:`world` is the
   group's size;
+- batches on the device: :attr:`staging` (:class:`~common.algorithms.device.HostStaging`: reused
+  pinned buffers and non-blocking copies on CUDA, the arrays' own memory on CPU);
 - the update counter, and checkpoints: :meth:`state` / :meth:`load_state` write and check the
   algorithm's name and checkpoint format version, the counter and every optimizer's state around
   the algorithm's own (:meth:`own_state` / :meth:`load_own_state`).
@@ -30,7 +32,7 @@ import numpy as np
 import torch
 
 from common.algorithms.contract import DataSpec, Grads
-from common.algorithms.device import cpu_copy, resolve_device
+from common.algorithms.device import HostStaging, cpu_copy, resolve_device
 from common.algorithms.importance import importance_weights
 from common.algorithms.optim import ClippedAdam
 
@@ -49,6 +51,7 @@ class LearnerBase:
         self.cfg = cfg
         self.data = data
         self.device = resolve_device(device)
+        self.staging = HostStaging(self.device)  # batches reach a CUDA device through reused pinned buffers
         self.averager = averager
         self.max_grad_norm = max_grad_norm
         self.optimizers: dict[str, ClippedAdam] = {}

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from common.algorithms.contract import DataSpec, Grads
-from common.algorithms.device import ArrayLike, batch_to_device, cpu_copy, to_device, use_bfloat16
+from common.algorithms.device import ArrayLike, cpu_copy, use_bfloat16
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.dqn.networks import n_step_target, seeded_q_network
 from common.algorithms.dqn.policy import column
@@ -65,7 +65,8 @@ class DQNLearner(LearnerBase):
         the batch's largest), used as given; None means uniform. Grads: {"q": one tensor per parameter}.
         """
         cfg = self.cfg
-        b = batch_to_device({key: column(batch, key) for key in COLUMNS}, self.device)
+        b = self.staging.to_device({key: column(batch, key) for key in COLUMNS}
+                                   | ({} if weights is None else {"weights": weights}))
         action = b["action"].long()[:, None]
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             q_sa = self.online(b["obs"]).gather(1, action).squeeze(1)
@@ -76,17 +77,16 @@ class DQNLearner(LearnerBase):
                                        cfg.double)
         losses = F.huber_loss(q_sa, target, reduction="none", delta=cfg.huber_delta)
         if weights is not None:
-            losses = losses * to_device(weights, self.device).float()
+            losses = losses * b["weights"].float()
         loss = losses.mean()
         grads = list(torch.autograd.grad(loss, self._online_params))
         with torch.no_grad():
             td_abs = (target - q_sa).abs()
             grad_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-            # One device-to-host copy for all figures.
-            figures = torch.stack([loss, q_sa.mean(), td_abs.mean(), grad_norm]).cpu()
-        metrics = dict(zip(("loss", "q_mean", "td_abs_mean", "grad_norm"), figures.tolist(), strict=True))
-        priorities = (td_abs + cfg.priority_eps).double().cpu().numpy()
-        return {"q": grads}, metrics, priorities
+            # one device-to-host copy for the figures and the priorities
+            figures, priorities = self.staging.to_host(torch.stack([loss, q_sa.mean(), td_abs.mean(), grad_norm]),
+                                                       td_abs + cfg.priority_eps)
+        return {"q": grads}, dict(zip(("loss", "q_mean", "td_abs_mean", "grad_norm"), figures, strict=True)), priorities
 
     def after_update(self, stepped: Collection[str]) -> None:
         self.follow_target()

@@ -24,6 +24,11 @@ far the data lagged; with several learners, each rank's share.
 
 Annealing (lr and clip, linear to 0) runs on the env steps of the segments trained on,
 counted by the learner (the fleet's env steps in barrier mode).
+
+On a GPU a batch goes to the device once (through the learner's staging buffers): values, GAE
+(:func:`~common.algorithms.ppo.losses.gae_torch`, float32) and the epochs' rows stay there, and the
+learn call's figures come back in one copy. On CPU the rows are tensors over the batch's arrays
+and GAE is numpy's, in float64.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from common.algorithms.ppo.losses import (
     behaviour_weights,
     clipped_surrogate,
     gae,
+    gae_torch,
     normalize_advantage,
     normalize_chunks,
     value_loss,
@@ -79,7 +85,9 @@ class PPOLearner(LearnerBase):
         self.rng = np.random.default_rng([seed, 2])  # minibatch order
         self.env_steps = 0  # env steps in the segments trained on (drives annealing)
         self.progress_left = 1.0  # 1 - env_steps / anneal_env_steps, fixed for a learn call
-        self.behaviour: dict[str, float] = {}  # the last batch's distance from the policy that acted it
+        # GAE in torch on the device, or numpy's float64 on a CPU (where torch's per-step cost is 3-4x numpy's)
+        self.gae_on_device = self.device.type != "cpu"
+        self._behaviour: dict[str, torch.Tensor] = {}  # the last batch's distance from the policy that acted it
 
     # -- one batch of segments ----------------------------------------------
 
@@ -101,38 +109,67 @@ class PPOLearner(LearnerBase):
                 self.obs_rms.update_sums(*self._group_sums(obs.reshape(S * T, -1)))
         action = np.asarray(batch["action"])
         flat_obs = obs.reshape(S * T, *shape)
-        flat_action = action.reshape(S * T, *action.shape[2:])
+        columns = {
+            "obs": self._normalized(flat_obs),
+            "action": action.reshape(S * T, *action.shape[2:]),
+            "bootstrap_obs": self._normalized(self._obs(batch["bootstrap_obs"]).reshape(S, *shape)),
+            "final_obs": self._normalized(self._obs(batch["final_obs"]).reshape(S * T, *shape)),
+            "logp_behaviour": np.asarray(batch["logp"], np.float32).reshape(-1),
+            "reward": np.asarray(batch["reward"]),
+            "terminated": np.asarray(batch["terminated"], bool),
+            "truncated": np.asarray(batch["truncated"], bool),
+        }
+        if "value" in batch:  # the values acted with: value_drift
+            columns["acted_value"] = np.asarray(batch["value"], np.float32).reshape(-1)
+        # on CPU the arrays' own memory (replay's frames are read-only: nothing here writes to them)
+        b = self.staging.to_device(columns)
         with torch.no_grad():
-            logp_prox, values = self._evaluate(flat_obs, flat_action)
+            logp_prox, _, values = self.net.evaluate(b["obs"], b["action"])
             values = values.reshape(S, T)
-            boot = self._values(self._obs(batch["bootstrap_obs"]).reshape(S, *shape))
-            truncated = np.asarray(batch["truncated"], bool)
-            final = self._values(self._obs(batch["final_obs"]).reshape(S * T, *shape)).reshape(S, T)
-        next_values = np.concatenate([values[:, 1:], boot[:, None]], axis=1)
-        next_values = np.where(truncated, final, next_values)
-        terminated = np.asarray(batch["terminated"], bool)
-        logp_behaviour = torch.as_tensor(np.asarray(batch["logp"], np.float32).reshape(-1))
+            boot = self.net.value(b["bootstrap_obs"])
+            final = self.net.value(b["final_obs"]).reshape(S, T)
+        logp_behaviour = b["logp_behaviour"]
         if self.cfg.proximal_clip:
             logp = logp_prox.float()
             weight = behaviour_weights(logp, logp_behaviour, self.cfg.behaviour_weight_max)
         else:
             logp, weight = logp_behaviour, torch.ones_like(logp_behaviour)
-        rho = weight.clamp(max=1.0).numpy().reshape(S, T) if self.cfg.proximal_clip and self.cfg.vtrace else None
-        advantages, returns = gae(np.asarray(batch["reward"]), values, next_values, terminated,
-                                  terminated | truncated, self.cfg.gamma, self.cfg.gae_lambda, rho)
-        self.behaviour = {"behaviour_kl": float((logp_behaviour - logp_prox).mean()),
-                          "behaviour_weight": float(weight.mean())}
-        rows = {
-            "obs": self._normalized(flat_obs),
-            "action": flat_action,
-            "logp": logp.numpy(),
-            "weight": weight.numpy(),
-            "advantage": advantages.reshape(-1).astype(np.float32),
-            "return": returns.reshape(-1).astype(np.float32),
-            "old_value": values.reshape(-1).astype(np.float32),
-        }
-        # copies: some columns are read-only views of the frames replay sent
-        return {key: torch.tensor(value).to(self.device) for key, value in rows.items()}
+        rho = weight.clamp(max=1.0).reshape(S, T) if self.cfg.proximal_clip and self.cfg.vtrace else None
+        if not self.gae_on_device:
+            advantage, returns, old_value = self._gae_on_host(b, values, boot, final, rho)
+        else:  # float32, where the batch is: it never leaves the device
+            next_values = torch.where(b["truncated"], final.float(),
+                                      torch.cat([values[:, 1:].float(), boot.float()[:, None]], dim=1))
+            advantage, returns = gae_torch(b["reward"], values.float(), next_values, b["terminated"],
+                                           b["terminated"] | b["truncated"], self.cfg.gamma, self.cfg.gae_lambda, rho)
+            advantage, returns, old_value = advantage.reshape(-1), returns.reshape(-1), values.float().reshape(-1)
+        self._behaviour = {"behaviour_kl": (logp_behaviour - logp_prox).mean().float(),
+                           "behaviour_weight": weight.mean().float()}
+        if "acted_value" in b:
+            self._behaviour["value_drift"] = (b["acted_value"] - old_value).abs().mean()
+        return {"obs": b["obs"], "action": b["action"], "logp": logp, "weight": weight, "advantage": advantage,
+                "return": returns, "old_value": old_value}
+
+    def _gae_on_host(self, b: Mapping[str, torch.Tensor], values: torch.Tensor, boot: torch.Tensor,
+                     final: torch.Tensor, rho: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:func:`gae` in float64 on CPU tensors: advantages, returns and the values, flat float32."""
+        values64 = values.cpu().numpy().astype(np.float64)
+        next_values = np.concatenate([values64[:, 1:], boot.cpu().numpy().astype(np.float64)[:, None]], axis=1)
+        truncated, terminated = b["truncated"].cpu().numpy(), b["terminated"].cpu().numpy()
+        next_values = np.where(truncated, final.cpu().numpy().astype(np.float64), next_values)
+        advantages, returns = gae(b["reward"].cpu().numpy(), values64, next_values, terminated, terminated | truncated,
+                                  self.cfg.gamma, self.cfg.gae_lambda, None if rho is None else rho.cpu().numpy())
+
+        def flat(x: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(x.reshape(-1).astype(np.float32)).to(self.device)
+
+        return flat(advantages), flat(returns), flat(values64)
+
+    @property
+    def behaviour(self) -> dict[str, float]:
+        """The last batch's distance from the policy that acted it (and, where the batch has the values
+        acted with, ``value_drift``)."""
+        return {key: float(value) for key, value in self._behaviour.items()}
 
     def learn(self, batch: Mapping[str, Any], weights: Any = None) -> tuple[dict[str, float], None]:
         """GAE, then ``epochs`` passes over the batch in shuffled minibatches; returns mean figures."""
@@ -146,7 +183,7 @@ class PPOLearner(LearnerBase):
         size = cfg.minibatch_size
         for _ in range(cfg.epochs):
             # one gather per epoch, then minibatches are slices; advantages normalised per minibatch
-            order = torch.as_tensor(self.rng.permutation(n), device=self.device)
+            order = self.staging.to_device({"order": self.rng.permutation(n)})["order"]
             epoch = {key: value[order] for key, value in rows.items()}
             if cfg.normalize_advantage:
                 epoch["advantage"] = (normalize_chunks(epoch["advantage"], size) if self.averager is None
@@ -158,12 +195,12 @@ class PPOLearner(LearnerBase):
                 totals += step_figures
         steps = cfg.epochs * -(-n // cfg.minibatch_size)
         self.env_steps += n * self.world  # the global batch's
-        figures = dict(zip(FIGURES, (totals / steps).tolist(), strict=True))
-        figures.update(self.behaviour)
-        figures.update(lr=self.lr("policy"), clip_range=self._clip(), env_steps_trained=float(self.env_steps),
-                       value_drift=float(np.abs(np.asarray(batch["value"], np.float32).reshape(-1)
-                                                - rows["old_value"].cpu().numpy()).mean()) if "value" in batch
-                       else 0.0)
+        # one device-to-host copy for every figure of the learn call
+        names = (*FIGURES, *self._behaviour)
+        values = torch.cat([totals / steps, torch.stack(list(self._behaviour.values())).to(totals)]).tolist()
+        figures = dict(zip(names, values, strict=True))
+        figures.setdefault("value_drift", 0.0)
+        figures.update(lr=self.lr("policy"), clip_range=self._clip(), env_steps_trained=float(self.env_steps))
         return figures, None
 
     # -- one minibatch --------------------------------------------------------
@@ -236,18 +273,6 @@ class PPOLearner(LearnerBase):
 
     def _normalized(self, obs: np.ndarray) -> np.ndarray:
         return obs if self.obs_rms is None else self.obs_rms.normalize(obs)
-
-    def _tensor(self, rows: np.ndarray) -> torch.Tensor:
-        """Rows of a batch on the device, copied: replay's arrays are read-only views."""
-        return torch.tensor(rows).to(self.device)
-
-    def _evaluate(self, obs: np.ndarray, action: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        """log pi(action | obs) of the current policy (on the CPU) and V(obs), for rows of a batch."""
-        logp, _, value = self.net.evaluate(self._tensor(self._normalized(obs)), self._tensor(action))
-        return logp.cpu(), value.cpu().numpy().astype(np.float64)
-
-    def _values(self, obs: np.ndarray) -> np.ndarray:
-        return self.net.value(self._tensor(self._normalized(obs))).cpu().numpy().astype(np.float64)  # type: ignore[no-any-return]
 
     # -- publishing and checkpoints ------------------------------------------
 

@@ -1,6 +1,7 @@
 """GAE and the pieces of the PPO loss, as plain functions (checked by hand in the tests).
 
-- :func:`gae`: generalised advantage estimation over segments [S, T] (V-trace's, given importance weights).
+- :func:`gae`: generalised advantage estimation over segments [S, T] (V-trace's, given importance weights);
+  :func:`gae_torch`: the same on tensors, on the learner's device (a GPU learner's batch never leaves it).
 - :func:`clipped_surrogate`: -E[w min(r A, clip(r, 1-e, 1+e) A)] (w: behaviour weights, 1 on-policy).
 - :func:`behaviour_weights`: min(pi_prox / pi_behaviour, rho_bar), decoupled PPO's off-policy correction.
 - :func:`value_loss`: E[(V - R)^2], or with value clipping E[max((V - R)^2, (V_clip - R)^2)]
@@ -56,6 +57,33 @@ def gae(
     for t in range(delta.shape[1] - 1, -1, -1):
         last = delta[:, t] + carry[:, t] * last
         advantages[:, t] = last
+    return advantages, advantages + values
+
+
+def gae_torch(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    episode_end: torch.Tensor,
+    gamma: float,
+    lam: float,
+    rho: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gae` on tensors [S, T] (``terminated``, ``episode_end`` bool), in ``values``' dtype and on its
+    device: one fused multiply-add per step of the segments, time-major so each step's row is contiguous."""
+    dtype = values.dtype
+    delta = rewards.to(dtype) + gamma * torch.where(terminated, 0.0, next_values.to(dtype)) - values
+    carry = gamma * lam * (1.0 - episode_end.to(dtype))
+    if rho is not None:
+        rho = rho.to(dtype)
+        delta, carry = rho * delta, carry * rho
+    delta, carry = delta.T.contiguous(), carry.T.contiguous()
+    advantages = torch.empty_like(delta)
+    last = torch.zeros_like(delta[0])
+    for t in range(delta.shape[0] - 1, -1, -1):
+        last = torch.addcmul(delta[t], carry[t], last, out=advantages[t])
+    advantages = advantages.T
     return advantages, advantages + values
 
 

@@ -28,7 +28,7 @@ import torch
 
 from common.algorithms.actions import ActionScale, dims
 from common.algorithms.contract import DataSpec, Grads
-from common.algorithms.device import ArrayLike, columns_to_device, cpu_copy, to_device, use_bfloat16
+from common.algorithms.device import ArrayLike, cpu_copy, use_bfloat16
 from common.algorithms.generators import generator_state, restore_generator
 from common.algorithms.learning import LearnerBase
 from common.algorithms.sac.config import SACConfig
@@ -87,15 +87,14 @@ class SACLearner(LearnerBase):
     ) -> tuple[Grads, dict[str, float], np.ndarray]:
         """Gradients {"critic", "actor", "alpha" (auto only)}, the step's figures, new priorities
         (mean |TD error| of the two critics)."""
-        b = columns_to_device(batch, COLUMNS, self.device, "SAC")
+        b = self.staging.columns(batch, COLUMNS, "SAC", weights)
         obs, next_obs = b["obs"].float().flatten(1), b["next_obs"].float().flatten(1)
         action = self.scale.to_unit(b["action"].float())
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            return self._gradients(obs, next_obs, action, b, weights)
+            return self._gradients(obs, next_obs, action, b)
 
     def _gradients(self, obs: torch.Tensor, next_obs: torch.Tensor, action: torch.Tensor,
-                   b: Mapping[str, torch.Tensor], weights: ArrayLike | None
-                   ) -> tuple[Grads, dict[str, float], np.ndarray]:
+                   b: Mapping[str, torch.Tensor]) -> tuple[Grads, dict[str, float], np.ndarray]:
         n = len(obs)
         alpha = self.log_alpha.detach().exp()
         sampled, logp = self._sample(torch.cat([obs, next_obs]))
@@ -107,8 +106,8 @@ class SACLearner(LearnerBase):
         q1, q2 = self.nets.q(self.nets.critic, obs, action)
         td1, td2 = q1 - target, q2 - target
         squared = td1.pow(2) + td2.pow(2)
-        if weights is not None:
-            squared = squared * to_device(weights, self.device).float()
+        if "weights" in b:
+            squared = squared * b["weights"].float()
         critic_loss = 0.5 * squared.mean()
         q1_pi, q2_pi = self.nets.q(self.nets.critic, obs, a_pi, detached=True)  # trains the actor only
         actor_loss = (alpha * logp_pi - torch.min(q1_pi, q2_pi)).mean()
@@ -120,8 +119,9 @@ class SACLearner(LearnerBase):
             if self.auto_alpha:  # d/dlog_alpha of -log_alpha * (log pi + target_entropy)
                 grads["alpha"] = [(entropy - self.target_entropy).reshape(self.log_alpha.shape)]
             priorities = 0.5 * (td1.abs() + td2.abs()) + PRIORITY_EPS
-            figures = torch.stack([critic_loss, actor_loss, alpha, entropy, q1.mean()]).cpu()
-        return grads, dict(zip(FIGURES, figures.tolist(), strict=True)), priorities.double().cpu().numpy()
+            figures, host_priorities = self.staging.to_host(
+                torch.stack([critic_loss, actor_loss, alpha, entropy, q1.mean()]), priorities)
+        return grads, dict(zip(FIGURES, figures, strict=True)), host_priorities
 
     def after_update(self, stepped: Collection[str]) -> None:
         """The target critics follow (Polyak tau)."""

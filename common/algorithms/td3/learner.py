@@ -26,7 +26,7 @@ import torch
 
 from common.algorithms.actions import ActionScale
 from common.algorithms.contract import DataSpec, Grads
-from common.algorithms.device import ArrayLike, columns_to_device, cpu_copy, to_device
+from common.algorithms.device import ArrayLike, cpu_copy
 from common.algorithms.generators import generator_state, restore_generator
 from common.algorithms.learning import LearnerBase
 from common.algorithms.schedules import linear
@@ -85,7 +85,7 @@ class TD3Learner(LearnerBase):
     ) -> tuple[Grads, dict[str, float], np.ndarray]:
         """Gradients {"critic"} and, on a delayed update, {"actor"}; the step's figures; new priorities
         (mean |TD error| of the two critics)."""
-        b = columns_to_device(batch, COLUMNS, self.device, "TD3")
+        b = self.staging.columns(batch, COLUMNS, "TD3", weights)
         obs, next_obs = b["obs"].float().flatten(1), b["next_obs"].float().flatten(1)
         action = self.scale.to_unit(b["action"].float())
         nets = self.nets
@@ -96,7 +96,7 @@ class TD3Learner(LearnerBase):
         td1, td2 = q1 - target, q2 - target
         squared = td1.pow(2) + td2.pow(2)
         if weights is not None:
-            squared = squared * to_device(weights, self.device).float()
+            squared = squared * b["weights"].float()
         critic_loss = squared.mean()
         figures = {"critic_loss": critic_loss.detach(), "q_mean": q1.detach().mean()}
         if self.policy_update_due():
@@ -110,8 +110,8 @@ class TD3Learner(LearnerBase):
             grads = {"critic": list(torch.autograd.grad(critic_loss, self._critic))}
         with torch.no_grad():
             priorities = 0.5 * (td1.abs() + td2.abs()) + PRIORITY_EPS
-            values = torch.stack(list(figures.values())).cpu().tolist()
-        return grads, dict(zip(figures, values, strict=True)), priorities.double().cpu().numpy()
+            values, host_priorities = self.staging.to_host(torch.stack(list(figures.values())), priorities)
+        return grads, dict(zip(figures, values, strict=True)), host_priorities
 
     def after_update(self, stepped: Collection[str]) -> None:
         """The target actor and critics follow (Polyak tau), only after a delayed update: compute_gradients
