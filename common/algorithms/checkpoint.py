@@ -2,13 +2,16 @@
 
 A checkpoint is what ``LearnerCore.state()`` returns: tensors, dicts, lists,
 tuples, numbers, strings and None, nothing that needs unpickling of classes.
+:class:`CheckpointWriter` writes them on a thread of its own, so a training loop
+only takes the snapshot.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,43 @@ def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> None:
         os.fsync(dir_fd)  # the rename itself survives a crash
     finally:
         os.close(dir_fd)
+
+
+class CheckpointWriter:
+    """Writes checkpoints (:func:`save_checkpoint`) on one thread of its own, one at a time.
+
+    :meth:`write` hands over a snapshot that nothing else changes (a learner's ``state()``: CPU copies)
+    and returns once the previous write has finished: at most one write in flight, so at most two
+    snapshots in memory. A write that failed raises its error from the next :meth:`write`,
+    :meth:`wait` or :meth:`close`, on the caller's thread.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._pending: Future[None] | None = None
+
+    def write(self, path: str | Path, state: Mapping[str, Any], written: Callable[[], None] | None = None) -> None:
+        """Write ``state`` to ``path`` in the background; ``written`` is called (on the writer's thread) once it is."""
+        self.wait()
+        self._pending = self._pool.submit(self._write, Path(path), state, written)
+
+    @staticmethod
+    def _write(path: Path, state: Mapping[str, Any], written: Callable[[], None] | None) -> None:
+        save_checkpoint(path, state)
+        if written is not None:
+            written()
+
+    def wait(self) -> None:
+        """Until the write in flight (if any) is on disk; its error, if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any] | None:

@@ -14,7 +14,8 @@ round only that round's batches are asked for (``SampleClient.ask_for``): a
 request sent ahead across the barrier could reach replay before or after the
 next round's inserts, and a fixed seed would no longer give the same run. Checkpoints
 (model, target, optimizer, counters, version, config) are written atomically
-every ``learner.checkpoint_every_s`` and on stop, and resumed on start.
+every ``learner.checkpoint_every_s`` and on stop, and resumed on start: the
+training thread takes the snapshot, a thread of its own writes it.
 
 Faults: a restarted learner resumes from its checkpoint and publishes a
 version newer than any the paramserver holds (asked with ``info``). A learner
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 
 from common import algorithms
-from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
+from common.algorithms.checkpoint import CheckpointWriter, load_checkpoint
 from common.algorithms.data_parallel import CollectiveError, GradientAverager, broadcast_learner
 from common.algorithms.device_choice import DeviceChoice, DriverTooOld, choose_device, probe_cuda
 from common.clients.version_probe import VersionProbe
@@ -116,6 +117,7 @@ class LearnerService:
         self.m_reconnects = self.trainer.m_reconnects
         self.published: dict[str, Any] = {}  # arrays of self.version, checkpointed for `rlfleet eval`
         self.last_ckpt = time.monotonic()
+        self.ckpt_writer = CheckpointWriter()  # the training thread takes the snapshot; this thread writes it
         self._ps_failing = False
         # Ask the paramserver before /metrics is up: a learner killed after publishing a version newer
         # than its checkpoint must not show the checkpoint's (older) version while it starts.
@@ -316,15 +318,18 @@ class LearnerService:
         steps = stats.get("fleet_env_steps") if isinstance(stats, dict) else None
         return steps if type(steps) is int and steps >= 0 else None
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, wait: bool = False) -> None:
+        """A snapshot of the learner (CPU copies, taken here), written to disk by :attr:`ckpt_writer`'s thread
+        while training goes on; ``wait``: until it is on disk."""
         if self.rank != 0:  # every rank holds the same state: rank 0 writes it
             return
         state: dict[str, Any] = {"core": self.core.state(), "version": self.version, "config": dump(self.cfg)}
-        if self.published:  # the exact arrays actors and the evaluator got as `version`
+        if self.published:  # the exact arrays actors and the evaluator got as `version` (never changed in place)
             state["weights"] = {k: torch.from_numpy(v) for k, v in self.published.items()}
-        save_checkpoint(self.ckpt, state)
+        self.ckpt_writer.write(self.ckpt, state, self.m_ckpt.inc)
         self.last_ckpt = time.monotonic()
-        self.m_ckpt.inc()
+        if wait:
+            self.ckpt_writer.wait()
 
     def _maybe_checkpoint(self) -> None:
         if time.monotonic() - self.last_ckpt >= self.cfg.learner.checkpoint_every_s:
@@ -398,10 +403,11 @@ class LearnerService:
     def close(self) -> None:
         try:
             if self.rank == 0:
-                self.checkpoint()
+                self.checkpoint(wait=True)
                 log.info("learner: checkpoint at update %d, version %d -> %s", self.core.num_updates, self.version,
                          self.ckpt)
         finally:
+            self.ckpt_writer.close()
             self.trainer.close()
             self.publisher.close()
             if self.group is not None:

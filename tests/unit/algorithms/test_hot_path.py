@@ -1,9 +1,12 @@
 """The learners' hot path as a GPU runs it, checked on CPU: reusable staging buffers, one copy back for
-figures and priorities, PPO's GAE in torch; and on CPU, no staging and no copy of the batch at all."""
+figures and priorities, PPO's GAE in torch, checkpoints written off the training thread; and on CPU, no
+staging and no copy of the batch at all."""
 
 from __future__ import annotations
 
+import threading
 import warnings
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -11,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.algorithms.checkpoint import CheckpointWriter, load_checkpoint
 from common.algorithms.device import HostStaging, to_host
 from common.algorithms.dqn.config import DQNConfig
 from common.algorithms.dqn.learner import DQNLearner
@@ -218,3 +222,31 @@ def test_ppo_on_cpu_trains_on_the_batchs_own_memory() -> None:
     assert np.isfinite(list(figures.values())).all()
     assert learner.staging.buffers == {} and learner.staging.allocations == 0
 
+
+# -- checkpoints off the training thread ------------------------------------------------------------------
+def test_checkpoints_are_written_on_a_thread_of_their_own_one_at_a_time(tmp_path: Path) -> None:
+    writer = CheckpointWriter()
+    path = tmp_path / "learner" / "checkpoint.pt"
+    threads: list[str] = []
+    try:
+        for version in range(3):
+            state = {"version": version, "w": torch.full((1000,), float(version))}
+            writer.write(path, state, lambda: threads.append(threading.current_thread().name))
+        writer.wait()
+        saved = load_checkpoint(path)
+        assert saved is not None and saved["version"] == 2 and float(saved["w"][0]) == 2.0
+        assert len(threads) == 3 and all(name.startswith("checkpoint-writer") for name in threads)
+        assert threading.current_thread().name not in threads
+        assert [p.name for p in path.parent.iterdir()] == ["checkpoint.pt"]  # no temporary file left
+
+        (tmp_path / "file").write_text("")
+        writer.write(tmp_path / "file" / "checkpoint.pt", {"version": 3})  # its folder is a file: fails there...
+        with pytest.raises(OSError):
+            writer.write(path, {"version": 4})  # ...and the caller hears it at its next call, which writes nothing
+        assert load_checkpoint(path)["version"] == 2  # type: ignore[index]
+        writer.write(path, {"version": 4})  # and the writer goes on
+        writer.wait()
+        saved = load_checkpoint(path)
+        assert saved is not None and saved["version"] == 4
+    finally:
+        writer.close()
