@@ -122,7 +122,7 @@ class HostStaging:
             staged.append(name)
         if staged and self.device.type == "cuda":
             event = torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))  # the copies' stream: the target device's
             self._copied.update(dict.fromkeys(staged, event))
         return out
 
