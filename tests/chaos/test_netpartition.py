@@ -89,6 +89,7 @@ class Fleet:
             "actor.max_unacked=256",  # the byte bound, not the count, is what the cut reaches
             f"actor.max_unacked_bytes={BOUND}",
             "evaluator.enabled=false",
+            "security.insecure=true",  # hosts of a lab network over plain TCP (off loopback: refused by default)
         ]
 
     def start(self, name: str, host: netns.Host, service: str, port: int, *extra: str) -> netns.Proc:
