@@ -44,6 +44,7 @@ from cli.ending import write as write_ending
 from cli.serial_workers import WorkerPool
 from common import algorithms
 from common.algorithms.checkpoint import save_checkpoint
+from common.algorithms.device_choice import choose_device, probe_cuda
 from common.config import Experiment, dump
 from common.envs import make_vector_env, probe_env
 from common.evaluation import EVAL_SEED_OFFSET, eval_envs, evaluate
@@ -152,7 +153,13 @@ class SerialRunner:
         if self.pool is not None:
             self.lanes: list[Lane] = []
             return
-        self.learner = self.algo.make_learner(cfg.algorithm, obs_space, act_space, device=cfg.learner.device,
+        def parameters() -> int:  # auto with CUDA usable: how big the networks are (the learner service's rule)
+            cpu = self.algo.make_learner(cfg.algorithm, obs_space, act_space, device="cpu", seed=cfg.seed)
+            return sum(int(w.size) for w in cpu.weights().values())
+
+        device = choose_device(cfg.learner.device, probe_cuda, parameters)
+        log.info("serial: the learner trains on %s (%s): %s", device.device, device.reason, device.detail)
+        self.learner = self.algo.make_learner(cfg.algorithm, obs_space, act_space, device=device.device,
                                               seed=cfg.seed)
         table_cfg = next(t for t in cfg.replay.tables if t.name == cfg.learner.table)
         self.table = make_table(table_cfg, np.random.default_rng([cfg.seed, 7]))

@@ -122,7 +122,7 @@ class DynamicsLearner:
     """Trains a :class:`DynamicsNet` on sampled real transitions; no sockets."""
 
     def __init__(self, cfg: WorldModelConfig, obs_space: gym.Space[Any], act_space: gym.Space[Any],
-                 device: str = "auto", seed: int = 0) -> None:
+                 device: str | torch.device = "auto", seed: int = 0) -> None:
         torch.manual_seed(seed)
         self.cfg = cfg
         self.device = resolve_device(device)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
+from common.algorithms.device_choice import DriverTooOld, choose_device, probe_cuda
 from common.clients.replay_sample import SampleClient
 from common.clients.weights_publisher import WeightsPublisher
 from common.clients.weights_reader import WeightsReader
@@ -50,9 +51,14 @@ class ModelerService:
         torch.set_num_threads(mc.torch_threads)
         obs_space, act_space = probe_env(cfg)
         try:
-            self.core = DynamicsLearner(mc, obs_space, act_space, device=cfg.learner.device, seed=cfg.seed)
+            device = choose_device(cfg.learner.device, probe_cuda, lambda: sum(p.numel() for p in DynamicsLearner(
+                mc, obs_space, act_space, device="cpu", seed=cfg.seed).net.parameters()))
+            self.core = DynamicsLearner(mc, obs_space, act_space, device=device.device, seed=cfg.seed)
         except ModelMismatch as exc:
             raise StartupError(f"planning.enabled with env.id={cfg.env.id!r}: {exc}") from None
+        except (DriverTooOld, ValueError) as exc:
+            raise StartupError(f"{exc} (learner.device={cfg.learner.device})") from None
+        log.info("modeler: trains on %s (%s): %s", device.device, device.reason, device.detail)
         self.version = 0
         self.ckpt = Path(cfg.run_dir) / CHECKPOINT
         state = load_checkpoint(self.ckpt)
