@@ -193,6 +193,15 @@ class DynamicsLearner:
         arrays[VAL_ERROR] = np.asarray(self.val_error, np.float32)
         return arrays
 
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Start from a published world model (:meth:`weights`: the net with its normalisation moments, and
+        the validation error it was published with); ValueError, nothing changed, for another network's.
+        The optimizer's moments stay as they are (a fresh modeler's: as initialised)."""
+        load_arrays(self.net, {key: value for key, value in weights.items() if key != VAL_ERROR})
+        if VAL_ERROR in weights:
+            self.val_error = float(np.asarray(weights[VAL_ERROR]))
+        self._moments = True  # the published net carries the moments it was trained with
+
     def state(self) -> dict[str, Any]:
         return {"net": self.net.state_dict(), "opt": self.opt.state_dict(), "num_updates": self.num_updates,
                 "val_error": self.val_error, "val_seen": self.val_seen, "moments": self._moments}

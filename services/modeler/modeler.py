@@ -72,6 +72,8 @@ class ModelerService:
         self.publisher = WeightsPublisher(cfg.network.paramserver, "modeler", curve=curve, model=PLANNING_MODEL)
         self.reader = WeightsReader(cfg.network.paramserver, "modeler", curve=curve, model=PLANNING_MODEL,
                                     timeout_s=cfg.network.timeout_s)
+        if state is None:
+            self.start_from_fleet()
         self.metrics = ServiceMetrics("modeler", 0)
         m = self.metrics
         self.m_updates = m.counter("modeler_updates", "World model updates (continues across restarts).")
@@ -87,6 +89,29 @@ class ModelerService:
         self._published_at = self.core.num_updates
         log.info("modeler: world model %s on %s, trained on table %r (%.0f%% held out), gate %g",
                  list(mc.hidden), self.core.device, cfg.learner.table, 100 * mc.holdout, cfg.planning.gate)
+
+    def start_from_fleet(self) -> None:
+        """No checkpoint (killed before its first, or moved to a node whose volume never held it): take the
+        world model the paramserver holds, so that a restart goes on from the fleet's model instead of
+        publishing a fresh one over it. Nothing published yet: a fresh model, version 0."""
+        cfg = self.cfg
+        try:
+            got = self.reader.get(-1, timeout_s=cfg.network.timeout_s)
+        except (CommTimeout, RemoteError) as exc:
+            raise StartupError(f"modeler: paramserver at {cfg.network.paramserver} did not give the world model it "
+                               f"holds within {cfg.network.timeout_s:g} s (network.paramserver): {exc}") from None
+        if got is None:
+            return
+        version, weights = got
+        try:
+            self.core.load_weights(weights)
+        except ValueError as exc:
+            raise StartupError(f"modeler: paramserver at {cfg.network.paramserver} holds world model version "
+                               f"{version} of another network ({exc}): a paramserver of another experiment? Point "
+                               "network.paramserver at this experiment's, or restart it empty") from None
+        self.version = version + 1
+        log.warning("modeler: no checkpoint; starting from the fleet's world model version %d (validation error "
+                    "%.4g), its optimizer fresh", version, self.core.val_error)
 
     def publish(self) -> None:
         weights = self.core.weights()
