@@ -11,9 +11,6 @@ applied by the paramserver's SliceTrainer with RMSprop (alpha 0.99, eps 1e-5) ag
 
 from __future__ import annotations
 
-from typing import Any
-
-import gymnasium as gym
 import numpy as np
 import torch
 from stable_baselines3 import A2C  # a dev dependency (pyproject.toml), as the benches' peers
@@ -23,27 +20,12 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 from common.algorithms.a3c.config import A3CConfig
 from common.algorithms.a3c.worker import A3CWorker
 from common.config.sections import GradientsConfig
+from harness.sb3_match import A3C_MODULES, Still, copy_into_sb3
 from services.paramserver.gradients import SliceTrainer
 
 ENVS, STEPS, UPDATES = 8, 5, 3
 GAMMA, ENT, LR = 0.995, 1e-5, 8.3e-4
-# SB3 MlpPolicy module -> our A3C network's parameters (separate 64x64 tanh policy and value torsos)
-MODULES = {"mlp_extractor.policy_net.0": "torso.0", "mlp_extractor.policy_net.2": "torso.2",
-           "action_net": "pi", "mlp_extractor.value_net.0": "v_torso.0",
-           "mlp_extractor.value_net.2": "v_torso.2", "value_net": "v"}
-
-
-class Still(gym.Env[np.ndarray, int]):
-    """Spaces only: SB3 needs an env to build its model; the rollouts are made up below."""
-
-    observation_space = gym.spaces.Box(-np.inf, np.inf, (8,), np.float32)
-    action_space = gym.spaces.Discrete(4)
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
-        return np.zeros(8, np.float32), {}
-
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
-        return np.zeros(8, np.float32), 0.0, False, False, {}
+MODULES = A3C_MODULES
 
 
 def rollout(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -92,11 +74,7 @@ def test_three_updates_match_sb3_a2c_train() -> None:
     theirs.set_logger(configure(None, []))
     policy = theirs.policy
     start = worker.weights()
-    with torch.no_grad():
-        for module, name in MODULES.items():
-            layer = policy.get_submodule(module)
-            layer.weight.copy_(torch.as_tensor(start[f"{name}.weight"]))
-            layer.bias.copy_(torch.as_tensor(start[f"{name}.bias"]))
+    copy_into_sb3(policy, start, MODULES)
     shard.follow(0, start)
 
     rng = np.random.default_rng(1)

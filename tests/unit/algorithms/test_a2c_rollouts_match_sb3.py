@@ -16,7 +16,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 from stable_baselines3 import A2C  # a dev dependency (pyproject.toml), as the benches' peers
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.monitor import Monitor
@@ -24,12 +23,11 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from cli.serial_workers import WorkerLane
 from common import algorithms, config
+from harness.sb3_match import A3C_MODULES, copy_into_sb3
 
 ROOT = Path(__file__).resolve().parents[3]
 ENVS, ROLLOUTS = 8, 40
-MODULES = {"mlp_extractor.policy_net.0": "torso.0", "mlp_extractor.policy_net.2": "torso.2",
-           "action_net": "pi", "mlp_extractor.value_net.0": "v_torso.0",
-           "mlp_extractor.value_net.2": "v_torso.2", "value_net": "v"}
+MODULES = A3C_MODULES
 
 
 class Replay:
@@ -57,12 +55,7 @@ def test_real_rollouts_give_sb3_a2c_gradients() -> None:
                 vf_coef=algo.vf_coef, max_grad_norm=algo.max_grad_norm, learning_rate=0.0, device="cpu", seed=0)
     model.set_logger(configure(None, []))
     policy = model.policy
-    start = lane.worker.weights()
-    with torch.no_grad():
-        for module, name in MODULES.items():
-            layer = policy.get_submodule(module)
-            layer.weight.copy_(torch.as_tensor(start[f"{name}.weight"]))
-            layer.bias.copy_(torch.as_tensor(start[f"{name}.bias"]))
+    copy_into_sb3(policy, lane.worker.weights(), MODULES)
     _, callback = model._setup_learn(ENVS * algo.n_steps * ROLLOUTS, None)
     np.testing.assert_array_equal(model._last_obs, lane.obs)
     replay = Replay()

@@ -12,9 +12,6 @@ surrogate, unclipped value loss at vf_coef 0.5, entropy, grad-norm clip 0.5, Ada
 
 from __future__ import annotations
 
-from typing import Any
-
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -24,26 +21,11 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from common.algorithms.ppo.config import PPOConfig
 from common.algorithms.ppo.learner import PPOLearner
+from harness.sb3_match import PPO_MODULES, Still, copy_into_sb3
 
 SEGMENTS, STEPS, MINIBATCH, EPOCHS = 2, 64, 64, 2
 GAMMA, LAMBDA, ENT = 0.999, 0.98, 0.01
-# SB3 MlpPolicy module -> our PPO network's weights (separate 64x64 tanh actor and critic)
-MODULES = {"mlp_extractor.policy_net.0": "actor.0", "mlp_extractor.policy_net.2": "actor.2",
-           "action_net": "actor.4", "mlp_extractor.value_net.0": "critic.0",
-           "mlp_extractor.value_net.2": "critic.2", "value_net": "critic.4"}
-
-
-class Still(gym.Env[np.ndarray, int]):
-    """Spaces only: SB3 needs an env to build its model; the rollout is made up below."""
-
-    observation_space = gym.spaces.Box(-np.inf, np.inf, (8,), np.float32)
-    action_space = gym.spaces.Discrete(4)
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
-        return np.zeros(8, np.float32), {}
-
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
-        return np.zeros(8, np.float32), 0.0, False, False, {}
+MODULES = PPO_MODULES
 
 
 class SharedOrder:
@@ -70,11 +52,7 @@ def test_one_learn_call_matches_sb3_ppo_train(monkeypatch: pytest.MonkeyPatch) -
     theirs.set_logger(configure(None, []))
     policy = theirs.policy
     start = ours.weights()
-    with torch.no_grad():
-        for module, name in MODULES.items():
-            layer = policy.get_submodule(module)
-            layer.weight.copy_(torch.as_tensor(start[f"{name}.weight"]))
-            layer.bias.copy_(torch.as_tensor(start[f"{name}.bias"]))
+    copy_into_sb3(policy, start, MODULES)
 
     rng = np.random.default_rng(1)
     obs = rng.normal(size=(SEGMENTS, STEPS, 8)).astype(np.float32)
