@@ -19,7 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYTHONPATH", str(ROOT))
 
-from harness import skips  # noqa: E402 (the repository is on sys.path from here)
+from hypothesis import settings  # noqa: E402
+
+from harness import mutation, skips  # noqa: E402 (the repository is on sys.path from here)
+
+if mutation.MUTATING:  # make mutate: a smaller, fixed hypothesis budget (harness/mutation.py)
+    settings.load_profile("mutmut")
 
 FOLDER_MARKERS = {"fleet": "e2e", "chaos": "chaos", "containers": "container"}
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from common.wire.codec import DTYPES, PACK_ALIGN, PROTOCOL_VERSION, REASONS, Limits, Message, ProtocolError, encode
 from common.wire.decoder import decode
 from common.wire.inserts import InsertEncoder, insert_header_prefix, read_insert_tail
+from harness.mutation import examples
 
 
 def wire(msg: Message) -> list[bytes]:
@@ -267,13 +268,13 @@ def _check_decode(frames: list[bytes]) -> None:
         assert arr.tobytes() == frame
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.binary(max_size=256), max_size=6))
 def test_random_frames_decode_or_raise_protocol_error(frames: list[bytes]) -> None:
     _check_decode(frames)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_mutated_valid_messages_decode_or_raise_protocol_error(data: st.DataObject) -> None:
     frames = valid_frames(packed=data.draw(st.booleans()))
@@ -284,7 +285,7 @@ def test_mutated_valid_messages_decode_or_raise_protocol_error(data: st.DataObje
     _check_decode(frames)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.dictionaries(
         st.text(min_size=1, max_size=10),
