@@ -22,6 +22,7 @@ from common.runtime import ServiceArgs, run_service, setup_logging
 from common.security import server_curve
 from common.wire.transport import CurveConfig
 from services.paramserver.shard import ShardServer
+from services.paramserver.step_counts import FILE as STEP_COUNTS_FILE
 
 
 class ParamServerService:
@@ -57,6 +58,7 @@ class ParamServerService:
             max_members=cfg.paramserver.max_members,
             checkpoint=checkpoint_path(cfg, args.shard),
             experiment=cfg.name,
+            step_counts=os.path.join(cfg.run_dir, "paramserver", STEP_COUNTS_FILE) if args.shard == 0 else None,
         )
 
     @property

@@ -74,6 +74,7 @@ class Registry:
         self._steps: dict[str, int] = {}
         self._steps_before_restart: dict[str, int] = {}
         self._steps_total = 0  # the sum of both, kept as they change (a welcome does not add them up)
+        self.step_changes = 0  # bumped whenever the env-step table changes: what is worth writing to disk
 
     # -- queries ------------------------------------------------------------
     @property
@@ -94,16 +95,39 @@ class Registry:
         int64 range, so reports that add up past it cannot break ``welcome`` for every actor."""
         return min(INT64_MAX, self._steps_total)
 
+    def step_counts(self) -> dict[str, dict[str, int]]:
+        """The env-step table: each actor id's own last total, and what it counted before its restarts
+        (what a restarted shard 0 restores with :meth:`restore_step_counts`, so the fleet's count goes on)."""
+        return {"steps": dict(self._steps), "before_restart": dict(self._steps_before_restart)}
+
+    def restore_step_counts(self, counts: dict[str, dict[str, int]]) -> None:
+        """Take a table :meth:`step_counts` gave (its own file, read back: every entry checked); ValueError,
+        nothing changed, for one that is not such a table."""
+        tables = []
+        for key in ("steps", "before_restart"):
+            table = counts.get(key) if isinstance(counts, dict) else None
+            if not isinstance(table, dict) or len(table) > MAX_STEP_REPORTERS or not all(
+                    isinstance(k, str) and type(v) is int and 0 <= v <= INT64_MAX for k, v in table.items()):
+                raise ValueError(f"{key!r}: not a table of actor ids to env steps (0..{INT64_MAX}), at most "
+                                 f"{MAX_STEP_REPORTERS} entries")
+            tables.append(dict(table))
+        self._steps, self._steps_before_restart = tables
+        self._steps_total = sum(self._steps.values()) + sum(self._steps_before_restart.values())
+        self.step_changes += 1
+
     # -- changes ------------------------------------------------------------
     def report_steps(self, actor_id: str, env_steps: int) -> None:
         """An actor's own total; a smaller one than before means it restarted from 0."""
         old = self._steps.get(actor_id, 0)
+        if env_steps == old and actor_id in self._steps:
+            return
         if env_steps < old:
             self._steps_before_restart[actor_id] = self._steps_before_restart.get(actor_id, 0) + old
             self._steps_total += old
         if len(self._steps) < MAX_STEP_REPORTERS or actor_id in self._steps:
             self._steps[actor_id] = env_steps
             self._steps_total += env_steps - old
+        self.step_changes += 1
 
     def _take_index(self) -> int:
         """The lowest index no live actor holds, now held."""

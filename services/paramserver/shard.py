@@ -27,6 +27,7 @@ from services.paramserver.metrics import ShardMetrics
 from services.paramserver.registry import DEFAULT_MAX_MEMBERS, Registry
 from services.paramserver.registry_requests import RegistryRequests
 from services.paramserver.shm_versions import ShmVersions
+from services.paramserver.step_counts import StepCountsFile
 from services.paramserver.weights_requests import WeightsRequests
 from services.paramserver.weights_store import WeightsStore
 
@@ -52,6 +53,7 @@ class ShardServer(Server):
         checkpoint: str | None = None,
         experiment: str = "",
         max_members: int = DEFAULT_MAX_MEMBERS,
+        step_counts: str | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(metrics, bind, **kw)
@@ -62,6 +64,9 @@ class ShardServer(Server):
         self.long_polls = LongPolls(m.waits_parked)
         self.shm = ShmVersions(self.name, shard, shm, shm_dir, self.tick_interval_s)
         self.registry = Registry(liveness_s, max_members=max_members) if shard == 0 else None
+        self.step_counts = StepCountsFile(step_counts, self.registry) if self.registry is not None else None
+        if self.step_counts is not None:
+            self.step_counts.restore()
         self.weights_requests = WeightsRequests(self, self.weights, self.long_polls, self.shm, self.registry, m)
         applier = GradientApplier(gradients or GradientsConfig(), checkpoint, shard, experiment, max_gradient_norm)
         self.gradient_requests = GradientRequests(self, applier, self.weights, self.weights_requests,
@@ -107,8 +112,12 @@ class ShardServer(Server):
         if self.registry_requests is not None and self.barrier is not None:
             self.registry_requests.tick()
             self.barrier.tick(now)
+        if self.step_counts is not None:
+            self.step_counts.tick(now)
 
     def close(self) -> None:
+        if self.step_counts is not None:
+            self.step_counts.write()
         self.gradient_requests.close()
         self.shm.close()
         super().close()

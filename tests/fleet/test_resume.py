@@ -45,6 +45,10 @@ def test_a_stopped_dqn_run_resumes_with_its_counters(tmp_path: Path) -> None:
     start = json.loads((run_dir / "run.json").read_text())
     assert [wall for _, wall in start["clock"]] == [0.0, wall_before]
     assert start["max_env_steps"] == steps_before + 3000
+    # the paramserver's env-step count went on from the first run's (what every_steps and schedules read)
+    counts = json.loads((run_dir / "paramserver" / "env-steps.json").read_text())
+    fleet_steps = sum(counts["steps"].values()) + sum(counts["before_restart"].values())
+    assert fleet_steps > steps_before + 1000, counts
 
     # --init-from: a new run from those weights only (the learner's optimizer and counters fresh)
     checkpoint = run_dir / "learner" / "checkpoint.pt"
