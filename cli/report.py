@@ -56,7 +56,7 @@ def _plt():  # type: ignore[no-untyped-def]
     return plt
 
 
-def _figure(rows: int = 1):  # type: ignore[no-untyped-def]
+def new_figure(rows: int = 1):  # type: ignore[no-untyped-def]  # (figure, [rows] axes) of the report's size
     plt = _plt()
     fig, axes = plt.subplots(rows, 1, figsize=(FIG_SIZE[0] / _DPI, FIG_SIZE[1] / _DPI), dpi=_DPI, sharex=True,
                              squeeze=False)
@@ -76,7 +76,7 @@ def _labels(runs: Sequence[Run]) -> list[str]:
 
 
 def plot_returns(runs: Sequence[Run], x: str, path: Path, targets: Sequence[float | None]) -> None:
-    fig, (ax,) = _figure()
+    fig, (ax,) = new_figure()
     draw_returns(ax, runs, x, targets)
     _save(fig, path)
 
@@ -121,7 +121,7 @@ def draw_returns(ax, runs: Sequence[Run], x: str, targets: Sequence[float | None
 
 
 def plot_throughput(runs: Sequence[Run], path: Path) -> None:
-    fig, (top, bottom) = _figure(2)
+    fig, (top, bottom) = new_figure(2)
     for run, label in zip(runs, _labels(runs), strict=True):
         p = {k: v[1:] for k, v in run.progress.items()}  # the first row has no rate yet
         top.plot(p["wall_s"], trailing_mean(p["env_steps_per_s"], 5), label=label, lw=1.4)
@@ -138,7 +138,7 @@ def plot_throughput(runs: Sequence[Run], path: Path) -> None:
 
 
 def plot_replay_staleness(runs: Sequence[Run], path: Path) -> None:
-    fig, (top, bottom) = _figure(2)
+    fig, (top, bottom) = new_figure(2)
     for run, label in zip(runs, _labels(runs), strict=True):
         p = run.progress
         (line,) = top.plot(p["wall_s"], p["replay_size"], label=label, lw=1.4)
@@ -192,7 +192,7 @@ def speedups(summaries: Sequence[Summary]) -> list[dict[str, float | int | None]
 
 
 def plot_speedup(rows: Sequence[dict[str, float | int | None]], path: Path, target: float | None) -> None:
-    fig, (ax,) = _figure()
+    fig, (ax,) = new_figure()
     n0 = rows[0]["actors"]
     xs = np.arange(len(rows))
     width = 0.27

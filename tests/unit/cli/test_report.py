@@ -25,7 +25,7 @@ from click.testing import CliRunner, Result
 from PIL import Image
 
 from cli.main import main
-from cli.report import FIG_SIZE, FIGURES, _figure, draw_returns, write_report
+from cli.report import FIG_SIZE, FIGURES, draw_returns, new_figure, write_report
 from cli.rundata import load_run
 from common.wire.transport import free_tcp_port
 from harness.fleet_helpers import CONFIGS, ROOT, read_csv
@@ -188,7 +188,7 @@ def test_a_real_runs_report_has_its_target_and_counts_from_the_command(fleet: di
     assert float(row["start-up s"]) == pytest.approx(start["ready_s"], abs=0.051)
     run = load_run(run_dir)
     assert len(run.episodes["return"]) and 0 < run.episodes["wall_s"][0]  # training episodes, on the same clock
-    fig, (ax,) = _figure()
+    fig, (ax,) = new_figure()
     draw_returns(ax, [run], "wall_s", [TARGET])
     assert ax.get_xlim()[0] == 0
 

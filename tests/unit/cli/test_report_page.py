@@ -18,7 +18,7 @@ from matplotlib.lines import Line2D
 
 from cli import runstart
 from cli.fleetview import FleetView
-from cli.report import FIGURES, _figure, draw_returns, write_report
+from cli.report import FIGURES, draw_returns, new_figure, write_report
 from cli.rundata import TRAINING_WINDOW, load_run, summarize, trailing_mean
 from common import config as config_mod
 from common.config import dump
@@ -111,7 +111,7 @@ def test_one_evaluation_is_a_marked_point_on_axes_from_zero(tmp_path: Path) -> N
     make_run(tmp_path / "run", [(6.0, 4000, 4, 42.0)], until_return=None)
     run = load_run(tmp_path / "run")
     for x, at in (("env_steps", 4000.0), ("wall_s", 6.0)):
-        fig, (ax,) = _figure()
+        fig, (ax,) = new_figure()
         draw_returns(ax, [run], x, [None])
         evals = [ln for ln in ax.get_lines() if ln.get_label().endswith(": evaluations")]
         assert len(evals) == 1 and evals[0].get_marker() == "o"
@@ -141,7 +141,7 @@ def test_clock_target_training_returns_and_the_table_agree_with_the_curves(tmp_p
     assert (s.seconds_to_target, s.env_steps_to_target) == (pytest.approx(7.0, abs=1e-3), 5000)
     assert s.training_return == 20.0 and s.ready_s == READY
 
-    fig, (ax,) = _figure()
+    fig, (ax,) = new_figure()
     draw_returns(ax, [run], "env_steps", [run.target])
     lines: list[Line2D] = ax.get_lines()
     star = next(ln for ln in lines if ln.get_marker() == "*")
@@ -167,7 +167,7 @@ def test_overlays_are_labelled_by_config_and_each_run_keeps_its_own_target(tmp_p
     make_run(tmp_path / "a", [(5.0, 3000, 3, 100.0)], until_return=90.0, actors=1)
     make_run(tmp_path / "b", [(5.0, 3000, 3, 100.0)], until_return=120.0, actors=2)
     runs = [load_run(tmp_path / "a"), load_run(tmp_path / "b")]
-    fig, (ax,) = _figure()
+    fig, (ax,) = new_figure()
     draw_returns(ax, runs, "wall_s", [90.0, 120.0])
     labels = [str(ln.get_label()) for ln in ax.get_lines()]
     assert "cartpole-dqn: dqn, async, 1 actor: target 90" in labels
