@@ -57,10 +57,13 @@ def test_dppo_solves_cartpole_and_eval_and_report_read_the_run(tmp_path: Path) -
     res = rlfleet("report", str(run_dir), "--out", str(out), timeout=120)
     assert res.returncode == 0, res.stdout[-3000:]
     md = (out / "report.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| run |"))
     row = next(line for line in md.splitlines() if line.startswith(f"| {run_dir.name} |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1:3] == ["2", "barrier"], row
-    assert float(cells[5]) >= 475, row  # best return
+    cells = dict(zip((c.strip() for c in header.strip("|").split("|")), (c.strip() for c in row.strip("|").split("|")),
+                     strict=True))
+    assert (cells["config"], cells["algorithm"], cells["sync"], cells["actors"]) == ("cartpole-ppo", "ppo", "barrier",
+                                                                                      "2"), row
+    assert cells["target"] == "475" and float(cells["best return"]) >= 475, row  # the run's own --until-return
     for png in ("eval_return_vs_steps", "eval_return_vs_time", "throughput"):
         assert (out / f"{png}.png").stat().st_size > 1000
 
