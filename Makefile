@@ -22,7 +22,11 @@ run: setup
 
 # pytest exits 5 when it collected no test: make treats that as a failure too.
 test: setup
-	$(BIN)/python -m pytest -q --durations=15 -m "not multinode"
+	$(BIN)/python -m pytest -q --durations=15 -m "not multinode and not slow"
+
+# The long runs left out of make test (docs/testing.md): before a release, beside make test-multinode.
+test-slow: setup
+	$(BIN)/python -m pytest -q --durations=15 -m slow
 
 # A second Docker engine joined as a swarm worker (tests/containers/test_swarm_two_nodes.py): ~20 min, root.
 test-multinode: setup

@@ -9,6 +9,7 @@ from bench.fleet import device
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # 60 s: bench.fleet.device's fleets end to end on CPU; its parts' logic is in tests/unit/bench
 @pytest.mark.timeout(900)
 def test_fleet_and_a3c_parts_report_rates_and_the_learners_device() -> None:
     got = device.main(["--cpu", "--only", "fleet,a3c", "--fleet-seconds", "12"])

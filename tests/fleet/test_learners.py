@@ -65,6 +65,7 @@ def test_two_learners_solve_cartpole_together(tmp_path: Path) -> None:
 
 
 @pytest.mark.chaos
+@pytest.mark.slow  # 95 s: the restart policy on a data-parallel rank (a single learner's: tests/chaos)
 def test_rlfleet_up_restarts_a_killed_rank_and_the_run_reaches_its_target(tmp_path: Path) -> None:
     """kill -9 of rank 1 mid-run under `rlfleet up --learners 2`: rank 0 stops within the collective
     timeout naming the group's address, `rlfleet up` starts both again (its on-failure restart

@@ -64,8 +64,9 @@ def test_sac_learns_lopsided_reach_within_its_bounds(tmp_path: Path, sync: str) 
     assert all(key.startswith("actor.") for key in state["weights"]), sorted(state["weights"])  # only the actor
 
 
-@pytest.mark.parametrize("name", ["pendulum", "lunarlandercontinuous", "mountaincarcontinuous", "bipedalwalker",
-                                  "hopper"])
+# pendulum in make test; the heavier configs (40-80 s each) in make test-slow
+@pytest.mark.parametrize("name", ["pendulum", *(pytest.param(n, marks=pytest.mark.slow) for n in (
+    "lunarlandercontinuous", "mountaincarcontinuous", "bipedalwalker", "hopper"))])
 def test_shipped_configs_run(tmp_path: Path, name: str) -> None:
     """Each shipped SAC config runs through every service, past its warm-up, and the learner updates
     (no target: a smoke run; the warm-up and the table's min_size shortened to reach learning)."""
