@@ -62,8 +62,12 @@ def test_the_docs_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert run.evaluations, "a 6,000-step serial run with an evaluation every 2,000 has some"
 
 
+# Ctrl-C raises KeyboardInterrupt in an interactive Python or a notebook; a script started as a background
+# job (a CI runner's `cmd &`) inherits SIGINT ignored and Python then installs no handler, so the script
+# sets the interactive one first
 SCRIPT = """
 import json, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import rlfleet
 before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
 run = rlfleet.train(sys.argv[1], max_seconds=900, runs=sys.argv[2], progress=False)
