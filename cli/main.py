@@ -103,9 +103,13 @@ def check_env(config_path: str | None, sets: tuple[str, ...]) -> None:
 
     What `rlfleet up` runs first, in a process forked by its heavy fork server (torch is already
     imported there), so that the launcher itself never imports torch."""
+    probe_or_exit(load_or_exit(config_path, sets))
+
+
+def probe_or_exit(cfg: Experiment) -> None:
+    """Make the configured env once (common.envs.probe_env); exit 2 with the reason if it does not fit."""
     from common.envs import EnvError, probe_env
 
-    cfg = load_or_exit(config_path, sets)
     try:
         probe_env(cfg)
     except EnvError as exc:
@@ -134,13 +138,7 @@ def show_config(config_path: str | None, sets: tuple[str, ...], explain: str | N
             sys.exit(2)
         return
     cfg = load_or_exit(config_path, sets)
-    from common.envs import EnvError, probe_env
-
-    try:
-        probe_env(cfg)
-    except EnvError as exc:
-        click.echo(f"rlfleet: {exc}", err=True)
-        sys.exit(2)
+    probe_or_exit(cfg)
     click.echo(config_mod.dump(cfg), nl=False)
 
 

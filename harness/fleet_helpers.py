@@ -50,3 +50,21 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, every_s:
             return value
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def tagged(tag: str) -> list[int]:
+    """Live (not zombie) processes whose environment carries RLFLEET_TEST_TAG=tag: what a test's launcher
+    started (it, its fork servers and every member inherit the variable)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if f"RLFLEET_TEST_TAG={tag}".encode() not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(int(entry.name))
+    return out

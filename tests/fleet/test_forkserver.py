@@ -26,30 +26,13 @@ from cli.launcher import Fleet, Member, make_run_dir, plan
 from cli.main import SERVICE_NAMES
 from common import config as config_mod
 from common.roles import NAMES
-from harness.fleet_helpers import CONFIGS, ROOT, wait_for
+from harness.fleet_helpers import CONFIGS, ROOT, tagged, wait_for
 
 CARTPOLE = CONFIGS / "cartpole-dqn.yaml"
 
 
 def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def tagged(tag: str) -> list[int]:
-    """Live (not zombie) processes whose environment carries RLFLEET_TEST_TAG=tag."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if f"RLFLEET_TEST_TAG={tag}".encode() not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            out.append(int(entry.name))
-    return out
 
 
 def test_cli_lists_every_service() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.fleet_helpers import ROOT, wait_for
+from harness.fleet_helpers import ROOT, tagged, wait_for
 from rlfleet import Run
 
 DOC = ROOT / "docs" / "python_api.md"
@@ -24,22 +24,6 @@ BUDGET = re.compile(r"max_env_steps=[\d_]+")
 
 def python_blocks(text: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, re.S)
-
-
-def live_tagged(tag: str) -> list[int]:
-    """Live processes whose environment carries RLFLEET_TEST_TAG=tag."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if f"RLFLEET_TEST_TAG={tag}".encode() not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                out.append(int(entry.name))
-        except OSError:
-            continue
-    return out
 
 
 def test_the_docs_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,7 +72,7 @@ def test_a_keyboard_interrupt_stops_the_fleet_and_returns_the_run(tmp_path: Path
             rows = [p for p in tmp_path.glob("*/progress.csv") if len(p.read_text().splitlines()) > 2]
             return bool(rows)
         wait_for(training, 300, "the fleet to train (progress.csv rows)")
-        assert len(live_tagged(tag)) > 3  # the script, its zygotes and the members
+        assert len(tagged(tag)) > 3  # the script, its zygotes and the members
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=180)
     finally:
@@ -101,6 +85,6 @@ def test_a_keyboard_interrupt_stops_the_fleet_and_returns_the_run(tmp_path: Path
     ending = json.loads((Path(result["run_dir"]) / "ending.json").read_text())
     assert ending["how"] == "stopped"
     deadline = time.monotonic() + 30
-    while live_tagged(tag) and time.monotonic() < deadline:
+    while tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert live_tagged(tag) == [], "members outlived the interrupted train()"
+    assert tagged(tag) == [], "members outlived the interrupted train()"
