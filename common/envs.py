@@ -8,6 +8,7 @@ benchmark makes actors latency-bound, as real simulators are.
 from __future__ import annotations
 
 import importlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,8 @@ from gymnasium.vector.utils import concatenate, iterate
 from common import algorithms, atari
 from common.algorithms.values import ValueRules, value_rules
 from common.config import EnvConfig, Experiment
+
+log = logging.getLogger("rlfleet.envs")
 
 
 class EnvError(ValueError):
@@ -85,6 +88,7 @@ def env_factory(cfg: EnvConfig, training: bool = True) -> Callable[[], gym.Env]:
     ``training`` False: an evaluation's env (Atari: whole games, real rewards; see common/atari.py)."""
     import_env_modules(cfg)
     cls = custom_env_class(cfg.id)
+    warned: list[bool] = []
 
     def make() -> gym.Env:  # type: ignore[type-arg]
         env: gym.Env  # type: ignore[type-arg]
@@ -99,6 +103,11 @@ def env_factory(cfg: EnvConfig, training: bool = True) -> Callable[[], gym.Env]:
                 raise EnvError(f"env.id={cfg.id!r} returned a {type(env).__name__}; allowed: a gymnasium.Env")
             if cfg.max_episode_steps:
                 env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)
+            elif not warned and not has_time_limit(env):
+                warned.append(True)
+                log.warning("env.id=%r has no time limit: its episodes end only when the env ends them, so "
+                            "an evaluation of a policy that never fails never ends; set env.max_episode_steps "
+                            "(or return a TimeLimit-wrapped env)", cfg.id)
         else:
             kw = dict(cfg.kwargs)
             if cfg.max_episode_steps:
@@ -109,6 +118,17 @@ def env_factory(cfg: EnvConfig, training: bool = True) -> Callable[[], gym.Env]:
         return env
 
     return make
+
+
+def has_time_limit(env: gym.Env) -> bool:  # type: ignore[type-arg]
+    """Whether a TimeLimit wraps ``env`` anywhere in its chain of wrappers."""
+    while True:
+        if isinstance(env, gym.wrappers.TimeLimit):
+            return True
+        inner = getattr(env, "env", None)
+        if not isinstance(inner, gym.Env) or inner is env:
+            return False
+        env = inner
 
 
 class ThreadVectorEnv(SyncVectorEnv):

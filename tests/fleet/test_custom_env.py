@@ -51,8 +51,10 @@ def user_dir(tmp_path: Path) -> Path:
 @pytest.mark.e2e
 def test_an_env_class_from_the_users_directory_trains_serves_and_evaluates(user_dir: Path) -> None:
     config = str(CONFIGS / "cartpole-dqn.yaml")
-    up = cli("up", "--config", config, "--env", "mymodule:MyPole", "--actors", "1", "--max-env-steps", "1500",
-             "--max-seconds", "200", "--runs", "runs", cwd=user_dir)
+    # a class has no time limit of its own: without env.max_episode_steps an evaluation of a policy that
+    # balances would never end (the run's config keeps it, so `rlfleet eval` below has it too)
+    up = cli("up", "--config", config, "--env", "mymodule:MyPole", "--set", "env.max_episode_steps=200",
+             "--actors", "1", "--max-env-steps", "1500", "--max-seconds", "200", "--runs", "runs", cwd=user_dir)
     assert up.returncode == 0, up.stdout[-3000:]
     run_dir = only_run_dir(user_dir / "runs")
     assert run_dir.name.startswith("mypole-dqn-"), run_dir  # named after the env class, not the file's env
@@ -64,9 +66,9 @@ def test_an_env_class_from_the_users_directory_trains_serves_and_evaluates(user_
 
     api = subprocess.run(  # the Python API, from a script in the user's directory
         [sys.executable, "-c", "import rlfleet; run = rlfleet.train(" + repr(config) + ", {'env.id': "
-         "'mymodule:MyPole'}, serial=True, max_env_steps=500, progress=False, runs='api-runs'); "
-         "print('RUN', run.run_dir.name)"], cwd=user_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, timeout=300)
+         "'mymodule:MyPole', 'env.max_episode_steps': 200}, serial=True, max_env_steps=500, progress=False, "
+         "runs='api-runs'); print('RUN', run.run_dir.name)"], cwd=user_dir, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=300)
     assert api.returncode == 0 and "RUN mypole-dqn-" in api.stdout, api.stdout[-3000:]
 
     ev = cli("eval", str(run_dir), "--episodes", "2", cwd=user_dir)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
 from cli.evaluate import load_for_eval, run_weights
 from common.config import load
 from common.config.loading import env_run_name
-from common.envs import EnvError, custom_env_class, probe_env
+from common.envs import EnvError, custom_env_class, env_factory, has_time_limit, probe_env
 from harness.fleet_helpers import CONFIGS
 from services.actor.best import BestKeeper, best_path
 
@@ -57,3 +59,33 @@ def test_env_id_refusals_name_the_module_and_the_fix(tmp_path: Path, monkeypatch
     with pytest.raises(EnvError, match="env.imports 'no_such_env_module': cannot import"):
         probe_env(cfg)
     sys.modules.pop("envmod_for_test", None)
+
+
+def test_an_env_class_without_a_time_limit_is_warned_of_once_and_capped_when_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "endless_env_for_test.py").write_text(
+        "from gymnasium.envs.classic_control.cartpole import CartPoleEnv\nclass Pole(CartPoleEnv):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        cfg = load(str(CONFIGS / "cartpole-dqn.yaml"), ["env.id=endless_env_for_test:Pole"])
+        with caplog.at_level(logging.WARNING, logger="rlfleet.envs"):
+            make = env_factory(cfg.env)
+            envs = [make(), make()]
+        assert not any(has_time_limit(e) for e in envs)
+        said = [r.getMessage() for r in caplog.records if "no time limit" in r.getMessage()]
+        assert len(said) == 1 and "set env.max_episode_steps" in said[0], said  # once per factory, with the fix
+        caplog.clear()
+        capped = load(str(CONFIGS / "cartpole-dqn.yaml"), ["env.id=endless_env_for_test:Pole",
+                                                          "env.max_episode_steps=7"])
+        with caplog.at_level(logging.WARNING, logger="rlfleet.envs"):
+            env = env_factory(capped.env)()
+        assert has_time_limit(env) and not caplog.records
+        env.reset(seed=0)
+        steps, term, trunc = 0, False, False
+        while not (term or trunc):  # alternating pushes keep the pole up for longer than 7 steps: the cap ends it
+            _, _, term, trunc, _ = env.step(1 if steps % 2 else 0)
+            steps += 1
+        assert steps == 7 and trunc and not term
+        assert has_time_limit(gym.make("CartPole-v1"))  # a registered id: its spec's limit
+    finally:
+        sys.modules.pop("endless_env_for_test", None)
