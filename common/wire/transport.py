@@ -37,6 +37,10 @@ DEFAULT_HWM = 1000
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 10_000
 CONNECT_TIMEOUT_MS = 2000
+# A socket closes in libzmq's I/O thread, after close() returns: a service started again in the same
+# process (an --inproc member, a test) can find its own old listener still holding its port. A bind that
+# finds its address in use retries this long before the error is raised.
+BIND_RETRY_S = 5.0
 
 
 def context() -> zmq.Context[Any]:
@@ -208,11 +212,29 @@ def make_socket(
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     if curve is not None:
         _apply_curve(sock, ctx, curve, bind is not None, name, on_reject)
-    for addr in [bind] if isinstance(bind, str) else (bind or []):
-        sock.bind(addr)
+    try:
+        for addr in [bind] if isinstance(bind, str) else (bind or []):
+            bind_retrying(sock, addr)
+    except zmq.ZMQError:
+        sock.close(linger=0)
+        raise
     for addr in [connect] if isinstance(connect, str) else (connect or []):
         sock.connect(addr)
     return sock
+
+
+def bind_retrying(sock: zmq.Socket[Any], addr: str, retry_s: float = BIND_RETRY_S) -> None:
+    """``sock.bind(addr)``, again every 50 ms for up to ``retry_s`` while the address is in use (see
+    BIND_RETRY_S); then the error, naming the address."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            sock.bind(addr)
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.05)
 
 
 def _apply_curve(

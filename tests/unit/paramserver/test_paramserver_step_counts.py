@@ -36,7 +36,7 @@ def beat(address: str, actor_id: str, env_steps: int) -> int:
 def test_the_fleet_count_goes_on_after_shard_0_restarts(tmp_path: Path) -> None:
     address = f"tcp://127.0.0.1:{free_tcp_port()}"
     cfg = load(ROOT / "configs" / "cartpole-dqn.yaml", [f"network.paramserver=[{address}]",
-               f"run_dir={tmp_path}"], environ={})
+               f"network.replay=[tcp://127.0.0.1:{free_tcp_port()}]", f"run_dir={tmp_path}"], environ={})
     with replay_and_paramserver(cfg):
         assert beat(address, "actor-0", 3_000) == 3_000
         assert beat(address, "actor-1", 2_000) == 5_000

@@ -17,7 +17,7 @@ from common.wire.codec import Message, encode
 from common.wire.connection import Connection
 from common.wire.errors import CommTimeout, RemoteError, RequestError
 from common.wire.server import Peer, Server
-from common.wire.transport import CurveConfig, context, ephemeral_ports, free_tcp_port, rejected_clients
+from common.wire.transport import CurveConfig, bind_retrying, context, ephemeral_ports, free_tcp_port, rejected_clients
 
 
 class EchoServer(Server):
@@ -191,3 +191,23 @@ def test_free_ports_are_distinct_and_never_from_the_range_outgoing_connections_u
     assert not [p for p in ports if low <= p <= high]
     with socket.socket() as s:  # and each is free to bind
         s.bind(("127.0.0.1", ports[-1]))
+
+
+def test_a_bind_waits_out_a_listener_that_is_closing_and_then_names_a_held_address() -> None:
+    port = free_tcp_port()
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    sock = context().socket(zmq.ROUTER)
+    try:
+        with pytest.raises(zmq.ZMQError, match="already in use") as refused:  # held throughout: the error
+            bind_retrying(sock, f"tcp://127.0.0.1:{port}", retry_s=0.3)
+        assert refused.value.errno == zmq.EADDRINUSE
+        threading.Timer(0.3, holder.close).start()  # a listener that goes away while the bind retries
+        started = time.monotonic()
+        bind_retrying(sock, f"tcp://127.0.0.1:{port}", retry_s=5.0)
+        assert 0.25 < time.monotonic() - started < 4.0
+        assert sock.getsockopt_string(zmq.LAST_ENDPOINT) == f"tcp://127.0.0.1:{port}"
+    finally:
+        holder.close()
+        sock.close(linger=0)
