@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cli.fleetview import scrape
-from cli.forkserver import ForkedProcess, ForkServerError, ForkServers, Zygote
+from cli.forkserver import KINDS, ForkedProcess, ForkServerError, ForkServers, Zygote
 from cli.launcher import Fleet, Member, make_run_dir, plan
 from cli.main import SERVICE_NAMES
 from common import config as config_mod
@@ -133,8 +133,10 @@ def run_up_and_interrupt(tmp_path: Path, when: str) -> tuple[int, str, list[int]
     """`rlfleet up` in a session of its own; SIGINT to its process group (what Ctrl-C does) at ``when``."""
     tag = uuid.uuid4().hex
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFLEET_TEST_TAG": tag}
+    # a budget the test never reaches: a run that ends on it stops its members one by one, which would
+    # look like a start (some healthy, some not) to an interrupt that came too late
     cmd = [sys.executable, "-m", "cli", "up", "--config", str(CARTPOLE), "--actors", "2",
-           "--runs", str(tmp_path), "--max-seconds", "120"]
+           "--runs", str(tmp_path), "--max-seconds", "900"]
     launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
@@ -144,13 +146,15 @@ def run_up_and_interrupt(tmp_path: Path, when: str) -> tuple[int, str, list[int]
             wait_for(lambda: all(scrape(m["url"], health_only=True).healthy for m in members), 180,
                      "every member healthy")
             assert len(tagged(tag)) >= len(members) + 1  # the launcher, its zygotes, every member
-        else:  # mid-start: a member process is up (it answers /healthz) while another does not yet
+        else:  # mid-start: a member process runs while some member does not answer /healthz yet
+            launcher_and_zygotes = 1 + len(KINDS)
 
             def mid_start() -> bool:
-                up = [scrape(m["url"], health_only=True).healthy for m in members]
-                return any(up) and not all(up)
+                if len(tagged(tag)) <= launcher_and_zygotes:
+                    return False  # no member forked yet
+                return not all(scrape(m["url"], health_only=True).healthy for m in members)
 
-            wait_for(mid_start, 120, "one member healthy while another is not yet", every_s=0.02)
+            wait_for(mid_start, 120, "a member process while some member is not healthy yet", every_s=0.01)
         os.killpg(launcher.pid, signal.SIGINT)
         out, _ = launcher.communicate(timeout=120)
     finally:
