@@ -4,8 +4,8 @@
 #   docker build --target learner     -t rlfleet/learner .       # CPU torch; --build-arg TORCH=cuda for GPUs
 #   docker build --target actor       -t rlfleet/actor .         # CPU torch; `service evaluator` too
 # `make images` (deploy/build-images.sh) builds them all. The context is the
-# repository root, cut down by .dockerignore to common/, services/, configs/,
-# deploy/docker/ and wheelhouse/.
+# repository root, cut down by .dockerignore to rlfleet/, common/, services/, cli/,
+# configs/, deploy/ (docker, prometheus) and wheelhouse/.
 # Build args: BASE_IMAGE (any Debian-like image with python3.11 + venv),
 # TORCH (cpu | cuda, the torch images only; cuda installs from wheelhouse/cuda/),
 # PIP_INDEX_URL and TORCH_INDEX_URL (no wheelhouse only). With wheels in
@@ -29,10 +29,13 @@ FROM deps AS deps-light
 RUN sh /tmp/build/strip-venv.sh /opt/rlfleet
 
 # -- the project's code, copied once for every target --------------------------
+# One package, rlfleet: common/, services/ and cli/ are its subpackages (rlfleet/ links to them in the
+# repository; here they are copied in), so the image has no top-level `common` either.
 FROM scratch AS source
-COPY common/ /app/common/
-COPY services/ /app/services/
-COPY cli/ /app/cli/
+COPY rlfleet/*.py /app/rlfleet/
+COPY common/ /app/rlfleet/common/
+COPY services/ /app/rlfleet/services/
+COPY cli/ /app/rlfleet/cli/
 
 # -- what every service image shares -------------------------------------------
 FROM ${BASE_IMAGE} AS service
@@ -53,7 +56,7 @@ WORKDIR /var/lib/rlfleet
 EXPOSE 9100
 HEALTHCHECK --interval=5s --timeout=4s --start-period=60s --retries=3 CMD ["python", "/opt/rlfleet/healthcheck.py"]
 # Exec form: the service is PID 1 and gets SIGTERM itself (checkpoints, closes).
-ENTRYPOINT ["python", "-m", "cli"]
+ENTRYPOINT ["python", "-m", "rlfleet.cli"]
 
 # -- torch-free services --------------------------------------------------------
 FROM service AS light

@@ -37,7 +37,7 @@ test-fast: setup
 
 lint: setup
 	$(BIN)/ruff check common services tests bench cli harness rlfleet
-	$(BIN)/mypy common services bench cli harness rlfleet
+	$(BIN)/mypy rlfleet bench harness
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
@@ -52,10 +52,12 @@ images: setup
 # Mutation testing, outside CI (docs/testing.md#mutation-testing): mutmut mutates the modules where a
 # silent bug loses data or learning ([tool.mutmut] in pyproject.toml) and runs each mutant against the
 # unit tests that call the mutated function; then one line per module. One module:
-# make mutate MUTANTS='services.replay.sumtree*'. Slow: it runs at idle priority.
-MUTANTS ?= services.replay.sumtree* services.replay.ratelimiter* common.algorithms.adders.nstep* \
-	common.algorithms.ppo.losses* common.algorithms.sac.learner.xǁSACLearnerǁ_gradients* \
-	common.algorithms.sac.learner.xǁSACLearnerǁafter_update* common.wire.dedup* common.wire.decoder*
+# make mutate MUTANTS='rlfleet.services.replay.sumtree*'. Slow: it runs at idle priority.
+MUTANTS ?= rlfleet.services.replay.sumtree* rlfleet.services.replay.ratelimiter* \
+	rlfleet.common.algorithms.adders.nstep* rlfleet.common.algorithms.ppo.losses* \
+	rlfleet.common.algorithms.sac.learner.xǁSACLearnerǁ_gradients* \
+	rlfleet.common.algorithms.sac.learner.xǁSACLearnerǁafter_update* rlfleet.common.wire.dedup* \
+	rlfleet.common.wire.decoder*
 .PHONY: mutate
 mutate: setup
 	set -f; for m in $(MUTANTS); do nice -n 19 $(BIN)/mutmut run "$$m" </dev/null || exit 1; done

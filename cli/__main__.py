@@ -1,5 +1,5 @@
-"""`python -m cli ...` is `rlfleet ...` (what the container images run)."""
+"""`python -m rlfleet.cli ...` is `rlfleet ...` (what the container images run)."""
 
-from cli.main import main
+from rlfleet.cli.main import main
 
 main(prog_name="rlfleet")

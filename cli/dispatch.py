@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import importlib
 
-from common.config import Experiment
-from common.roles import role
-from common.runtime import Service, ServiceArgs, run_service
+from rlfleet.common.config import Experiment
+from rlfleet.common.roles import role
+from rlfleet.common.runtime import Service, ServiceArgs, run_service
 
 
 def build(cfg: Experiment, args: ServiceArgs) -> Service:

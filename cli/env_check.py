@@ -8,10 +8,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from cli.forkserver import ForkServerError, ForkServers
-from common import config as config_mod
-from common.config import Experiment
-from common.envs import EnvError, probe_env
+from rlfleet.cli.forkserver import ForkServerError, ForkServers
+from rlfleet.common import config as config_mod
+from rlfleet.common.config import Experiment
+from rlfleet.common.envs import EnvError, probe_env
 
 log = logging.getLogger("rlfleet.up")
 

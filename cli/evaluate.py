@@ -8,7 +8,7 @@ paramserver's snapshot: every RUN_DIR/paramserver/shard-N.npz, assembled with th
 RUN_DIR/config.yaml. ``--checkpoint`` takes any one of these files. The command says which it scored.
 
 The experiment config travels inside the checkpoint. Evaluation is the
-evaluator's own code path (``services.actor.evaluator.evaluate``) with its
+evaluator's own code path (``rlfleet.services.actor.evaluator.evaluate``) with its
 defaults: ``evaluator.episodes`` episodes acted deterministically, seeds from
 ``seed + EVAL_SEED_OFFSET``; so the mean matches what the evaluator reported
 for the same weights. ``--video out.gif`` also records the first of those
@@ -33,9 +33,9 @@ import click
 import numpy as np
 import yaml
 
-from common import algorithms
-from common import config as config_mod
-from common.config import Experiment
+from rlfleet.common import algorithms
+from rlfleet.common import config as config_mod
+from rlfleet.common.config import Experiment
 
 
 class CheckpointError(ValueError):
@@ -53,7 +53,7 @@ class Loaded:
 
 def load_for_eval(path: str | Path) -> Loaded:
     """Config, version and acting weights of a learner checkpoint (weights_only load)."""
-    from common.algorithms.checkpoint import load_checkpoint  # torch: not in the replay/paramserver images
+    from rlfleet.common.algorithms.checkpoint import load_checkpoint  # torch: not in the replay/paramserver images
 
     try:
         state = load_checkpoint(path)
@@ -73,7 +73,7 @@ def load_for_eval(path: str | Path) -> Loaded:
     if isinstance(published, Mapping) and published:
         weights = {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v, np.float32) for k, v in published.items()}
         return Loaded(cfg, int(state["version"]), updates, weights, exact=True)
-    from common.envs import probe_env
+    from rlfleet.common.envs import probe_env
 
     obs_space, act_space = probe_env(cfg)
     core = algorithms.get(cfg.algorithm.name).make_learner(cfg.algorithm, obs_space, act_space, device="cpu",
@@ -161,7 +161,7 @@ def load_any(path: str | Path) -> Loaded:
 
 def make_policy(cfg: Experiment, weights: Mapping[str, np.ndarray]) -> Any:
     """The acting policy the evaluator builds, with ``weights`` loaded."""
-    from common.envs import acting_policy
+    from rlfleet.common.envs import acting_policy
 
     policy = acting_policy(cfg)
     policy.load_weights(weights)
@@ -171,7 +171,7 @@ def make_policy(cfg: Experiment, weights: Mapping[str, np.ndarray]) -> Any:
 def evaluate_weights(cfg: Experiment, weights: Mapping[str, np.ndarray], episodes: int | None = None,
                      seed: int | None = None) -> np.ndarray:
     """Returns of the evaluator's evaluation of ``weights`` (its episodes and seeds by default)."""
-    from common.evaluation import EVAL_SEED_OFFSET, evaluate
+    from rlfleet.common.evaluation import EVAL_SEED_OFFSET, evaluate
 
     episodes = episodes or cfg.evaluator.episodes
     seed = cfg.seed + EVAL_SEED_OFFSET if seed is None else seed
@@ -186,8 +186,8 @@ def record_gif(cfg: Experiment, policy: Any, seed: int, path: str | Path, max_fr
     import gymnasium as gym
     from PIL import Image
 
-    from common import atari
-    from common.envs import custom_env_class, import_env_modules
+    from rlfleet.common import atari
+    from rlfleet.common.envs import custom_env_class, import_env_modules
 
     import_env_modules(cfg.env)
     kw = dict(cfg.env.kwargs)
@@ -244,8 +244,8 @@ def eval_checkpoint(run_dir: str | None, checkpoint: str | None, which: str, epi
                     seed: int | None, video: str | None) -> None:
     """Score a run's weights (RUN_DIR: its best by default) or a checkpoint greedily, as the evaluator does,
     with no service running."""
-    from common.envs import EnvError
-    from common.evaluation import EVAL_SEED_OFFSET
+    from rlfleet.common.envs import EnvError
+    from rlfleet.common.evaluation import EVAL_SEED_OFFSET
 
     if video is not None and not video.lower().endswith(".gif"):
         click.echo("rlfleet eval: --video writes a GIF; give a file name ending in .gif", err=True)

@@ -50,7 +50,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from common.roles import ROLES
+from rlfleet.common.roles import ROLES
 
 KINDS = ("light", "heavy")
 # Which zygote forks which service: the heavy one has torch imported.
@@ -150,7 +150,7 @@ class Zygote:
         self.kind = kind
         self.lock = threading.Lock()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.zygote", kind], cwd=cwd, stdin=subprocess.PIPE,
+            [sys.executable, "-m", "rlfleet.cli.zygote", kind], cwd=cwd, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, start_new_session=True,
         )
 

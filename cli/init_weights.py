@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.config import Experiment
-from common.security import client_curve
+from rlfleet.common.config import Experiment
+from rlfleet.common.security import client_curve
 
 INIT_VERSION = 0
 
@@ -24,8 +24,8 @@ INIT_VERSION = 0
 def read_weights(checkpoint: str | Path, cfg: Experiment) -> dict[str, np.ndarray]:
     """The acting weights of ``checkpoint``; CheckpointError names the file when it cannot serve ``cfg``'s
     networks (another algorithm, or tensors of other names or shapes)."""
-    from cli.evaluate import CheckpointError, load_any
-    from common.envs import acting_policy
+    from rlfleet.cli.evaluate import CheckpointError, load_any
+    from rlfleet.common.envs import acting_policy
 
     loaded = load_any(checkpoint)
     try:
@@ -39,8 +39,8 @@ def read_weights(checkpoint: str | Path, cfg: Experiment) -> dict[str, np.ndarra
 
 def publish_initial(cfg: Experiment, weights: Mapping[str, np.ndarray], timeout_s: float) -> None:
     """Publish ``weights`` as version 0 to every paramserver shard of ``cfg`` (retried until ``timeout_s``)."""
-    from common.clients.weights_publisher import WeightsPublisher
-    from common.wire.errors import CommTimeout
+    from rlfleet.common.clients.weights_publisher import WeightsPublisher
+    from rlfleet.common.wire.errors import CommTimeout
 
     deadline = time.monotonic() + timeout_s
     publisher = WeightsPublisher(cfg.network.paramserver, "launcher-init", curve=client_curve(cfg, "learner"))

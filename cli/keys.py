@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from common import security
-from common.roles import CLIENTS
+from rlfleet.common import security
+from rlfleet.common.roles import CLIENTS
 
 
 @click.command()

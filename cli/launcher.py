@@ -24,22 +24,29 @@ from typing import Any
 
 import click
 
-from cli import runstart
-from cli.dispatch import build
-from cli.ending import Ending
-from cli.ending import write as write_ending
-from cli.env_check import check_env
-from cli.fleetview import FleetView, Scrape, last_progress, scrape
-from cli.forkserver import ForkedProcess, ForkServerError, ForkServers, gpu_visible, needs_fresh_process, reap_orphans
-from cli.supervision import RestartPolicy
-from common import config as config_mod
-from common import security
-from common.config import Experiment
-from common.envs import EnvError
-from common.metrics import MetricsServer
-from common.roles import NAMES, ROLES, role
-from common.runtime import FatalError, ServiceArgs, setup_logging
-from common.wire.transport import free_tcp_port
+from rlfleet.cli import runstart
+from rlfleet.cli.dispatch import build
+from rlfleet.cli.ending import Ending
+from rlfleet.cli.ending import write as write_ending
+from rlfleet.cli.env_check import check_env
+from rlfleet.cli.fleetview import FleetView, Scrape, last_progress, scrape
+from rlfleet.cli.forkserver import (
+    ForkedProcess,
+    ForkServerError,
+    ForkServers,
+    gpu_visible,
+    needs_fresh_process,
+    reap_orphans,
+)
+from rlfleet.cli.supervision import RestartPolicy
+from rlfleet.common import config as config_mod
+from rlfleet.common import security
+from rlfleet.common.config import Experiment
+from rlfleet.common.envs import EnvError
+from rlfleet.common.metrics import MetricsServer
+from rlfleet.common.roles import NAMES, ROLES, role
+from rlfleet.common.runtime import FatalError, ServiceArgs, setup_logging
+from rlfleet.common.wire.transport import free_tcp_port
 
 log = logging.getLogger("rlfleet.up")
 
@@ -187,7 +194,7 @@ class Fleet:
                 log.warning("%s: %s; starting it as a fresh process (and every member after it)", m.label, exc)
                 self.forkservers.close()
                 self.forkservers = None
-        cmd = [sys.executable, "-m", "cli", *argv]
+        cmd = [sys.executable, "-m", "rlfleet.cli", *argv]
         with open(m.log_path, "ab") as out:
             # Own process group: Ctrl-C in the terminal reaches only the launcher,
             # which then stops the fleet in order.
@@ -364,8 +371,8 @@ def launch(
         return Launched(EXIT_CONFIG)
     initial = None
     if init_from is not None:
-        from cli.evaluate import CheckpointError
-        from cli.init_weights import read_weights
+        from rlfleet.cli.evaluate import CheckpointError
+        from rlfleet.cli.init_weights import read_weights
 
         try:
             initial = read_weights(init_from, cfg)
@@ -407,7 +414,7 @@ def launch(
     try:
         seed_weights = None
         if initial is not None:
-            from cli.init_weights import publish_initial
+            from rlfleet.cli.init_weights import publish_initial
 
             weights = initial
 

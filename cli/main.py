@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from common.roles import NAMES
+from rlfleet.common.roles import NAMES
 
 if TYPE_CHECKING:
-    from common.config import Experiment
+    from rlfleet.common.config import Experiment
 
 SERVICE_NAMES = tuple(sorted(NAMES))
 
@@ -22,7 +22,7 @@ CONFIG_HELP = "experiment file (YAML); RLFLEET_* env vars and --set override it"
 
 
 def load_or_exit(path: str | None, sets: tuple[str, ...]) -> Experiment:
-    from common import config as config_mod
+    from rlfleet.common import config as config_mod
 
     try:
         return config_mod.load(path, sets)
@@ -35,10 +35,10 @@ class LazyGroup(click.Group):
     """Subcommands imported when they run: `rlfleet service replay` never imports torch or gymnasium,
     and `rlfleet up` starts its fork servers before it imports what the launcher needs."""
 
-    LAZY = {"up": ("cli.up", "up"), "report": ("cli.report", "report"),
-            "eval": ("cli.evaluate", "eval_checkpoint"), "status": ("cli.status", "status"),
-            "keys": ("cli.keys", "keys"), "train": ("cli.train", "train"),
-            "stack": ("cli.stack", "stack")}
+    LAZY = {"up": ("rlfleet.cli.up", "up"), "report": ("rlfleet.cli.report", "report"),
+            "eval": ("rlfleet.cli.evaluate", "eval_checkpoint"), "status": ("rlfleet.cli.status", "status"),
+            "keys": ("rlfleet.cli.keys", "keys"), "train": ("rlfleet.cli.train", "train"),
+            "stack": ("rlfleet.cli.stack", "stack")}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
@@ -84,8 +84,8 @@ def service(
     """Run one service in the foreground (what a container runs)."""
     import os
 
-    from cli.dispatch import run
-    from common.runtime import ServiceArgs, setup_logging
+    from rlfleet.cli.dispatch import run
+    from rlfleet.common.runtime import ServiceArgs, setup_logging
 
     setup_logging(log_level)
     cfg = load_or_exit(config_path, sets)
@@ -108,7 +108,7 @@ def check_env(config_path: str | None, sets: tuple[str, ...]) -> None:
 
 def probe_or_exit(cfg: Experiment) -> None:
     """Make the configured env once (common.envs.probe_env); exit 2 with the reason if it does not fit."""
-    from common.envs import EnvError, probe_env
+    from rlfleet.common.envs import EnvError, probe_env
 
     try:
         probe_env(cfg)
@@ -125,11 +125,11 @@ def probe_or_exit(cfg: Experiment) -> None:
 def show_config(config_path: str | None, sets: tuple[str, ...], explain: str | None) -> None:
     """Validate an experiment as `rlfleet up` does (its env made once) and print it resolved (file + env +
     --set); or, with --explain, what its fields mean."""
-    from common import config as config_mod
+    from rlfleet.common import config as config_mod
 
     if explain is not None:
-        from common.config.explain import UnknownField
-        from common.config.explain import explain as explain_fields
+        from rlfleet.common.config.explain import UnknownField
+        from rlfleet.common.config.explain import explain as explain_fields
 
         try:
             click.echo("\n\n".join(d.text() for d in explain_fields(explain or None)))

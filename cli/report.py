@@ -8,11 +8,11 @@ every x axis starts at 0: env steps, and wall seconds from the command's start (
   (dotted) and the first evaluation that reached it (a star: the table's "to target");
 - ``throughput.png``: env steps/s and learner updates/s over time (5 s moving average);
 - ``replay_staleness.png``: replay size, and weights staleness in versions (see
-  :func:`cli.rundata.staleness`);
+  :func:`rlfleet.cli.rundata.staleness`);
 - ``speedup.png`` (runs with two actor counts or more): time to target of the fewest
   actors divided by the time of N, and the same for env steps/s, beside the ideal N/N0.
 
-``report.md`` beside them has the table (:class:`cli.rundata.Summary`, computed from the arrays the
+``report.md`` beside them has the table (:class:`rlfleet.cli.rundata.Summary`, computed from the arrays the
 figures draw) and every figure.
 """
 
@@ -28,7 +28,7 @@ from statistics import median
 import click
 import numpy as np
 
-from cli.rundata import (
+from rlfleet.cli.rundata import (
     TRAINING_WINDOW,
     Run,
     RunError,

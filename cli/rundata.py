@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from cli import runstart
-from cli.ending import EndingError
-from cli.ending import read as read_ending
+from rlfleet.cli import runstart
+from rlfleet.cli.ending import EndingError
+from rlfleet.cli.ending import read as read_ending
 
 
 class RunError(ValueError):

@@ -14,13 +14,13 @@ the tool that tells an algorithm bug from a fleet effect.
     (``samples_per_insert``); a table with no ratio (a queue, or null) gives one learn call per
     iteration once it holds a batch. A new version every ``learner.publish_every`` updates.
   - ``sync: barrier``: every ``actor.steps_per_round`` iterations, the learner's round
-    (:class:`common.algorithms.rounds.Round`), then a new version.
+    (:class:`rlfleet.common.algorithms.rounds.Round`), then a new version.
   A new version is loaded into every lane at once: the only staleness left is the publish period.
-- **Evaluation**: greedy, as the evaluator scores (:func:`common.evaluation.evaluate`), every
+- **Evaluation**: greedy, as the evaluator scores (:func:`rlfleet.common.evaluation.evaluate`), every
   ``evaluator.every_steps`` env steps (5,000 when unset).
 
 - **Gradient workers** (A3C/A2C/HogWild: no learner, the paramserver's optimizer applies what workers
-  push): a lane per worker and one optimizer, as :mod:`cli.serial_workers` says.
+  push): a lane per worker and one optimizer, as :mod:`rlfleet.cli.serial_workers` says.
 
 Not run here: planning (Dyna-Q's planners); it is refused with the reason.
 """
@@ -38,18 +38,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from cli import runstart
-from cli.ending import Ending
-from cli.ending import write as write_ending
-from cli.serial_workers import WorkerPool
-from common import algorithms
-from common.algorithms.checkpoint import save_checkpoint
-from common.algorithms.device_choice import choose_device, probe_cuda
-from common.config import Experiment, dump
-from common.envs import make_vector_env, probe_env
-from common.evaluation import EVAL_SEED_OFFSET, eval_envs, evaluate
-from services.replay.columnar import Sampled
-from services.replay.tables import make_table
+from rlfleet.cli import runstart
+from rlfleet.cli.ending import Ending
+from rlfleet.cli.ending import write as write_ending
+from rlfleet.cli.serial_workers import WorkerPool
+from rlfleet.common import algorithms
+from rlfleet.common.algorithms.checkpoint import save_checkpoint
+from rlfleet.common.algorithms.device_choice import choose_device, probe_cuda
+from rlfleet.common.config import Experiment, dump
+from rlfleet.common.envs import make_vector_env, probe_env
+from rlfleet.common.evaluation import EVAL_SEED_OFFSET, eval_envs, evaluate
+from rlfleet.services.replay.columnar import Sampled
+from rlfleet.services.replay.tables import make_table
 
 log = logging.getLogger("rlfleet.serial")
 

@@ -2,7 +2,7 @@
 
 Each :class:`WorkerLane` is what a worker service holds: its vector env (seeded as that worker's), the
 algorithm's worker (policy and loss), its adder. :class:`WorkerPool` holds the lanes and one
-:class:`services.paramserver.gradients.SliceTrainer` over the whole model (a shard's trainer; a shard's
+:class:`rlfleet.services.paramserver.gradients.SliceTrainer` over the whole model (a shard's trainer; a shard's
 optimizer steps each element on its own, so one slice of everything is the shards together), stepping
 with ``paramserver.gradients`` as the shards do:
 
@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from common import algorithms
-from common.algorithms.contract import GradientWorker
-from common.config import Experiment
-from common.envs import make_vector_env
-from services.paramserver.gradients import Refusal, SliceTrainer
+from rlfleet.common import algorithms
+from rlfleet.common.algorithms.contract import GradientWorker
+from rlfleet.common.config import Experiment
+from rlfleet.common.envs import make_vector_env
+from rlfleet.services.paramserver.gradients import Refusal, SliceTrainer
 
 log = logging.getLogger("rlfleet.serial")
 

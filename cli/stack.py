@@ -225,7 +225,7 @@ def build(config_file: Path, out_dir: Path, *, replay_shards: int = 1, paramserv
 def check(config_file: Path, stack: Mapping[str, Any]) -> None:
     """Load the experiment file as the services will (the stack's environment applied): a layout the
     config refuses (e.g. paramserver shards with sync=barrier) fails here, not on the swarm."""
-    from common import config as config_mod
+    from rlfleet.common import config as config_mod
 
     environment = stack["services"]["learner"]["environment"]  # the fleet's, and RLFLEET_LEARNERS
     config_mod.load(config_file, environ=environment)
@@ -257,7 +257,7 @@ def stack(config_path: str, replay_shards: int, paramserver_shards: int, learner
           env_file: str | None, image_prefix: str, tag: str, grafana_dir: str | None, gpu: str | None,
           output: str) -> None:
     """Write a Docker Swarm stack file for S replay shards, P paramserver shards and N learners."""
-    from common.config import ConfigError
+    from rlfleet.common.config import ConfigError
 
     if env_file is None and Path("deploy/fleet.env").is_file():
         env_file = "deploy/fleet.env"

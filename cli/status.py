@@ -33,8 +33,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from cli import ending
-from cli.fleetview import fetch
+from rlfleet.cli import ending
+from rlfleet.cli.fleetview import fetch
 
 
 class StatusError(ValueError):

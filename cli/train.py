@@ -29,10 +29,10 @@ def train(config_path: str, serial: bool, until_return: float | None, max_second
           run_root: str) -> None:
     """Train with the serial runner: the fleet's algorithm objects in one loop, no sockets."""
     started_at = time.time()
-    from cli.launcher import make_run_dir
-    from cli.serial import SerialError, check_serial, train_serial
-    from common import config as config_mod
-    from common.runtime import LOG_FORMAT
+    from rlfleet.cli.launcher import make_run_dir
+    from rlfleet.cli.serial import SerialError, check_serial, train_serial
+    from rlfleet.common import config as config_mod
+    from rlfleet.common.runtime import LOG_FORMAT
 
     logging.basicConfig(level="INFO", format=LOG_FORMAT)
     try:

@@ -1,6 +1,6 @@
 """The `rlfleet up` command: its options, and its fork servers started before anything heavy is imported.
 
-The work itself is cli/launcher.py's :func:`~cli.launcher.run_fleet`. This
+The work itself is cli/launcher.py's :func:`~rlfleet.cli.launcher.run_fleet`. This
 module imports only click and cli/forkserver.py (the standard library) at
 the top, so the zygotes begin importing torch within ~0.1 s of the command,
 while the launcher loads the config and checks the env on the other core.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from cli.forkserver import ForkServers
+from rlfleet.cli.forkserver import ForkServers
 
 
 @click.command()
@@ -75,9 +75,9 @@ def up(
     assert config_path is not None
     forkservers = None if inproc or no_fork_server else ForkServers.start_if_enabled()
     try:
-        from cli.launcher import EXIT_CONFIG, run_fleet
-        from common import config as config_mod
-        from common.runtime import LOG_FORMAT
+        from rlfleet.cli.launcher import EXIT_CONFIG, run_fleet
+        from rlfleet.common import config as config_mod
+        from rlfleet.common.runtime import LOG_FORMAT
 
         logging.basicConfig(level="INFO", format=LOG_FORMAT)
         # --actors goes through the config too: checks that depend on the actor count (a PPO barrier

@@ -1,7 +1,7 @@
 """The zygote's side of the launcher's fork servers (cli/forkserver.py explains them): import what a kind
 of member needs, then fork one member per request read on stdin, and answer its pid on stdout.
 
-    python -m cli.zygote light|heavy     (started by the launcher)
+    python -m rlfleet.cli.zygote light|heavy     (started by the launcher)
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ import threading
 import time
 from typing import Any
 
-from cli.forkserver import KIND_OF, KINDS
-from common.roles import ROLES
+from rlfleet.cli.forkserver import KIND_OF, KINDS
+from rlfleet.common.roles import ROLES
 
 # What each zygote imports before it forks anything: what its kind of member needs, then the entry module of
 # every role it forks (and what their build imports on first use).
 BASE_PRELOAD: dict[str, tuple[str, ...]] = {
-    "light": ("numpy", "zmq", "cli.main", "cli.dispatch", "common.runtime"),
+    "light": ("numpy", "zmq", "rlfleet.cli.main", "rlfleet.cli.dispatch", "rlfleet.common.runtime"),
     "heavy": ("numpy", "zmq", "torch", "torch.utils.tensorboard", "gymnasium", "gymnasium.envs.classic_control",
-              "cli.main", "cli.dispatch", "common.runtime", "common.envs", "common.algorithms.dqn.learner",
-              "common.algorithms.ppo.learner"),
+              "rlfleet.cli.main", "rlfleet.cli.dispatch", "rlfleet.common.runtime", "rlfleet.common.envs",
+              "rlfleet.common.algorithms.dqn.learner", "rlfleet.common.algorithms.ppo.learner"),
 }
 PRELOAD: dict[str, tuple[str, ...]] = {
     kind: tuple(dict.fromkeys([*BASE_PRELOAD[kind], *(module for r in ROLES if KIND_OF[r.name] == kind
@@ -60,7 +60,7 @@ def _member(request: dict[str, Any], requests_fd: int, replies_fd: int) -> int:
                      f"{request.get('kind', '?')} fork server: rlfleet {' '.join(argv[:2])}\n")
     if "numpy" in sys.modules:  # a fresh process seeds numpy's global generator from the OS
         sys.modules["numpy"].random.seed()
-    from cli.main import main
+    from rlfleet.cli.main import main
 
     try:
         main(args=argv, prog_name="rlfleet", standalone_mode=True)
@@ -166,5 +166,5 @@ class _Lines:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in KINDS:
-        sys.exit(f"usage: python -m cli.zygote {'|'.join(KINDS)}")
+        sys.exit(f"usage: python -m rlfleet.cli.zygote {'|'.join(KINDS)}")
     sys.exit(serve(sys.argv[1]))

@@ -17,7 +17,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from common.config import AtariConfig
+from rlfleet.common.config import AtariConfig
 
 ATARI_PREFIX = "ALE/"
 

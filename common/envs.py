@@ -19,9 +19,9 @@ import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.utils import concatenate, iterate
 
-from common import algorithms, atari
-from common.algorithms.values import ValueRules, value_rules
-from common.config import EnvConfig, Experiment
+from rlfleet.common import algorithms, atari
+from rlfleet.common.algorithms.values import ValueRules, value_rules
+from rlfleet.common.config import EnvConfig, Experiment
 
 log = logging.getLogger("rlfleet.envs")
 

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import VectorEnv
 
-from common.config import Experiment
-from common.envs import make_vector_env
+from rlfleet.common.config import Experiment
+from rlfleet.common.envs import make_vector_env
 
 EVAL_SEED_OFFSET = 1_000_000
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from common.config import ConfigError, Experiment
+from rlfleet.common.config import ConfigError, Experiment
 
 LOOPBACK_NAMES = frozenset({"localhost", "lo"})
 

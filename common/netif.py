@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 
-from common.config import ConfigError
+from rlfleet.common.config import ConfigError
 
 SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
 COLLECTIVE_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")

@@ -32,19 +32,19 @@ class Role:
 # In start order: stores first, then the learner everyone waits for, then those that produce. A local
 # fleet stops in the reverse order.
 ROLES: tuple[Role, ...] = (
-    Role("replay", "services.replay.main", needs_torch=False, server=True, registers=False, single=False),
-    Role("paramserver", "services.paramserver.main", needs_torch=False, server=True, registers=False,
+    Role("replay", "rlfleet.services.replay.main", needs_torch=False, server=True, registers=False, single=False),
+    Role("paramserver", "rlfleet.services.paramserver.main", needs_torch=False, server=True, registers=False,
          single=False),
-    Role("learner", "services.learner.main", needs_torch=True, server=False, registers=False, single=True),
-    Role("actor", "services.actor.main", needs_torch=True, server=False, registers=True, single=False,
-         preload=("services.actor.actor",)),
-    Role("evaluator", "services.actor.main", needs_torch=True, server=False, registers=True, single=True,
-         preload=("services.actor.evaluator",)),
+    Role("learner", "rlfleet.services.learner.main", needs_torch=True, server=False, registers=False, single=True),
+    Role("actor", "rlfleet.services.actor.main", needs_torch=True, server=False, registers=True, single=False,
+         preload=("rlfleet.services.actor.actor",)),
+    Role("evaluator", "rlfleet.services.actor.main", needs_torch=True, server=False, registers=True, single=True,
+         preload=("rlfleet.services.actor.evaluator",)),
     # parallel Dyna-Q (planning.enabled): the world-model learner, and planners that roll it forward
-    Role("modeler", "services.modeler.main", needs_torch=True, server=False, registers=False, single=True,
-         preload=("services.modeler.modeler",)),
-    Role("planner", "services.planner.main", needs_torch=True, server=False, registers=False, single=False,
-         preload=("services.planner.planner",)),
+    Role("modeler", "rlfleet.services.modeler.main", needs_torch=True, server=False, registers=False, single=True,
+         preload=("rlfleet.services.modeler.modeler",)),
+    Role("planner", "rlfleet.services.planner.main", needs_torch=True, server=False, registers=False, single=False,
+         preload=("rlfleet.services.planner.planner",)),
 )
 
 BY_NAME: dict[str, Role] = {r.name: r for r in ROLES}

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from common.config import ConfigError, Experiment
-from common.memory import keep_freed_memory
-from common.metrics import MetricsServer, ServiceMetrics
-from common.wire.errors import RemoteError
+from rlfleet.common.config import ConfigError, Experiment
+from rlfleet.common.memory import keep_freed_memory
+from rlfleet.common.metrics import MetricsServer, ServiceMetrics
+from rlfleet.common.wire.errors import RemoteError
 
 log = logging.getLogger("rlfleet")
 
@@ -106,7 +106,7 @@ def setup_logging(level: str = "INFO", file: str | Path | None = None) -> None:
 
 def run_service(cfg: Experiment, args: ServiceArgs, build: Builder) -> int:
     """Run the service ``build`` makes in the foreground until SIGTERM/SIGINT; 0 on a clean stop."""
-    from common.envs import EnvError
+    from rlfleet.common.envs import EnvError
 
     keep_freed_memory()  # before any buffer: payloads and messages reuse the heap (common/memory.py)
     try:

@@ -26,9 +26,9 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from common.config import ConfigError, Experiment, SecurityConfig, validate
-from common.roles import CLIENTS
-from common.wire.transport import CurveConfig, fingerprint
+from rlfleet.common.config import ConfigError, Experiment, SecurityConfig, validate
+from rlfleet.common.roles import CLIENTS
+from rlfleet.common.wire.transport import CurveConfig, fingerprint
 
 log = logging.getLogger(__name__)
 

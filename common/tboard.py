@@ -4,7 +4,7 @@ One writer per service (``RUN_DIR/tensorboard/<name>/``), so the learner's and t
 evaluator's curves sit side by side in one TensorBoard. Never fatal: without the
 ``tensorboard`` package, or when the directory cannot be written, every call is a
 no-op (logged once), and training goes on. With ``logging.wandb`` on, the same scalars
-also go to Weights & Biases (:mod:`common.wandb_log`).
+also go to Weights & Biases (:mod:`rlfleet.common.wandb_log`).
 
     tb = scalar_writer(cfg, "learner")
     tb.add("learner/loss", loss, step=updates)
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from common.config import Experiment
-    from common.wandb_log import WandbScalars
+    from rlfleet.common.config import Experiment
+    from rlfleet.common.wandb_log import WandbScalars
 
 log = logging.getLogger("rlfleet.tboard")
 
@@ -93,7 +93,7 @@ def scalar_writer(cfg: Experiment, name: str, job: str | None = None) -> ScalarW
     (``job``: the kind of service, W&B's job type; default ``name``)."""
     wandb = None
     if cfg.logging.wandb:
-        from common.wandb_log import WandbScalars
+        from rlfleet.common.wandb_log import WandbScalars
 
         wandb = WandbScalars(cfg.logging, cfg.run_dir, name, job or name)
     return ScalarWriter(cfg.run_dir, name, wandb=wandb)

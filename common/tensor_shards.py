@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from common.wire.codec import wire_dtype_name
+from rlfleet.common.wire.codec import wire_dtype_name
 
 #: (name, wire dtype name, shape) of one tensor
 TensorSpec = tuple[str, str, tuple[int, ...]]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from common.config.sections import LoggingConfig
+    from rlfleet.common.config.sections import LoggingConfig
 
 log = logging.getLogger("rlfleet.wandb")
 
@@ -126,8 +126,9 @@ def _parsed(path: Path, wait_s: float) -> list[Any]:
 
 def read_offline_scalars(run_dir: str | Path, wait_s: float = 0.0) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """Every scalar of the W&B runs in ``RUN_DIR/wandb`` as run name -> tag -> [(step, value)], read back
-    from their .wandb files (an offline run, or an online one's local copy), as :func:`common.tboard.read_scalars`
-    reads TensorBoard's; ``wait_s``: how long to wait for a finished run's file to be complete."""
+    from their .wandb files (an offline run, or an online one's local copy), as
+    :func:`rlfleet.common.tboard.read_scalars` reads TensorBoard's; ``wait_s``: how long to wait for a
+    finished run's file to be complete."""
     out: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for path in sorted(Path(run_dir, "wandb").glob("*run-*/run-*.wandb")):
         name, rows = path.stem, []

@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cli.fleetview import scrape
-from cli.launcher import Fleet, Member, make_run_dir, plan
-from common import config as config_mod
-from common.config import Experiment
 from harness.fleet_helpers import wait_for
-from services.replay.main import shard_dir
-from services.replay.storage import read_log_file
+from rlfleet.cli.fleetview import scrape
+from rlfleet.cli.launcher import Fleet, Member, make_run_dir, plan
+from rlfleet.common import config as config_mod
+from rlfleet.common.config import Experiment
+from rlfleet.services.replay.main import shard_dir
+from rlfleet.services.replay.storage import read_log_file
 
 
 def start_fleet(config: Path, runs: Path, actors: int, sets: Iterable[str]) -> tuple[Fleet, Experiment]:

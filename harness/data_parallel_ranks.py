@@ -27,10 +27,10 @@ SEGMENTS, SEGMENT_LENGTH = 8, 16  # PPO: segments per global batch, their length
 
 
 def learner(algo: str, world: int, averager: Any = None) -> Any:
-    from common import algorithms
+    from rlfleet.common import algorithms
 
     if algo == "ppo":
-        from common.algorithms.ppo.config import PPOConfig
+        from rlfleet.common.algorithms.ppo.config import PPOConfig
 
         env = gym.make("CartPole-v1")
         per_rank = SEGMENTS // world
@@ -38,12 +38,12 @@ def learner(algo: str, world: int, averager: Any = None) -> Any:
         cfg: Any = PPOConfig(segment_length=SEGMENT_LENGTH, batch_segments=per_rank,
                              minibatch_size=per_rank * SEGMENT_LENGTH, epochs=2, obs_norm=True)
     elif algo == "sac":
-        from common.algorithms.sac.config import SACConfig
+        from rlfleet.common.algorithms.sac.config import SACConfig
 
         env = gym.make("Pendulum-v1")
         cfg = SACConfig(batch_size=ITEMS // world, hidden=[32, 32])
     else:
-        from common.algorithms.dqn.config import DQNConfig
+        from rlfleet.common.algorithms.dqn.config import DQNConfig
 
         env = gym.make("CartPole-v1")
         cfg = DQNConfig(batch_size=ITEMS // world)
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
     if world > 1:
         import torch.distributed as dist
 
-        from common.algorithms.data_parallel import GradientAverager, broadcast_learner
+        from rlfleet.common.algorithms.data_parallel import GradientAverager, broadcast_learner
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=60))

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from common.roles import NAMES
+from rlfleet.common.roles import NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ("replay", "paramserver", "actor", "learner", "prometheus")

@@ -19,7 +19,7 @@ def rlfleet(*args: str, timeout: float = 600, cwd: Path | None = None) -> subpro
     """Run the CLI as a user would; returns the finished process (stdout+stderr in .stdout)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args], cwd=cwd or ROOT, env=env, timeout=timeout,
+        [sys.executable, "-m", "rlfleet.cli", *args], cwd=cwd or ROOT, env=env, timeout=timeout,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 

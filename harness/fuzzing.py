@@ -5,7 +5,7 @@ Two kinds, told apart by the local decoder (the server's own):
 - malformed on the wire: random frames, truncated and byte-flipped valid
   messages, valid headers with one envelope/body/array field broken, random
   msgpack headers, too many frames, oversized headers. Each candidate is run
-  through :func:`common.wire.decoder.decode` here and kept only if it raises
+  through :func:`rlfleet.common.wire.decoder.decode` here and kept only if it raises
   ProtocolError, so the server's decoder refuses it too (once, before any
   handler: ``rlfleet_messages_total{type="undecodable"}``).
 - well-formed but refused by the server: a type it does not serve, an
@@ -26,10 +26,10 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from common.tensor_shards import Layout, tensor_specs
-from common.wire.codec import PROTOCOL_VERSION, Message, ProtocolError, encode
-from common.wire.decoder import decode
-from common.wire.schema import MESSAGES
+from rlfleet.common.tensor_shards import Layout, tensor_specs
+from rlfleet.common.wire.codec import PROTOCOL_VERSION, Message, ProtocolError, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.schema import MESSAGES
 
 #: what a hostile client sends in an int field: each is outside the range of some field
 INT_EXTREMES = (0, -1, 1 << 31, (1 << 63) - 1, (1 << 64) - 1, -(1 << 63))

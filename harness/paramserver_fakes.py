@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from common.metrics import ServiceMetrics
-from common.tensor_shards import Layout
-from common.wire.codec import Message
-from common.wire.server import Peer
-from services.paramserver.metrics import ShardMetrics
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.tensor_shards import Layout
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.paramserver.metrics import ShardMetrics
 
 SHAPES = {"w": (3, 2), "b": (2,)}
 

@@ -17,11 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from common.wire.codec import Message
-from common.wire.connection import Connection
-from common.wire.errors import CommTimeout
-from common.wire.transport import free_tcp_port
-from services.paramserver.shard import ShardServer
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.connection import Connection
+from rlfleet.common.wire.errors import CommTimeout
+from rlfleet.common.wire.transport import free_tcp_port
+from rlfleet.services.paramserver.shard import ShardServer
 
 ROOT = Path(__file__).resolve().parents[1]
 S = TypeVar("S", bound=ShardServer)
@@ -58,7 +58,7 @@ class ShardProcesses:
         self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.cmds: list[list[str]] = []
         for shard in range(num_shards):
-            cmd = [sys.executable, "-m", "services.paramserver.main", "--shard", str(shard),
+            cmd = [sys.executable, "-m", "rlfleet.services.paramserver.main", "--shard", str(shard),
                    "--log-level", log_level]
             for s in sets:
                 cmd += ["--set", s]

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.launcher import Fleet, Member, make_run_dir, plan
-from common import config as config_mod
-from common.clients.weights_reader import WeightsReader
 from harness.fleet_helpers import CONFIGS, wait_for
+from rlfleet.cli.launcher import Fleet, Member, make_run_dir, plan
+from rlfleet.common import config as config_mod
+from rlfleet.common.clients.weights_reader import WeightsReader
 
 Weights = dict[str, np.ndarray]
 

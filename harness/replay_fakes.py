@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from common.wire.codec import DEFAULT_LIMITS, Message, encode
-from common.wire.decoder import decode
-from common.wire.server import Peer
+from rlfleet.common.wire.codec import DEFAULT_LIMITS, Message, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.server import Peer
 
 
 class RecordingLoop:

@@ -29,12 +29,12 @@ import zmq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common.config import ReplayConfig, TableConfig  # noqa: E402
-from common.metrics import ServiceMetrics  # noqa: E402
-from common.wire.codec import Message, encode  # noqa: E402
-from common.wire.decoder import decode  # noqa: E402
-from common.wire.transport import free_tcp_port, make_socket  # noqa: E402
-from services.replay.server import ReplayServer  # noqa: E402
+from rlfleet.common.config import ReplayConfig, TableConfig  # noqa: E402
+from rlfleet.common.metrics import ServiceMetrics  # noqa: E402
+from rlfleet.common.wire.codec import Message, encode  # noqa: E402
+from rlfleet.common.wire.decoder import decode  # noqa: E402
+from rlfleet.common.wire.transport import free_tcp_port, make_socket  # noqa: E402
+from rlfleet.services.replay.server import ReplayServer  # noqa: E402
 
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
 
@@ -84,7 +84,7 @@ class ReplayProcess:
     """``python -m services.replay.main`` on a fixed port, with its log in a file."""
 
     def __init__(self, run_dir: Path, port: int | None = None, sets: tuple[str, ...] = (),
-                 command: tuple[str, ...] = ("-m", "services.replay.main")) -> None:
+                 command: tuple[str, ...] = ("-m", "rlfleet.services.replay.main")) -> None:
         self.command = command  # what the venv's python runs, before the --set options
         self.run_dir = run_dir
         self.port = port or free_tcp_port()
@@ -132,7 +132,7 @@ class ReplayProcess:
 
 
 def writer_main(address: str, index: int, count: int, batch: int, dup_every: int, resend_after_s: float) -> None:
-    from common.clients.replay_insert import InsertClient
+    from rlfleet.common.clients.replay_insert import InsertClient
 
     client = InsertClient(address, f"writer-{index}", max_unacked=8, resend_after_s=resend_after_s)
     sent = 0
@@ -174,12 +174,12 @@ def limited_wal_server_main(directory: str, fsize_limit: int, kind: str = "unifo
 
 
 def failing_fsync_replay_main(argv: list[str]) -> int:
-    """``services.replay.main`` whose next fsync of a wal segment fails with EIO after SIGUSR2, once:
+    """``rlfleet.services.replay.main`` whose next fsync of a wal segment fails with EIO after SIGUSR2, once:
     later fsyncs succeed again, as Linux's may after it dropped the lost pages (a real EIO needs a
     failing disk or device-mapper, which this machine's kernel lacks)."""
     import errno
 
-    from services.replay import main as replay_main
+    from rlfleet.services.replay import main as replay_main
 
     real_fsync = os.fsync
     armed = threading.Event()

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CARTPOLE = ROOT / "configs" / "cartpole-dqn.yaml"
 sys.path.insert(0, str(ROOT))
 
-from common.wire.transport import free_tcp_port  # noqa: E402
+from rlfleet.common.wire.transport import free_tcp_port  # noqa: E402
 
 
 class ServiceProcess:
@@ -31,7 +31,7 @@ class ServiceProcess:
         self.name = name
         self.metrics_port = free_tcp_port()
         self.log_path = run_dir / f"{name}-{shard}-{time.monotonic_ns()}.log"
-        cmd = [sys.executable, "-m", "cli", "service", name, "--shard", str(shard), "--config", str(config)]
+        cmd = [sys.executable, "-m", "rlfleet.cli", "service", name, "--shard", str(shard), "--config", str(config)]
         for s in [f"run_dir={run_dir}", "network.bind_host=127.0.0.1", "metrics.host=127.0.0.1",
                   f"metrics.port={self.metrics_port}", *sets]:
             cmd += ["--set", s]

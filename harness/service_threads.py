@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from common.runtime import ServiceArgs
-from services.paramserver.main import build as build_paramserver
-from services.replay.main import build as build_replay
+from rlfleet.common.runtime import ServiceArgs
+from rlfleet.services.paramserver.main import build as build_paramserver
+from rlfleet.services.replay.main import build as build_replay
 
 
 @contextmanager

@@ -1,8 +1,8 @@
 """`rlfleet.load_policy` and `rlfleet.evaluate`: a run's acting policy, and its greedy score.
 
-The policy is the one the evaluator builds (:func:`common.envs.acting_policy`) with the weights of the
+The policy is the one the evaluator builds (:func:`rlfleet.common.envs.acting_policy`) with the weights of the
 learner's checkpoint, read as `rlfleet eval` reads them; its score is the evaluator's
-(:func:`common.evaluation.evaluate`: deterministic episodes, one seed each).
+(:func:`rlfleet.common.evaluation.evaluate`: deterministic episodes, one seed each).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from cli.evaluate import CheckpointError, load_any, make_policy, run_weights
-from common.config import Experiment
+from rlfleet.cli.evaluate import CheckpointError, load_any, make_policy, run_weights
+from rlfleet.common.config import Experiment
 from rlfleet.runs import Run
 
 
@@ -73,7 +73,7 @@ def load_policy(run_or_checkpoint: Run | str | Path) -> Policy:
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file (a run's weights are RUN_DIR/evaluator/best.pt, "
                               "RUN_DIR/learner/checkpoint.pt or RUN_DIR/paramserver/shard-N.npz)")
-    from common.envs import probe_env
+    from rlfleet.common.envs import probe_env
 
     loaded = load_any(path)
     obs_space, _ = probe_env(loaded.cfg)
@@ -84,8 +84,8 @@ def load_policy(run_or_checkpoint: Run | str | Path) -> Policy:
 def evaluate(run_or_policy: Policy | Run | str | Path, episodes: int = 10, seed: int | None = None) -> Score:
     """Mean and spread of ``episodes`` deterministic episodes, as the evaluator scores them; ``seed``: the
     first episode's (default: the evaluator's, the experiment seed + EVAL_SEED_OFFSET)."""
-    from common.evaluation import EVAL_SEED_OFFSET
-    from common.evaluation import evaluate as evaluate_policy
+    from rlfleet.common.evaluation import EVAL_SEED_OFFSET
+    from rlfleet.common.evaluation import evaluate as evaluate_policy
 
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: allowed: 1 or more")

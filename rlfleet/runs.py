@@ -6,8 +6,8 @@ import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cli.ending import Ending, EndingError
-from cli.ending import read as read_ending
+from rlfleet.cli.ending import Ending, EndingError
+from rlfleet.cli.ending import read as read_ending
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cli.launcher import EXIT_CONFIG, launch, make_run_dir
-from common import config as config_mod
-from common.config import Experiment
+from rlfleet.cli.launcher import EXIT_CONFIG, launch, make_run_dir
+from rlfleet.common import config as config_mod
+from rlfleet.common.config import Experiment
 from rlfleet.runs import Run, read_run
 
 log = logging.getLogger("rlfleet")
@@ -56,7 +56,7 @@ def train(config: str | Path | Experiment, overrides: Mapping[str, Any] | None =
     cfg = resolve_config(config, overrides, actors)
     if serial:
         return _train_serial(cfg, until_return, max_env_steps, max_seconds, progress, str(runs), started_at)
-    from cli.forkserver import ForkServers
+    from rlfleet.cli.forkserver import ForkServers
 
     errors: list[str] = []
 
@@ -80,7 +80,7 @@ def train(config: str | Path | Experiment, overrides: Mapping[str, Any] | None =
 
 def _train_serial(cfg: Experiment, until_return: float | None, max_env_steps: int | None,
                   max_seconds: float | None, progress: bool, runs: str, started_at: float) -> Run:
-    from cli.serial import Evaluation, SerialError, check_serial, train_serial
+    from rlfleet.cli.serial import Evaluation, SerialError, check_serial, train_serial
 
     try:
         check_serial(cfg)

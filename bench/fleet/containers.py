@@ -76,7 +76,7 @@ def containers(client: object, env_file: Path) -> tuple[float, float]:
 
 def processes(env_file_env: dict[str, str], tmp: Path) -> float:
     env = {**os.environ, **env_file_env, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "cli", "up", "--config", CONFIG, "--actors", str(ACTORS),
+    cmd = [sys.executable, "-m", "rlfleet.cli", "up", "--config", CONFIG, "--actors", str(ACTORS),
            "--max-seconds", "600", "--runs", str(tmp / "runs")]
     log = open(tmp / "up.log", "wb")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -89,14 +89,14 @@ def components() -> dict[str, float]:
     """Seconds per unit of each component, measured alone."""
     import torch
 
-    from common import algorithms
-    from common import config as config_mod
-    from common.algorithms.importance import importance_weights
-    from common.envs import acting_policy, make_vector_env
-    from common.wire.codec import Message, encode
-    from common.wire.decoder import decode
-    from common.wire.inserts import InsertEncoder
-    from services.replay.tables import make_table
+    from rlfleet.common import algorithms
+    from rlfleet.common import config as config_mod
+    from rlfleet.common.algorithms.importance import importance_weights
+    from rlfleet.common.envs import acting_policy, make_vector_env
+    from rlfleet.common.wire.codec import Message, encode
+    from rlfleet.common.wire.decoder import decode
+    from rlfleet.common.wire.inserts import InsertEncoder
+    from rlfleet.services.replay.tables import make_table
 
     torch.set_num_threads(1)
     cfg = config_mod.load(CONFIG, environ={})
@@ -168,9 +168,9 @@ def components() -> dict[str, float]:
 
 def _act_with_latency(cfg: Any, seconds: float = 2.0) -> float:
     """Wall seconds per env step of the same loop on an env of 2 ms per step (the sleep overshoots)."""
-    from common import algorithms
-    from common import config as config_mod
-    from common.envs import acting_policy, make_vector_env
+    from rlfleet.common import algorithms
+    from rlfleet.common import config as config_mod
+    from rlfleet.common.envs import acting_policy, make_vector_env
 
     slow = config_mod.load(CONFIG, sets=["env.step_latency_ms=2"], environ={})
     algo = algorithms.get(slow.algorithm.name)
@@ -191,10 +191,10 @@ def _publish_cost(weights: dict[str, np.ndarray]) -> float:
     """One version published to a paramserver (in this process) and fetched by one reader."""
     import threading
 
-    from common.clients.weights_publisher import WeightsPublisher
-    from common.clients.weights_reader import WeightsReader
-    from common.metrics import ServiceMetrics
-    from services.paramserver.shard import ShardServer
+    from rlfleet.common.clients.weights_publisher import WeightsPublisher
+    from rlfleet.common.clients.weights_reader import WeightsReader
+    from rlfleet.common.metrics import ServiceMetrics
+    from rlfleet.services.paramserver.shard import ShardServer
 
     server = ShardServer(ServiceMetrics("paramserver"), "tcp://127.0.0.1:0", 0, 1, 5.0, shm=False)
     thread = threading.Thread(target=server.serve, daemon=True)
@@ -252,7 +252,7 @@ def measured(actors: int, learners: int, sets: list[str], seconds: float, root: 
     """An `rlfleet up` run: env steps/s and updates/s over its steady second half, and the CPU seconds
     per second of each kind of member over the same span."""
     runs = Path(tempfile.mkdtemp(prefix=f"a{actors}-l{learners}-", dir=root))
-    cmd = [sys.executable, "-m", "cli", "up", "--config", CONFIG, "--actors", str(actors), "--learners",
+    cmd = [sys.executable, "-m", "rlfleet.cli", "up", "--config", CONFIG, "--actors", str(actors), "--learners",
            str(learners), "--max-seconds", str(seconds), "--runs", str(runs)]
     for s in sets:
         cmd += ["--set", s]

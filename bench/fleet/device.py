@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from bench.learning import pixels, scaling
-from common import config as config_mod
-from common.envs import acting_policy, make_vector_env, probe_env
+from rlfleet.common import config as config_mod
+from rlfleet.common.envs import acting_policy, make_vector_env, probe_env
 
 PARTS = ("updates", "weights", "checkpoint", "fleet", "scaling", "a3c", "pixels")
 SKIPPED = "skipped: no CUDA"
@@ -83,7 +83,7 @@ def network_config(name: str, short: bool, float32: bool = False) -> Any:
 
 def items(cfg: Any, count: int, seed: int = 0) -> dict[str, np.ndarray]:
     """``count`` items as an actor makes them: the config's env played by its acting policy through its adder."""
-    from common import algorithms
+    from rlfleet.common import algorithms
 
     algo = algorithms.get(cfg.algorithm.name)
     envs = make_vector_env(cfg.env, seed, algo.autoreset_mode)
@@ -110,7 +110,7 @@ def items(cfg: Any, count: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def make_learner(cfg: Any, device: str) -> Any:
-    from common import algorithms
+    from rlfleet.common import algorithms
 
     obs_space, act_space = probe_env(cfg)
     return algorithms.get(cfg.algorithm.name).make_learner(cfg.algorithm, obs_space, act_space, device=device,
@@ -188,7 +188,7 @@ def part_weights(args: argparse.Namespace, data: dict[str, dict[str, np.ndarray]
 
 def moved(state: dict[str, Any], folder: Path) -> dict[str, Any]:
     """``state`` through a checkpoint file, read back as the learner service reads it (on CPU, weights only)."""
-    from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
+    from rlfleet.common.algorithms.checkpoint import load_checkpoint, save_checkpoint
 
     path = folder / "learner.pt"
     save_checkpoint(path, state)
@@ -231,7 +231,7 @@ def fleet_run(config: str, sets: list[str], actors: int, seconds: float, runs: P
     """One ``rlfleet up`` for ``seconds``: its steady env steps/s and updates/s (the first quarter of its rows
     left out) and the device its learner's log names."""
     root = runs / f"{Path(config).stem}-{actors}-{len(list(runs.glob('*')))}"
-    cmd = [sys.executable, "-m", "cli", "up", "--config", config, "--actors", str(actors),
+    cmd = [sys.executable, "-m", "rlfleet.cli", "up", "--config", config, "--actors", str(actors),
            "--max-seconds", str(seconds), "--runs", str(root)]
     for s in sets:
         cmd += ["--set", s]

@@ -45,10 +45,10 @@ from typing import Any
 import numpy as np
 
 from bench.wire.replay_ingest import run_case
-from cli.fleetview import scrape
-from cli.launcher import Fleet
 from harness.chaos_helpers import acked, kill9, lost, member, start_fleet, stored, wait_for
 from harness.fleet_helpers import CONFIGS
+from rlfleet.cli.fleetview import scrape
+from rlfleet.cli.launcher import Fleet
 
 CONFIG = {"async": "cartpole-dqn.yaml", "barrier": "cartpole-dqn-barrier.yaml"}
 SETS = ["replay.durability=wal", "replay.checkpoint_every_s=3600", "actor.acked_log=true",

@@ -69,7 +69,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from common.wire.codec import PROTOCOL_VERSION
+from rlfleet.common.wire.codec import PROTOCOL_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cartpole-dqn.yaml"
@@ -80,7 +80,7 @@ INT64_MAX, UINT64_MAX = (1 << 63) - 1, (1 << 64) - 1
 
 def start(service: str, run_dir: Path, sets: list[str], config: Path = CONFIG,
           tag: str = "") -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "cli", "service", service, "--config", str(config)]
+    cmd = [sys.executable, "-m", "rlfleet.cli", "service", service, "--config", str(config)]
     for s in [f"run_dir={run_dir}", "network.bind_host=127.0.0.1", "metrics.port=0", *sets]:
         cmd += ["--set", s]
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -105,7 +105,7 @@ def batch(writer: int, start_idx: int) -> dict[str, np.ndarray]:
 
 
 def writer_main(address: str, writer: int, phase: int, seconds: float, out: Any) -> None:
-    from common.clients.replay_insert import InsertClient
+    from rlfleet.common.clients.replay_insert import InsertClient
 
     acked: dict[int, int] = {}
     sender = f"actor-{writer}/{secrets.token_hex(16)}"
@@ -135,13 +135,13 @@ class Hostile:
         self.replies: dict[str, Counter[str]] = {name: Counter() for name in self.socks}
 
     def send(self, name: str, msg: Any, **kw: Any) -> None:
-        from common.wire.codec import encode
+        from rlfleet.common.wire.codec import encode
 
         self.socks[name].send_multipart(encode(msg, **kw) if not isinstance(msg, list) else msg)
 
     def ask(self, name: str, msg: Any, timeout_s: float = 5.0) -> Any:
         """Send and wait for the reply to this seq (counting the others that come meanwhile)."""
-        from common.wire.decoder import decode
+        from rlfleet.common.wire.decoder import decode
 
         self.send(name, msg)
         end = time.monotonic() + timeout_s
@@ -157,7 +157,7 @@ class Hostile:
         self.replies[name][reply["reason"] if reply.type == "error" else reply.type] += 1
 
     def drain(self) -> None:
-        from common.wire.decoder import decode
+        from rlfleet.common.wire.decoder import decode
 
         for name, s in self.socks.items():
             while s.poll(0):
@@ -178,8 +178,8 @@ POISONS = 6  # NaN, Inf, 1e20, twice the norm bound, a version never held, barri
 def poisoned_push(h: Hostile, n: int, which: int, rng: np.random.Generator) -> tuple[str, Any] | None:
     """Poisoned gradients number ``which`` for the gradient fleet's paramserver, on its newest version (None
     until it holds weights)."""
-    from common.config.sections import DEFAULT_MAX_GRADIENT_NORM
-    from common.wire.codec import Message
+    from rlfleet.common.config.sections import DEFAULT_MAX_GRADIENT_NORM
+    from rlfleet.common.wire.codec import Message
 
     workers: list[str] = []
     if which == 5:  # barrier pushes in the names of its live workers
@@ -212,7 +212,7 @@ def poisoned_push(h: Hostile, n: int, which: int, rng: np.random.Generator) -> t
 
 
 def hostile_main(replay: str, params: str, a3c: str, stop_at: float, victims: list[str], out: Any) -> None:
-    from common.wire.codec import Message
+    from rlfleet.common.wire.codec import Message
 
     h = Hostile(replay, params, a3c)
     socks = [h.socks["replay"], h.socks["paramserver"]]
@@ -308,7 +308,7 @@ def stored(run_dir: Path, writers: int) -> tuple[dict[tuple[str, int], tuple[int
     """(sender, seq) -> (items, writer) of every insert in the log; how many of the writers' transitions it
     holds twice (the hostile's own batches, writer 99, are accepted inserts of its own: not counted); and
     how many items it holds with a version other than 0 (the only one published)."""
-    from services.replay.storage import read_log_file
+    from rlfleet.services.replay.storage import read_log_file
 
     inserts: dict[tuple[str, int], tuple[int, int]] = {}
     seen: Counter[tuple[int, int]] = Counter()
@@ -327,8 +327,8 @@ def evaluate(weights: dict[str, np.ndarray] | None, episodes: int = 10) -> float
     """Mean greedy return of the A3C CartPole policy with ``weights`` (None: the untrained model)."""
     import gymnasium as gym
 
-    from common import config as config_mod
-    from common.envs import acting_policy
+    from rlfleet.common import config as config_mod
+    from rlfleet.common.envs import acting_policy
 
     policy = acting_policy(config_mod.load(str(A3C), environ={}))
     if weights is not None:
@@ -351,7 +351,7 @@ class GradientFleet:
     """A paramserver of the A3C CartPole config and its gradient workers, as processes."""
 
     def __init__(self, run_dir: Path, workers: int) -> None:
-        from common.wire.transport import free_tcp_port
+        from rlfleet.common.wire.transport import free_tcp_port
 
         self.run_dir = run_dir
         self.address = f"tcp://127.0.0.1:{free_tcp_port()}"
@@ -361,8 +361,8 @@ class GradientFleet:
         self.workers = [start("actor", run_dir, sets, A3C, tag=f"-{i}") for i in range(workers)]
 
     def weights(self, timeout_s: float = 10.0) -> tuple[int, dict[str, np.ndarray]] | None:
-        from common.clients.weights_reader import WeightsReader
-        from common.wire.errors import CommTimeout, RemoteError
+        from rlfleet.common.clients.weights_reader import WeightsReader
+        from rlfleet.common.wire.errors import CommTimeout, RemoteError
 
         reader = WeightsReader([self.address], f"bench-reader-{secrets.token_hex(4)}", shm=False)
         try:
@@ -421,8 +421,8 @@ def main() -> None:
     ap.add_argument("--writers", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
-    from common.clients.weights_publisher import WeightsPublisher
-    from common.wire.transport import free_tcp_port
+    from rlfleet.common.clients.weights_publisher import WeightsPublisher
+    from rlfleet.common.wire.transport import free_tcp_port
 
     run_dir = Path(tempfile.mkdtemp(prefix="hostile-"))
     replay, params = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))

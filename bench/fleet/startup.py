@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli.fleetview import scrape
+from rlfleet.cli.fleetview import scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.02
@@ -69,7 +69,7 @@ def health(url: str) -> dict[str, Any] | None:
 
 def one_run(config: str, actors: int, timeout_s: float, root: Path = ROOT, fork: bool = True) -> dict[str, Any]:
     runs = Path(tempfile.mkdtemp(prefix="startup-"))
-    cmd = [sys.executable, "-m", "cli", "up", "--config", str(root / config), "--actors", str(actors),
+    cmd = [sys.executable, "-m", "rlfleet.cli", "up", "--config", str(root / config), "--actors", str(actors),
            "--runs", str(runs), "--max-seconds", str(timeout_s)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFLEET_FORKSERVER": "1" if fork else "0"}
     start = time.perf_counter()

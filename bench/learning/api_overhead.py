@@ -38,7 +38,7 @@ def command(side: str, seed: int, budget: int, runs: Path) -> list[str]:
     if side == "api":
         return [sys.executable, "-c", API_SCRIPT, str(CONFIG), str(seed), str(budget), str(runs), str(TARGET),
                 str(EVAL_EVERY), str(EVAL_EPISODES)]
-    return [sys.executable, "-m", "cli", "up", "--config", str(CONFIG), "--set", f"seed={seed}",
+    return [sys.executable, "-m", "rlfleet.cli", "up", "--config", str(CONFIG), "--set", f"seed={seed}",
             "--set", f"evaluator.every_steps={EVAL_EVERY}", "--set", f"evaluator.episodes={EVAL_EPISODES}",
             "--until-return", str(TARGET), "--max-env-steps", str(budget), "--runs", str(runs)]
 

@@ -36,8 +36,8 @@ import torch
 
 from bench.learning.suite import ROWS, load_runs, side_key
 from bench.peers.sb3_peers import PEER_THREADS, ppo_kwargs
-from cli.serial import SerialRunner
-from common.config import load
+from rlfleet.cli.serial import SerialRunner
+from rlfleet.common.config import load
 
 ROOT = Path(__file__).resolve().parents[2]
 

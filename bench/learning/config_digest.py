@@ -11,7 +11,7 @@ from pathlib import Path
 
 def settings_digest(config: Path | str, sets: Sequence[str] = ()) -> str:
     """12 hex digits: a new field whose default keeps the old behaviour leaves the digest as it was."""
-    from common import config as config_mod
+    from rlfleet.common import config as config_mod
 
     settings = config_mod.load(config, environ={}).model_dump_json(exclude_defaults=True)
     return hashlib.sha256((settings + "\0" + "\0".join(sets)).encode()).hexdigest()[:12]

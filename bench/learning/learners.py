@@ -32,21 +32,21 @@ from typing import Any
 
 import numpy as np
 
-from common.wire.transport import free_tcp_port
+from rlfleet.common.wire.transport import free_tcp_port
 
 
 def make_core(algo: str, batch: int, hidden: int, world: int, averager: Any = None) -> Any:
     import gymnasium as gym
 
-    from common import algorithms
+    from rlfleet.common import algorithms
 
     if algo == "sac":
-        from common.algorithms.sac.config import SACConfig
+        from rlfleet.common.algorithms.sac.config import SACConfig
 
         env = gym.make("Pendulum-v1")
         cfg: Any = SACConfig(batch_size=batch // world, hidden=[hidden, hidden])
     else:
-        from common.algorithms.dqn.config import DQNConfig
+        from rlfleet.common.algorithms.dqn.config import DQNConfig
 
         env = gym.make("CartPole-v1")
         cfg = DQNConfig(batch_size=batch // world, hidden=[hidden, hidden])
@@ -78,7 +78,7 @@ def rank_main(args: argparse.Namespace) -> None:
     if args.world > 1:
         import torch.distributed as dist
 
-        from common.algorithms.data_parallel import GradientAverager
+        from rlfleet.common.algorithms.data_parallel import GradientAverager
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
                                 world_size=args.world, timeout=timedelta(seconds=120))

@@ -44,8 +44,8 @@ import torch
 from bench.learning import scaling
 from bench.learning.pixels_data import CONFIG, RESULTS, chunks, pong_config, transitions
 from bench.learning.pixels_replay import ingest, updates_per_s
-from common.config import TableConfig
-from common.envs import acting_policy, make_vector_env
+from rlfleet.common.config import TableConfig
+from rlfleet.common.envs import acting_policy, make_vector_env
 
 
 # -- frames -------------------------------------------------------------------
@@ -57,8 +57,8 @@ def env_ceiling(seconds: float) -> float:
 def actor_loop(seconds: float) -> dict[str, float]:
     """Env frames/s of one actor's work without sockets: CNN acting, the adder, initial priorities,
     packing the frames of each insert."""
-    from common import algorithms
-    from common.wire.frames import pack_frames
+    from rlfleet.common import algorithms
+    from rlfleet.common.wire.frames import pack_frames
 
     cfg = pong_config()
     torch.set_num_threads(cfg.actor.torch_threads)
@@ -105,7 +105,7 @@ def actor_loop(seconds: float) -> dict[str, float]:
 def fleet_frames(actors: int, seconds: float, runs: Path) -> dict[str, Any]:
     """Steady env frames/s of ``rlfleet up`` with ``actors`` actors (the first quarter left out)."""
     root = runs / f"actors-{actors}"
-    cmd = [sys.executable, "-m", "cli", "up", "--config", CONFIG, "--actors", str(actors), "--max-seconds",
+    cmd = [sys.executable, "-m", "rlfleet.cli", "up", "--config", CONFIG, "--actors", str(actors), "--max-seconds",
            str(seconds), "--runs", str(root)]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=seconds + 180)
     dirs = sorted(root.glob("*/progress.csv"))
@@ -123,7 +123,7 @@ def fleet_frames(actors: int, seconds: float, runs: Path) -> dict[str, Any]:
 
 # -- bytes --------------------------------------------------------------------
 def bytes_per_transition(data: dict[str, np.ndarray], capacity: int) -> dict[str, float]:
-    from services.replay.tables import make_table
+    from rlfleet.services.replay.tables import make_table
 
     out = {}
     for mode in ("auto", "off"):
@@ -140,7 +140,7 @@ def compression(batches: list[dict[str, np.ndarray]]) -> dict[str, dict[str, flo
     import lz4.frame
     import zstandard
 
-    from common.wire.frames import FRAMES, pack_frames
+    from rlfleet.common.wire.frames import FRAMES, pack_frames
 
     frames = [pack_frames(b)[FRAMES].tobytes() for b in batches]
     raw = sum(len(f) for f in frames)
@@ -162,7 +162,8 @@ def compression(batches: list[dict[str, np.ndarray]]) -> dict[str, dict[str, flo
 # -- curve --------------------------------------------------------------------
 def curve(seconds: float, runs: Path) -> dict[str, Any]:
     root = runs / "curve"
-    cmd = [sys.executable, "-m", "cli", "up", "--config", CONFIG, "--actors", "2", "--max-seconds", str(seconds),
+    cmd = [sys.executable, "-m", "rlfleet.cli",
+           "up", "--config", CONFIG, "--actors", "2", "--max-seconds", str(seconds),
            "--runs", str(root)]
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=seconds + 300)
     rows = list(csv.DictReader(sorted(root.glob("*/progress.csv"))[-1].open()))

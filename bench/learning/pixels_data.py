@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from common import config as config_mod
-from common.envs import make_vector_env
+from rlfleet.common import config as config_mod
+from rlfleet.common.envs import make_vector_env
 
 CONFIG = "configs/pong-dqn.yaml"
 CTX = mp.get_context("spawn")
@@ -22,7 +22,7 @@ def pong_config() -> Any:
 
 def transitions(count: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Real Pong transitions: random play through DQN's n-step adder, as an actor makes them."""
-    from common import algorithms
+    from rlfleet.common import algorithms
 
     cfg = pong_config()
     algo = algorithms.get(cfg.algorithm.name)

@@ -12,9 +12,9 @@ import torch
 import zmq
 
 from bench.learning.pixels_data import CTX, chunks, pong_config
-from common.config import ActorConfig, ReplayConfig, TableConfig
-from common.envs import probe_env
-from common.memory import keep_freed_memory
+from rlfleet.common.config import ActorConfig, ReplayConfig, TableConfig
+from rlfleet.common.envs import probe_env
+from rlfleet.common.memory import keep_freed_memory
 
 
 # -- ingest -------------------------------------------------------------------
@@ -25,8 +25,8 @@ def _stop_when_set(stop: Any, srv: Any) -> None:
 
 def _server(addr_q: Any, stop: Any, capacity: int) -> None:
     keep_freed_memory()  # as every service does (common/memory.py); both sides alike
-    from common.metrics import ServiceMetrics
-    from services.replay.server import ReplayServer
+    from rlfleet.common.metrics import ServiceMetrics
+    from rlfleet.services.replay.server import ReplayServer
 
     cfg = ReplayConfig(tables=[TableConfig(name="main", kind="prioritized", capacity=capacity, min_size=1)])
     srv = ReplayServer(cfg, ServiceMetrics("replay"), "tcp://127.0.0.1:0", max_held_bytes=1 << 30)
@@ -38,7 +38,7 @@ def _server(addr_q: Any, stop: Any, capacity: int) -> None:
 
 def _pull(total: int, addr_q: Any, result_q: Any) -> None:
     keep_freed_memory()  # as every service does (common/memory.py); both sides alike
-    from common.wire.transport import make_socket
+    from rlfleet.common.wire.transport import make_socket
 
     sock = make_socket(zmq.PULL, bind="tcp://127.0.0.1:0", hwm=100)
     addr_q.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
@@ -52,14 +52,14 @@ def _pull(total: int, addr_q: Any, result_q: Any) -> None:
 
 def _writer(mode: str, addr: str, batches: list[dict[str, np.ndarray]], msgs: int, result_q: Any) -> None:
     keep_freed_memory()  # as every service does (common/memory.py); both sides alike
-    from common.wire.frames import pack_frames
-    from common.wire.inserts import InsertEncoder
+    from rlfleet.common.wire.frames import pack_frames
+    from rlfleet.common.wire.inserts import InsertEncoder
 
     batches = [pack_frames(b) for b in batches]  # as InsertClient sends them (packed once here, not timed)
     encoded = [InsertEncoder().frames("main", b, "bench-writer", 1, 1) for b in batches]
     nbytes = sum(sum(len(memoryview(f)) for f in e) for e in encoded) / len(encoded)
     if mode == "raw":
-        from common.wire.transport import make_socket
+        from rlfleet.common.wire.transport import make_socket
 
         sock = make_socket(zmq.PUSH, connect=addr, hwm=100)
         for i in range(msgs):
@@ -68,7 +68,7 @@ def _writer(mode: str, addr: str, batches: list[dict[str, np.ndarray]], msgs: in
         sock.close()
         result_q.put(("bytes", nbytes))
         return
-    from common.clients.replay_insert import InsertClient
+    from rlfleet.common.clients.replay_insert import InsertClient
 
     client = InsertClient(addr, f"bench-{time.time_ns()}", max_unacked=ActorConfig().max_unacked, pack_frames=False)
     client.insert("main", batches[0], timeout_s=60)
@@ -101,8 +101,8 @@ def ingest(mode: str, batches: list[dict[str, np.ndarray]], msgs: int, capacity:
 # -- learner ------------------------------------------------------------------
 def _sampled_server(addr_q: Any, stop: Any, data: dict[str, np.ndarray]) -> None:
     keep_freed_memory()  # as every service does (common/memory.py); both sides alike
-    from common.metrics import ServiceMetrics
-    from services.replay.server import ReplayServer
+    from rlfleet.common.metrics import ServiceMetrics
+    from rlfleet.services.replay.server import ReplayServer
 
     cfg = ReplayConfig(tables=[TableConfig(name="main", kind="prioritized", capacity=len(data["obs"]),
                                            min_size=1)])
@@ -116,8 +116,8 @@ def _sampled_server(addr_q: Any, stop: Any, data: dict[str, np.ndarray]) -> None
 
 
 def updates_per_s(mode: str, data: dict[str, np.ndarray], seconds: float, threads: int) -> float:
-    from common import algorithms
-    from common.clients.replay_sample import SampleClient
+    from rlfleet.common import algorithms
+    from rlfleet.common.clients.replay_sample import SampleClient
 
     cfg = pong_config()
     torch.set_num_threads(threads)

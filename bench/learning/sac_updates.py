@@ -35,8 +35,8 @@ def main() -> None:
 
     from stable_baselines3 import SAC
 
-    from common.algorithms.sac.config import SACConfig
-    from common.algorithms.sac.learner import SACLearner
+    from rlfleet.common.algorithms.sac.config import SACConfig
+    from rlfleet.common.algorithms.sac.learner import SACLearner
 
     env = gym.make(args.env, render_mode=None)
     ours = SACLearner(SACConfig(batch_size=args.batch), env.observation_space, env.action_space, device="cpu")

@@ -46,10 +46,10 @@ from typing import Any
 import numpy as np
 
 from bench.learning.config_digest import settings_digest
-from cli.report import write_report
-from cli.rundata import load_run, summarize, weights_time_to_target
-from common import config as config_mod
-from common.envs import make_vector_env
+from rlfleet.cli.report import write_report
+from rlfleet.cli.rundata import load_run, summarize, weights_time_to_target
+from rlfleet.common import config as config_mod
+from rlfleet.common.envs import make_vector_env
 
 CONFIG = "configs/cartpole-dqn-slowsim.yaml"  # the config a user with a slow simulator is told to use
 
@@ -90,7 +90,7 @@ def median_or_none(values: list[Any]) -> float | None:
 def launch(actors: int, seed: int, args: argparse.Namespace, runs: Path) -> subprocess.Popen[str]:
     """Start one `rlfleet up` of ``actors`` actors on ``seed``; :func:`finish` waits for it."""
     root = runs / f"actors-{actors}" / f"seed-{seed}"
-    cmd = [sys.executable, "-m", "cli", "up", "--config", args.config, "--actors", str(actors),
+    cmd = [sys.executable, "-m", "rlfleet.cli", "up", "--config", args.config, "--actors", str(actors),
            "--sync", "async", "--until-return", str(args.target), "--max-seconds", str(args.max_seconds),
            "--runs", str(root), "--set", f"seed={seed}"]
     for s in args.set:

@@ -72,7 +72,7 @@ def run_serial_config(config: Path, seed: int, budget: int, every: int, target: 
     """`rlfleet train --serial` of ``config`` as a subprocess; wall seconds from its launch; its evaluation
     curve (:func:`~bench.learning.time_to_solve.evaluation_curve`)."""
     runs = Path(tempfile.mkdtemp(prefix="serial-"))
-    cmd = [sys.executable, "-m", "cli", "train", "--serial", "--config", str(config),
+    cmd = [sys.executable, "-m", "rlfleet.cli", "train", "--serial", "--config", str(config),
            "--max-env-steps", str(budget), "--runs", str(runs),
            "--set", f"seed={seed}", "--set", f"evaluator.every_steps={every}",
            "--set", f"evaluator.episodes={EVAL_EPISODES}"]
@@ -134,7 +134,7 @@ def main() -> None:
     if (args.algo, args.env) not in CONFIGS:
         parser.error(f"no shipped config for --algo {args.algo} --env {args.env}")
     budget, every = budget_and_interval(args.algo, args.env)
-    from common import config as config_mod
+    from rlfleet.common import config as config_mod
 
     actors = args.actors or config_mod.load(ROOT / CONFIGS[args.algo, args.env], environ={}).actor.count
     sides: dict[str, list[dict[str, Any]]] = {"serial": [], "fleet": [], "sb3": []}

@@ -130,7 +130,7 @@ def run_fleet(config: Path, seed: int, actors: int | None, budget: int, eval_eve
     curve ([env steps, wall seconds from launch, mean return] per evaluation)."""
     runs = Path(tempfile.mkdtemp(prefix="tts-"))
     cmd = [
-        sys.executable, "-m", "cli", "up", "--config", str(config), "--max-env-steps", str(budget),
+        sys.executable, "-m", "rlfleet.cli", "up", "--config", str(config), "--max-env-steps", str(budget),
         "--runs", str(runs), "--set", f"seed={seed}", "--set", f"evaluator.every_steps={eval_every}",
         "--set", f"evaluator.episodes={EVAL_EPISODES}", *(extra or []),
     ]
@@ -198,8 +198,8 @@ def raw_env_steps_per_s(env_id: str, seconds: float = 3.0) -> float:
 
 def raw_updates_per_s(env_id: str, seconds: float = 3.0) -> float:
     """A plain PyTorch DQN update loop on the same network and batch size as rlfleet's config."""
-    from common import config as config_mod
-    from common.algorithms.dqn.networks import build_q_network
+    from rlfleet.common import config as config_mod
+    from rlfleet.common.algorithms.dqn.networks import build_q_network
 
     cfg = config_mod.load(ROOT / CONFIGS["dqn", env_id], environ={}).algorithm
     env = gym.make(env_id)

@@ -77,9 +77,9 @@ def run_atari(algorithm: Any, hp: dict[str, Any], n_envs: int, due: Any, env_id:
     """One SB3 learner with a CnnPolicy on ``n_envs`` of the row config's training envs."""
     from stable_baselines3.common.env_util import make_vec_env
 
-    from common import config as config_mod
-    from common.envs import env_factory
-    from common.evaluation import eval_envs
+    from rlfleet.common import config as config_mod
+    from rlfleet.common.envs import env_factory
+    from rlfleet.common.evaluation import eval_envs
 
     cfg = config_mod.load(ROOT / "configs" / ATARI_CONFIGS[env_id], environ={})
     assert cfg.env.id == env_id, (cfg.env.id, env_id)

@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from common.wire.codec import Message, encode
-from common.wire.decoder import decode
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.decoder import decode
 
 
 def batch(n: int, obs_shape: tuple[int, ...], obs_dtype: type) -> dict[str, np.ndarray]:

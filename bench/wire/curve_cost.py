@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from common import config
-from common.clients.replay_insert import InsertClient
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
-from common.security import client_curve, make_keys
-from common.wire.transport import free_tcp_port
+from rlfleet.common import config
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.security import client_curve, make_keys
+from rlfleet.common.wire.transport import free_tcp_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cartpole-dqn.yaml"
@@ -42,7 +42,7 @@ CONFIG = ROOT / "configs" / "cartpole-dqn.yaml"
 
 def start(name: str, sets: list[str], log: Path) -> subprocess.Popen[bytes]:
     port = free_tcp_port()
-    cmd = [sys.executable, "-m", "cli", "service", name, "--config", str(CONFIG), "--log-level", "WARNING",
+    cmd = [sys.executable, "-m", "rlfleet.cli", "service", name, "--config", str(CONFIG), "--log-level", "WARNING",
            "--set", "metrics.host=127.0.0.1", "--set", f"metrics.port={port}"]
     for s in sets:
         cmd += ["--set", s]

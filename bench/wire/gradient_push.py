@@ -30,10 +30,10 @@ import numpy as np
 import zmq
 
 from bench.wire.weight_sync import conv_1m2, make
-from common.clients.gradient_pusher import GradientPusher
-from common.clients.weights_publisher import WeightsPublisher
-from common.wire.transport import free_tcp_port
 from harness.paramserver_procs import ShardProcesses
+from rlfleet.common.clients.gradient_pusher import GradientPusher
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.wire.transport import free_tcp_port
 
 
 def a3c_cartpole() -> dict[str, tuple[int, ...]]:

@@ -67,11 +67,11 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.config import ActorConfig, ReplayConfig, TableConfig
-from common.memory import keep_freed_memory
-from common.metrics import ServiceMetrics
-from common.wire.inserts import InsertEncoder
-from common.wire.transport import make_socket
+from rlfleet.common.config import ActorConfig, ReplayConfig, TableConfig
+from rlfleet.common.memory import keep_freed_memory
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.inserts import InsertEncoder
+from rlfleet.common.wire.transport import make_socket
 
 CTX = mp.get_context("spawn")
 CAPACITY = 1_000_000  # of the server's table; the warm-up lap fills it once
@@ -86,7 +86,7 @@ def cartpole(n: int) -> dict[str, np.ndarray]:
 
 def _server(durability: str, directory: str, addr_q: Any, stop: Any, kind: str = "uniform") -> None:
     keep_freed_memory()  # as every service does (common/memory.py); both sides alike
-    from services.replay.server import ReplayServer
+    from rlfleet.services.replay.server import ReplayServer
 
     cfg = ReplayConfig(tables=[TableConfig(name="main", kind=kind, capacity=CAPACITY, min_size=1)],  # type: ignore[arg-type]
                        durability=durability, checkpoint_every_s=3600)  # type: ignore[arg-type]
@@ -132,7 +132,7 @@ def _writer(mode: str, addr: str, index: int, n_warm: int, n_msgs: int, batch: i
         sock.close()
         result_q.put(time.time())
         return
-    from common.clients.replay_insert import InsertClient
+    from rlfleet.common.clients.replay_insert import InsertClient
 
     defaults = ActorConfig()
     client = InsertClient(addr, f"w{index}-{time.time_ns()}", max_unacked=defaults.max_unacked,
@@ -200,7 +200,7 @@ def first_touch(nbytes: int = 128 << 20) -> dict[str, float]:
     huge pages advised), one byte a 4 KiB page, against writing all of it again. On a VM whose free memory
     goes back to the host (virtio-balloon free page reporting) the first touch waits for the host to back
     each page: what a table's first lap pays and a receiver that writes nothing does not."""
-    from services.replay.prefault import lazy_zeros
+    from rlfleet.services.replay.prefault import lazy_zeros
 
     a = lazy_zeros((nbytes,), np.uint8)
     t0 = time.perf_counter()

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from bench.wire.replay_ingest import CTX, cartpole
-from common.config import ReplayConfig, TableConfig
-from common.metrics import ServiceMetrics
+from rlfleet.common.config import ReplayConfig, TableConfig
+from rlfleet.common.metrics import ServiceMetrics
 
 CAPACITY = 1_000_000
 BATCH = 256
@@ -36,7 +36,7 @@ def table_config() -> TableConfig:
 
 
 def inproc(seconds: float) -> float:
-    from services.replay.tables import PrioritizedTable
+    from rlfleet.services.replay.tables import PrioritizedTable
 
     table = PrioritizedTable(table_config(), np.random.default_rng(0))
     chunk = cartpole(100_000)
@@ -53,7 +53,7 @@ def inproc(seconds: float) -> float:
 
 
 def _server(addr_q: Any, stop: Any) -> None:
-    from services.replay.server import ReplayServer
+    from rlfleet.services.replay.server import ReplayServer
 
     srv = ReplayServer(ReplayConfig(tables=[table_config()]), ServiceMetrics("replay"), "tcp://127.0.0.1:0")
     addr_q.put(srv.endpoint)
@@ -67,8 +67,8 @@ def _server(addr_q: Any, stop: Any) -> None:
 
 
 def over_socket(seconds: float, in_flight: int) -> tuple[float, dict[str, Any]]:
-    from common.clients.replay_insert import InsertClient
-    from common.clients.replay_sample import SampleClient
+    from rlfleet.common.clients.replay_insert import InsertClient
+    from rlfleet.common.clients.replay_sample import SampleClient
 
     addr_q, stop = CTX.Queue(), CTX.Event()
     proc = CTX.Process(target=_server, args=(addr_q, stop))

@@ -32,7 +32,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from common.wire.transport import free_tcp_port
+from rlfleet.common.wire.transport import free_tcp_port
 
 READERS = 4
 CHUNK_BYTES = 1 << 20

@@ -57,9 +57,9 @@ import numpy as np
 import zmq
 
 from bench.wire.weight_raw import READERS, RawPubSub, Reports, run_raw_one
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
 from harness.paramserver_procs import ShardProcesses
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
 
 # --frames: publishes per side and the blocks they are run in, in rotating order (run_interleaved)
 FRAMES_REPS = {"1.2M": 100, "25M": 40}

@@ -14,9 +14,9 @@ from __future__ import annotations
 # First, before any algorithm folder: an algorithm's config imports common.config.sections,
 # and common.config builds its algorithm union from this package; loading common.config
 # first lets that finish before any algorithm folder is half-imported.
-import common.config  # noqa: F401
-from common.algorithms.builder import Builder
-from common.algorithms.contract import (
+import rlfleet.common.config  # noqa: F401
+from rlfleet.common.algorithms.builder import Builder
+from rlfleet.common.algorithms.contract import (
     Adder,
     Columns,
     ColumnSchema,
@@ -28,7 +28,7 @@ from common.algorithms.contract import (
     UnknownAlgorithm,
     drop_stale,
 )
-from common.algorithms.registry import available, check_env, config_classes, get, register
+from rlfleet.common.algorithms.registry import available, check_env, config_classes, get, register
 
 __all__ = [
     "Adder",

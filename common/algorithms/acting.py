@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.algorithms.contract import SeedLike
-from common.algorithms.device import resolve_device
+from rlfleet.common.algorithms.contract import SeedLike
+from rlfleet.common.algorithms.device import resolve_device
 
 
 class PolicyBase:

@@ -10,11 +10,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from common.algorithms.acting import PolicyBase
-from common.algorithms.contract import Columns
-from common.algorithms.mlp import numpy_layers, numpy_mlp
-from common.algorithms.noise import ExplorationNoise
-from common.algorithms.weights import check_arrays
+from rlfleet.common.algorithms.acting import PolicyBase
+from rlfleet.common.algorithms.contract import Columns
+from rlfleet.common.algorithms.mlp import numpy_layers, numpy_mlp
+from rlfleet.common.algorithms.noise import ExplorationNoise
+from rlfleet.common.algorithms.weights import check_arrays
 
 NO_EXTRAS: Columns = {}
 

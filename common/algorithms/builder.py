@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from common.algorithms.contract import Adder, EnvMismatch, GradientWorker, Learner, Policy
-from common.algorithms.rounds import Round, round_of
+from rlfleet.common.algorithms.contract import Adder, EnvMismatch, GradientWorker, Learner, Policy
+from rlfleet.common.algorithms.rounds import Round, round_of
 
 if TYPE_CHECKING:
     import gymnasium as gym

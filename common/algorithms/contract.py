@@ -1,7 +1,7 @@
 """The algorithm contract: what every algorithm gives the services, and nothing else.
 
-An algorithm's :class:`~common.algorithms.builder.Builder` makes these objects; the learner
-side shares one base (:class:`~common.algorithms.learning.LearnerBase`).
+An algorithm's :class:`~rlfleet.common.algorithms.builder.Builder` makes these objects; the learner
+side shares one base (:class:`~rlfleet.common.algorithms.learning.LearnerBase`).
 
 In the manner of RLlib's new stack (an RLModule with an inference and an
 exploration forward; a Learner that splits compute and apply) and Acme's
@@ -122,7 +122,7 @@ class DataSpec:
     - ``returns_priorities``: learn() returns new priorities to write back.
     - ``max_staleness``: items acted with weights more than this many versions old are dropped
       (:func:`drop_stale`) before learn; None: no limit.
-    - ``round``: how a barrier round is consumed (:mod:`common.algorithms.rounds`). ``"updates"``:
+    - ``round``: how a barrier round is consumed (:mod:`rlfleet.common.algorithms.rounds`). ``"updates"``:
       ``updates_per_round`` calls of learn, each on a fresh sample of ``batch_items`` (DQN, SAC; the
       count is the learner config's). ``"every_item"``: every item the round's actors inserted, once,
       in one learn call (PPO's segments).
@@ -148,7 +148,7 @@ class Learner(Protocol):
     def weigh(self, probability: np.ndarray) -> np.ndarray | None:
         """Importance weights (float32, one per item) for a batch sampled with these probabilities
         (replay's ``probability`` column), with the algorithm's exponent now (prioritized replay:
-        :func:`~common.algorithms.importance.importance_weights`); None: learn unweighted."""
+        :func:`~rlfleet.common.algorithms.importance.importance_weights`); None: learn unweighted."""
         ...
 
     def compute_gradients(

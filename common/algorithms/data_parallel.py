@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.algorithms.contract import Grads
+from rlfleet.common.algorithms.contract import Grads
 
 
 class CollectiveError(Exception):

@@ -7,13 +7,13 @@ schedule (:meth:`LearnerBase.lr`), prioritized replay's importance weights
 (:meth:`LearnerBase.weigh`) and the state of its own beyond networks and optimizers. The base
 owns the rest:
 
-- named optimizers (:meth:`add_optimizer`, one :class:`~common.algorithms.optim.ClippedAdam` each),
+- named optimizers (:meth:`add_optimizer`, one :class:`~rlfleet.common.algorithms.optim.ClippedAdam` each),
   stepped by :meth:`apply_gradients` with the global-norm clip and the learning rate now;
-- data-parallel learning: a :class:`~common.algorithms.data_parallel.GradientAverager` handed to the
+- data-parallel learning: a :class:`~rlfleet.common.algorithms.data_parallel.GradientAverager` handed to the
   constructor (``averager``; None: one learner) averages gradients between compute and apply
   (:meth:`average`) and sums cross-rank statistics (:meth:`group_sum`); :attr:`world` is the
   group's size;
-- batches on the device: :attr:`staging` (:class:`~common.algorithms.device.HostStaging`: reused
+- batches on the device: :attr:`staging` (:class:`~rlfleet.common.algorithms.device.HostStaging`: reused
   pinned buffers and non-blocking copies on CUDA, the arrays' own memory on CPU);
 - the update counter, and checkpoints: :meth:`state` / :meth:`load_state` write and check the
   algorithm's name and checkpoint format version, the counter and every optimizer's state around
@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from common.algorithms.contract import DataSpec, Grads
-from common.algorithms.device import HostStaging, cpu_copy, resolve_device
-from common.algorithms.importance import importance_weights
-from common.algorithms.optim import ClippedAdam
+from rlfleet.common.algorithms.contract import DataSpec, Grads
+from rlfleet.common.algorithms.device import HostStaging, cpu_copy, resolve_device
+from rlfleet.common.algorithms.importance import importance_weights
+from rlfleet.common.algorithms.optim import ClippedAdam
 
 if TYPE_CHECKING:
-    from common.algorithms.data_parallel import GradientAverager
+    from rlfleet.common.algorithms.data_parallel import GradientAverager
 
 
 class LearnerBase:

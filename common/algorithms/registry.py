@@ -1,7 +1,7 @@
 """The registry of algorithms: each a folder ``common/algorithms/<name>/`` whose ``builder.py``
 defines ``BUILDER = Builder(...)``, named in :data:`BUILTIN`; or one added with :func:`register`.
 
-Torch-free on purpose: :mod:`common.config` builds the experiment's ``algorithm:``
+Torch-free on purpose: :mod:`rlfleet.common.config` builds the experiment's ``algorithm:``
 section from :func:`config_classes`, and the replay and paramserver images have
 no torch. An algorithm folder's ``__init__`` therefore imports only its config
 and defers its networks to the factories.
@@ -12,13 +12,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from common.algorithms.builder import Builder
-from common.algorithms.contract import UnknownAlgorithm
+from rlfleet.common.algorithms.builder import Builder
+from rlfleet.common.algorithms.contract import UnknownAlgorithm
 
 if TYPE_CHECKING:
     import gymnasium as gym
 
-_PACKAGE = "common.algorithms"
+_PACKAGE = "rlfleet.common.algorithms"
 # The built-in algorithms: adding one is its folder and its line here.
 BUILTIN = (
     "a3c",

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from common.algorithms.contract import Columns, DataSpec
+from rlfleet.common.algorithms.contract import Columns, DataSpec
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from common.algorithms.contract import EnvMismatch
+from rlfleet.common.algorithms.contract import EnvMismatch
 
 
 def env_label(env_id: str | None) -> str:

@@ -1,6 +1,6 @@
 """Which torso a network gets (torch-free: the config and the env check read it).
 
-``torso: auto`` picks the Nature CNN (:mod:`common.algorithms.cnn`) for image
+``torso: auto`` picks the Nature CNN (:mod:`rlfleet.common.algorithms.cnn`) for image
 observations (uint8 boxes of shape [stack, height, width]) and an MLP for
 everything else; a torso that does not fit the observations is refused with
 what was given and what is allowed.
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from common.algorithms.contract import EnvMismatch
+from rlfleet.common.algorithms.contract import EnvMismatch
 
 MIN_IMAGE_SIDE = 36  # the Nature CNN's three convolutions need at least this many pixels a side
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from common.algorithms.device import to_device
+from rlfleet.common.algorithms.device import to_device
 
 
 def publish_arrays(net: torch.nn.Module, prefix: str = "") -> dict[str, np.ndarray]:

@@ -9,5 +9,5 @@
 - ``fleet_links``: FleetLinks (an actor's registry and weights links together).
 - ``paramserver_shards``: the connections to every paramserver shard the others share.
 
-All of them talk through :class:`common.wire.connection.Connection`.
+All of them talk through :class:`rlfleet.common.wire.connection.Connection`.
 """

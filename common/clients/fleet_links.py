@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import time
 
-from common.clients.registry import RegistryClient, Welcome
-from common.clients.weights_reader import WeightsReader
-from common.config import Experiment
-from common.runtime import StartupError
-from common.security import client_curve, refused_hint
-from common.wire.errors import CommTimeout, RemoteError
+from rlfleet.common.clients.registry import RegistryClient, Welcome
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.config import Experiment
+from rlfleet.common.runtime import StartupError
+from rlfleet.common.security import client_curve, refused_hint
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
 
 log = logging.getLogger("rlfleet.actor")
 

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.clients.paramserver_shards import ParamserverShards, raise_errors
-from common.tensor_shards import Layout
-from common.wire.codec import Message
-from common.wire.dedup import first_seq_of
-from common.wire.transport import CurveConfig
+from rlfleet.common.clients.paramserver_shards import ParamserverShards, raise_errors
+from rlfleet.common.tensor_shards import Layout
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.dedup import first_seq_of
+from rlfleet.common.wire.transport import CurveConfig
 
 #: reasons a shard refuses a push that say "try again with newer weights", not "this push is wrong"
 RETRYABLE = frozenset({"stale_gradients", "unknown_version", "no_weights", "not_registered", "busy"})

@@ -1,4 +1,4 @@
-"""What an :class:`~common.clients.replay_insert.InsertClient` holds for replay: the un-acked messages of
+"""What an :class:`~rlfleet.common.clients.replay_insert.InsertClient` holds for replay: the un-acked messages of
 its window (kept for resending) and the inserts waiting to go merged into one message (coalescing).
 
 Coalescing (``coalesce``, ``actor.coalesce_inserts``): an insert made while

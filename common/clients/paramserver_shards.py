@@ -1,9 +1,9 @@
 """One connection per paramserver shard: scatter requests, gather the replies matched by seq.
 
-Shared by every paramserver client: :class:`~common.clients.weights_publisher.WeightsPublisher`
+Shared by every paramserver client: :class:`~rlfleet.common.clients.weights_publisher.WeightsPublisher`
 (the learner's publishes, barriers and version probes on the same connections),
-:class:`~common.clients.weights_reader.WeightsReader` (actors, evaluators) and
-:class:`~common.clients.version_probe.VersionProbe`.
+:class:`~rlfleet.common.clients.weights_reader.WeightsReader` (actors, evaluators) and
+:class:`~rlfleet.common.clients.version_probe.VersionProbe`.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from typing import Any
 
 import zmq
 
-from common.wire.codec import DEFAULT_LIMITS, Limits, Message
-from common.wire.connection import Connection, collect
-from common.wire.errors import CommTimeout, RemoteError
-from common.wire.schema import DEFAULT_MODEL, model_name_problem
-from common.wire.transport import CurveConfig
+from rlfleet.common.wire.codec import DEFAULT_LIMITS, Limits, Message
+from rlfleet.common.wire.connection import Connection, collect
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
+from rlfleet.common.wire.schema import DEFAULT_MODEL, model_name_problem
+from rlfleet.common.wire.transport import CurveConfig
 
 #: extra time a client waits beyond a long poll's own timeout before giving up on the server
 WAIT_MARGIN_S = 1.0
 
 
 class ParamserverShards:
-    """A :class:`~common.wire.connection.Connection` to each shard, in shard order."""
+    """A :class:`~rlfleet.common.wire.connection.Connection` to each shard, in shard order."""
 
     def __init__(self, addresses: Sequence[str], sender: str, curve: CurveConfig | None = None,
                  ctx: zmq.Context[Any] | None = None, limits: Limits = DEFAULT_LIMITS, seq_start: int = 1) -> None:

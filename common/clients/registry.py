@@ -7,10 +7,10 @@ from typing import Any
 
 import zmq
 
-from common.wire.codec import Message
-from common.wire.connection import Connection
-from common.wire.errors import RemoteError
-from common.wire.transport import CurveConfig
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.connection import Connection
+from rlfleet.common.wire.errors import RemoteError
+from rlfleet.common.wire.transport import CurveConfig
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 No thread: replies are processed inside the caller's calls (``insert``,
 ``flush``, ``poll``), and every blocking call takes a timeout and raises
-:class:`~common.wire.errors.CommTimeout`.
+:class:`~rlfleet.common.wire.errors.CommTimeout`.
 
 One shard: a window of un-acked inserts bounded by count and
 bytes. ``insert()`` blocks while the window is full, which is how the replay
@@ -53,16 +53,16 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.clients.insert_window import PendingInsert, Unacked, merge_rows
-from common.config import Experiment
-from common.security import client_curve
-from common.wire.codec import DEFAULT_LIMITS, Limits, Message
-from common.wire.connection import Connection, Poller
-from common.wire.dedup import first_seq_of
-from common.wire.errors import CommTimeout, RemoteError
-from common.wire.frames import FRAMES, pack_frames
-from common.wire.inserts import InsertEncoder
-from common.wire.transport import DEFAULT_HWM, CurveConfig
+from rlfleet.common.clients.insert_window import PendingInsert, Unacked, merge_rows
+from rlfleet.common.config import Experiment
+from rlfleet.common.security import client_curve
+from rlfleet.common.wire.codec import DEFAULT_LIMITS, Limits, Message
+from rlfleet.common.wire.connection import Connection, Poller
+from rlfleet.common.wire.dedup import first_seq_of
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
+from rlfleet.common.wire.frames import FRAMES, pack_frames
+from rlfleet.common.wire.inserts import InsertEncoder
+from rlfleet.common.wire.transport import DEFAULT_HWM, CurveConfig
 
 log = logging.getLogger(__name__)
 

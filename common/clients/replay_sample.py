@@ -2,7 +2,7 @@
 
 No thread: replies are processed inside the caller's calls (``sample``,
 ``poll``, ``update_priorities``), and every blocking call takes a timeout and
-raises :class:`~common.wire.errors.CommTimeout`.
+raises :class:`~rlfleet.common.wire.errors.CommTimeout`.
 
 Keeps ``in_flight`` sample requests outstanding per shard so a batch is
 usually waiting when the learner asks. A batch carries each item's sampling
@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.config import Experiment
-from common.security import client_curve
-from common.wire.codec import DEFAULT_LIMITS, Limits, Message
-from common.wire.connection import Connection, Poller
-from common.wire.errors import CommTimeout, RemoteError
-from common.wire.transport import DEFAULT_HWM, CurveConfig
+from rlfleet.common.config import Experiment
+from rlfleet.common.security import client_curve
+from rlfleet.common.wire.codec import DEFAULT_LIMITS, Limits, Message
+from rlfleet.common.wire.connection import Connection, Poller
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
+from rlfleet.common.wire.transport import DEFAULT_HWM, CurveConfig
 
 log = logging.getLogger(__name__)
 

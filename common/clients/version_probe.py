@@ -15,7 +15,7 @@ weights there again.
 
 The probe uses the connections it is given (the publisher's, for the learner):
 a reply it awaits is kept for it even when a publish on the same connection
-reads it first (:meth:`~common.wire.connection.Connection.expect`).
+reads it first (:meth:`~rlfleet.common.wire.connection.Connection.expect`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from common.clients.paramserver_shards import ParamserverShards, raise_errors
-from common.wire.codec import Message
-from common.wire.errors import CommTimeout
+from rlfleet.common.clients.paramserver_shards import ParamserverShards, raise_errors
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.errors import CommTimeout
 
 Outcome = Literal["answered", "silent", "waiting"]
 

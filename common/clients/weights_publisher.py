@@ -3,7 +3,7 @@
 ``publish(version, tensors)`` sends each shard its slice in parallel and
 returns once every shard acked; ``barrier(round)`` blocks until every live
 actor waits for round + 1. The learner asks which versions the shards hold
-through a :class:`~common.clients.version_probe.VersionProbe` on the same
+through a :class:`~rlfleet.common.clients.version_probe.VersionProbe` on the same
 connections (``publisher.shards``): one paramserver client, not three.
 
 Every call takes a timeout and raises CommTimeout when it passes; an
@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common import weights_shm as shmlib
-from common.clients.paramserver_shards import WAIT_MARGIN_S, ParamserverShards, checked_model, raise_errors
-from common.tensor_shards import Layout, tensor_specs
-from common.wire.codec import Message
-from common.wire.errors import CommTimeout
-from common.wire.transport import CurveConfig
+from rlfleet.common import weights_shm as shmlib
+from rlfleet.common.clients.paramserver_shards import WAIT_MARGIN_S, ParamserverShards, checked_model, raise_errors
+from rlfleet.common.tensor_shards import Layout, tensor_specs
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.errors import CommTimeout
+from rlfleet.common.wire.transport import CurveConfig
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common import weights_shm as shmlib
-from common.clients.paramserver_shards import WAIT_MARGIN_S, ParamserverShards, checked_model, raise_errors
-from common.tensor_shards import fingerprint, tensor_specs
-from common.wire.codec import Message
-from common.wire.errors import RemoteError
-from common.wire.transport import CurveConfig
+from rlfleet.common import weights_shm as shmlib
+from rlfleet.common.clients.paramserver_shards import WAIT_MARGIN_S, ParamserverShards, checked_model, raise_errors
+from rlfleet.common.tensor_shards import fingerprint, tensor_specs
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.errors import RemoteError
+from rlfleet.common.wire.transport import CurveConfig
 
 log = logging.getLogger(__name__)
 

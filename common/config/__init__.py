@@ -14,12 +14,12 @@ bad value and what is allowed (:class:`ConfigError`).
 The modules: :mod:`.sections` holds the pydantic section of each service,
 :mod:`.algorithm` the algorithm's section (gathered from the algorithm folders), :mod:`.experiment` the whole file
 and its cross-section checks, :mod:`.loading` reading, overrides and error
-messages. Import from ``common.config``.
+messages. Import from ``rlfleet.common.config``.
 """
 
-from common.config.algorithm import AlgorithmConfig
-from common.config.experiment import Experiment, bind_address
-from common.config.loading import (
+from rlfleet.common.config.algorithm import AlgorithmConfig
+from rlfleet.common.config.experiment import Experiment, bind_address
+from rlfleet.common.config.loading import (
     ENV_PREFIX,
     ConfigError,
     cli_overrides,
@@ -29,7 +29,7 @@ from common.config.loading import (
     load,
     validate,
 )
-from common.config.sections import (
+from rlfleet.common.config.sections import (
     ActorConfig,
     AtariConfig,
     EnvConfig,

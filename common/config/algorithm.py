@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol, Union
 
 from pydantic import Field
 
-from common.algorithms.registry import config_classes, get
+from rlfleet.common.algorithms.registry import config_classes, get
 
 
 class AlgorithmSection(Protocol):

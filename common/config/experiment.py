@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from common.config.algorithm import AlgorithmConfig, default_algorithm
-from common.config.planning import PlanningConfig, planning_problems
-from common.config.sections import (
+from rlfleet.common.config.algorithm import AlgorithmConfig, default_algorithm
+from rlfleet.common.config.planning import PlanningConfig, planning_problems
+from rlfleet.common.config.sections import (
     ActorConfig,
     EnvConfig,
     EvaluatorConfig,
@@ -21,7 +21,7 @@ from common.config.sections import (
     SecurityConfig,
     Strict,
 )
-from common.wire.codec import Limits
+from rlfleet.common.wire.codec import Limits
 
 
 class Experiment(Strict):
@@ -105,7 +105,7 @@ class Experiment(Strict):
         host) if set, else on ``network.bind_host``."""
         host = self.network.bind_host
         if self.network.interface is not None:
-            from common.netif import interface_address  # reads this host's interfaces: only where one binds
+            from rlfleet.common.netif import interface_address  # reads this host's interfaces: only where one binds
 
             host = interface_address(self.network.interface)
         return bind_address(getattr(self.network, service)[shard], host)

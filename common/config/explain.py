@@ -14,8 +14,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from common.algorithms.registry import config_classes
-from common.config.experiment import Experiment
+from rlfleet.common.algorithms.registry import config_classes
+from rlfleet.common.config.experiment import Experiment
 
 
 class UnknownField(ValueError):

@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from common.config.algorithm import algorithm_class
-from common.config.experiment import Experiment
+from rlfleet.common.config.algorithm import algorithm_class
+from rlfleet.common.config.experiment import Experiment
 
 ENV_PREFIX = "RLFLEET_"
 

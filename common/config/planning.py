@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
-from common.config.sections import PosFloat, PosInt, Strict
+from rlfleet.common.config.sections import PosFloat, PosInt, Strict
 
 if TYPE_CHECKING:
-    from common.config.experiment import Experiment
+    from rlfleet.common.config.experiment import Experiment
 
 PLANNING_MODEL = "world_model"  # the paramserver model name the world model is published under
 

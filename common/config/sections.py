@@ -306,7 +306,7 @@ class LoggingConfig(Strict):
 
     @model_validator(mode="after")
     def _installed(self) -> LoggingConfig:
-        from common.wandb_log import missing_wandb
+        from rlfleet.common.wandb_log import missing_wandb
 
         why = missing_wandb() if self.wandb else None
         if why is not None:

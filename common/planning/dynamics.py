@@ -27,11 +27,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from common.algorithms.device import resolve_device, to_device
-from common.algorithms.mlp import mlp
-from common.algorithms.optim import ClippedAdam
-from common.algorithms.weights import load_arrays, publish_arrays
-from common.config.planning import WorldModelConfig
+from rlfleet.common.algorithms.device import resolve_device, to_device
+from rlfleet.common.algorithms.mlp import mlp
+from rlfleet.common.algorithms.optim import ClippedAdam
+from rlfleet.common.algorithms.weights import load_arrays, publish_arrays
+from rlfleet.common.config.planning import WorldModelConfig
 
 VAL_ERROR = "meta.val_error"  # the published validation error (float32 scalar array)
 MIN_VALIDATION = 200  # held-out transitions seen before the validation error counts

@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from common.planning.dynamics import DynamicsNet
+from rlfleet.common.planning.dynamics import DynamicsNet
 
 
 class ImaginedEnv:

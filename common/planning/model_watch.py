@@ -1,6 +1,6 @@
 """Following the published world model and its gate: what planners and the learner both do.
 
-The modeler publishes the model under :data:`~common.config.planning.PLANNING_MODEL`
+The modeler publishes the model under :data:`~rlfleet.common.config.planning.PLANNING_MODEL`
 with its validation error (``meta.val_error``). The gate is open while that
 error is below ``planning.gate``: planners make imagined data and the learner
 samples it only then. Before any model is published the gate is closed.
@@ -14,11 +14,11 @@ from typing import Any
 
 import gymnasium as gym
 
-from common.clients.weights_reader import WeightsReader
-from common.config import Experiment
-from common.config.planning import PLANNING_MODEL
-from common.planning.dynamics import DynamicsNet, ModelMismatch, load_dynamics_model, make_dynamics_model
-from common.wire.errors import CommTimeout, RemoteError
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.config import Experiment
+from rlfleet.common.config.planning import PLANNING_MODEL
+from rlfleet.common.planning.dynamics import DynamicsNet, ModelMismatch, load_dynamics_model, make_dynamics_model
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
 
 log = logging.getLogger("rlfleet.planning")
 

@@ -31,7 +31,7 @@ A file that readers keep mapped stays retired (at most ``MAX_RETIRED``, then
 the oldest is unlinked: its pages go when the last reader lets go).
 
 The publisher on the shards' host does the same in the other direction
-(:class:`~common.weights_shm.writer.ShmWriter`): it writes each shard's slice once into a file of its
+(:class:`~rlfleet.common.weights_shm.writer.ShmWriter`): it writes each shard's slice once into a file of its
 own (``...-pub<n>``, pages allocated ahead of time) and sends only its name;
 the shard maps it, checks it like any publish and takes the file over as that
 version's file (a rename), so the bytes are copied once from the learner to
@@ -39,10 +39,10 @@ every same-host reader, instead of once over tcp to the shard and once more
 into /dev/shm.
 """
 
-from common.weights_shm.exporter import ShmExporter
-from common.weights_shm.files import PREFIX, SHM_DIR, available, clean_stale, discard, layout_of
-from common.weights_shm.mapping import ShmGone, ShmUnavailable, map_arrays, map_published
-from common.weights_shm.writer import ShmWriter
+from rlfleet.common.weights_shm.exporter import ShmExporter
+from rlfleet.common.weights_shm.files import PREFIX, SHM_DIR, available, clean_stale, discard, layout_of
+from rlfleet.common.weights_shm.mapping import ShmGone, ShmUnavailable, map_arrays, map_published
+from rlfleet.common.weights_shm.writer import ShmWriter
 
 __all__ = [
     "PREFIX", "SHM_DIR", "ShmExporter", "ShmGone", "ShmUnavailable", "ShmWriter", "available", "clean_stale",

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from common.weights_shm.files import (
+from rlfleet.common.weights_shm.files import (
     MAX_FREE,
     MAX_RETIRED,
     PREFIX,

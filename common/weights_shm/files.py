@@ -1,6 +1,6 @@
 """The shared-memory files that carry weights versions on one host: names, sizes, lifetime.
 
-The package's story is in :mod:`common.weights_shm` (its ``__init__``); this
+The package's story is in :mod:`rlfleet.common.weights_shm` (its ``__init__``); this
 module holds what the writer (publisher), the exporter (shard) and the mapping
 (readers) share: the directory and the names a file may have, the layout of
 arrays in a file, and allocating, filling, reclaiming and removing files.
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from common.wire.codec import wire_dtype_name
+from rlfleet.common.wire.codec import wire_dtype_name
 
 log = logging.getLogger(__name__)
 

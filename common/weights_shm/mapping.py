@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from common.weights_shm.files import ALIGN, NAME, PREFIX, PUBLISHED, SHM_DIR
-from common.wire.codec import DTYPES
+from rlfleet.common.weights_shm.files import ALIGN, NAME, PREFIX, PUBLISHED, SHM_DIR
+from rlfleet.common.wire.codec import DTYPES
 
 
 class ShmUnavailable(Exception):

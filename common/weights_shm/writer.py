@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from common.weights_shm.files import NAME, PREFIX, PUBLISHED, SHM_DIR, allocate, discard, fill, layout_of
+from rlfleet.common.weights_shm.files import NAME, PREFIX, PUBLISHED, SHM_DIR, allocate, discard, fill, layout_of
 
 
 class ShmWriter:

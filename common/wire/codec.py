@@ -1,8 +1,8 @@
 """The rlfleet wire protocol: one msgpack header frame plus raw array frames.
 
 docs/protocol.md is the authority; this module is the only encoder (with
-:mod:`common.wire.inserts`, the inserts' fast path) and
-:mod:`common.wire.decoder` the only decoder. A message on the wire is one ZeroMQ multipart message:
+:mod:`rlfleet.common.wire.inserts`, the inserts' fast path) and
+:mod:`rlfleet.common.wire.decoder` the only decoder. A message on the wire is one ZeroMQ multipart message:
 
     [ROUTER identity frames] header payload_0 payload_1 ...
 
@@ -13,7 +13,7 @@ array. Nothing is pickled, ever.
 
 The decoder trusts nothing: every rejection is a :class:`ProtocolError` with a
 machine-readable ``reason`` (one of :data:`REASONS`), and no other exception
-escapes :func:`~common.wire.decoder.decode`.
+escapes :func:`~rlfleet.common.wire.decoder.decode`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from common.wire.schema import MESSAGES
+from rlfleet.common.wire.schema import MESSAGES
 
 PROTOCOL_VERSION = 2  # 2: sample.beta and batch.weight removed (importance weights are the learner's)
 

@@ -8,7 +8,7 @@ reads, registry calls and version probes) talks through a :class:`Connection`:
   dropped, and an ``error`` with ``ref_seq`` -1 (a request the server could
   not decode) answers whatever is awaited;
 - it reads without waiting (:meth:`Connection.replies`) and decodes with its
-  :class:`~common.wire.codec.Limits`; a reply that does not decode is logged
+  :class:`~rlfleet.common.wire.codec.Limits`; a reply that does not decode is logged
   and counted (``undecodable``), never raised out of a drain;
 - with ``watch_handshakes`` it watches its own socket's CurveZMQ/ZMTP
   handshakes: a handshake after the first means the server restarted or the
@@ -30,10 +30,10 @@ from typing import Any, TypeVar
 
 import zmq
 
-from common.wire.codec import DEFAULT_LIMITS, Limits, Message, ProtocolError, encode
-from common.wire.decoder import decode
-from common.wire.errors import CommTimeout, RemoteError
-from common.wire.transport import (
+from rlfleet.common.wire.codec import DEFAULT_LIMITS, Limits, Message, ProtocolError, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
+from rlfleet.common.wire.transport import (
     DEFAULT_HWM,
     NOBLOCK,
     CurveConfig,

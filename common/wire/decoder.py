@@ -1,9 +1,9 @@
 """The only decoder of the wire protocol (docs/protocol.md): it trusts nothing.
 
-Every rejection is a :class:`~common.wire.codec.ProtocolError` with a
+Every rejection is a :class:`~rlfleet.common.wire.codec.ProtocolError` with a
 machine-readable ``reason``, checked before anything is built: the frame count
-and sizes against :class:`~common.wire.codec.Limits`, the header's msgpack, its
-envelope, the body against :data:`~common.wire.schema.MESSAGES`, each array's
+and sizes against :class:`~rlfleet.common.wire.codec.Limits`, the header's msgpack, its
+envelope, the body against :data:`~rlfleet.common.wire.schema.MESSAGES`, each array's
 descriptor against its frame. A sender repeats the same array layout in every
 message, so a layout that passed once is remembered and compared whole.
 """
@@ -17,7 +17,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from common.wire.codec import (
+from rlfleet.common.wire.codec import (
     DEFAULT_LIMITS,
     DTYPE_NAMES,
     DTYPES,
@@ -27,7 +27,7 @@ from common.wire.codec import (
     Message,
     ProtocolError,
 )
-from common.wire.schema import MESSAGES, FieldSpec, MessageSpec, range_text
+from rlfleet.common.wire.schema import MESSAGES, FieldSpec, MessageSpec, range_text
 
 
 def _buffer(frame: Any) -> Any:

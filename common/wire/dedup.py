@@ -4,7 +4,7 @@ are already stored or applied, in bounded memory.
 Per sender we keep ``floor`` (every seq <= floor is stored or forgotten on
 purpose) and the set of stored seqs above it. The floor advances over
 contiguous seqs, and also to ``window_start - 1`` when the sender says so:
-every insert of :class:`~common.clients.replay_insert.InsertClient` carries
+every insert of :class:`~rlfleet.common.clients.replay_insert.InsertClient` carries
 ``window_start``, the lowest seq still un-acked on its side, so seqs below it
 will never be resent. The set therefore holds at most the sender's window.
 Whether or not the sender says, the set holds at most ``WINDOW`` (4,096) seqs:
@@ -66,7 +66,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from common.wire.errors import RemoteError
+from rlfleet.common.wire.errors import RemoteError
 
 WINDOW = 4096
 IDLE_S = 600.0  # a sender silent this long may be forgotten (its later inserts are then refused)

@@ -1,6 +1,6 @@
 """The errors of the wire that callers catch: a timeout, a refusal by the server, a refused request.
 
-:class:`common.wire.codec.ProtocolError` (a message that does not decode) lives
+:class:`rlfleet.common.wire.codec.ProtocolError` (a message that does not decode) lives
 with the decoder, beside the list of its reasons.
 """
 

@@ -5,7 +5,7 @@ A sender repeats everything of its inserts but seq and window_start, so
 "prefix", :func:`insert_header_prefix`) for a layout and packs the two ints
 after it; a receiver that fully decoded one insert of a prefix may take the
 next ones of that prefix by reading the two ints alone (:func:`read_insert_tail`).
-Everything here gives messages that :func:`common.wire.codec.decode` reads.
+Everything here gives messages that :func:`rlfleet.common.wire.codec.decode` reads.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from common.wire.codec import DTYPE_NAMES, DTYPES, PROTOCOL_VERSION, Message, encode, pack_arrays
+from rlfleet.common.wire.codec import DTYPE_NAMES, DTYPES, PROTOCOL_VERSION, Message, encode, pack_arrays
 
 _SEQ_KEY = b"\xa3seq"
 _CF_SEQ_KEY = _SEQ_KEY + b"\xcf"  # the key, then a uint64's marker

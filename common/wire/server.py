@@ -21,11 +21,11 @@ from typing import Any
 
 import zmq
 
-from common.metrics import ServiceMetrics
-from common.wire.codec import DEFAULT_LIMITS, Limits, Message, ProtocolError, encode
-from common.wire.decoder import decode
-from common.wire.errors import RequestError
-from common.wire.transport import (
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import DEFAULT_LIMITS, Limits, Message, ProtocolError, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.common.wire.transport import (
     DEFAULT_HWM,
     NOBLOCK,
     SNDMORE_NOBLOCK,
@@ -121,7 +121,7 @@ class Server:
         """Send ``msg`` to ``peer`` (ref_seq filled in). False if undeliverable.
 
         ``copy=False``: the arrays go without a copy; only for arrays whose memory never
-        changes (see :func:`~common.wire.transport.send_parts`)."""
+        changes (see :func:`~rlfleet.common.wire.transport.send_parts`)."""
         return self.send_frames(peer, self.reply_frames(peer, msg), msg.type, copy=copy)
 
     def reply_frames(self, peer: Peer, msg: Message) -> list[Any]:

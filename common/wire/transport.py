@@ -2,7 +2,7 @@
 
 Works the same over ``tcp://``, ``ipc://`` and ``inproc://`` (inproc needs the
 shared context from :func:`context`). Every blocking receive takes a timeout
-and raises :class:`~common.wire.errors.CommTimeout` when it passes.
+and raises :class:`~rlfleet.common.wire.errors.CommTimeout` when it passes.
 """
 
 from __future__ import annotations

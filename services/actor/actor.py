@@ -17,17 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from common import algorithms
-from common.clients.registry import Welcome
-from common.clients.replay_insert import InsertClient
-from common.config import Experiment
-from common.envs import acting_policy, make_vector_env
-from common.metrics import ServiceMetrics
-from common.runtime import refusal_is_fatal
-from common.tboard import scalar_writer
-from common.wire.errors import CommTimeout, RemoteError
-from services.actor.episodes import Episodes
-from services.actor.member import FleetMember
+from rlfleet.common import algorithms
+from rlfleet.common.clients.registry import Welcome
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.config import Experiment
+from rlfleet.common.envs import acting_policy, make_vector_env
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.runtime import refusal_is_fatal
+from rlfleet.common.tboard import scalar_writer
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
+from rlfleet.services.actor.episodes import Episodes
+from rlfleet.services.actor.member import FleetMember
 
 log = logging.getLogger("rlfleet.actor")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from common.config import Experiment, dump
+from rlfleet.common.config import Experiment, dump
 
 log = logging.getLogger("rlfleet.evaluator")
 
@@ -36,7 +36,7 @@ class BestKeeper:
         self.path = best_path(cfg.run_dir)
         self.best: float | None = None
         try:
-            from common.algorithms.checkpoint import load_checkpoint
+            from rlfleet.common.algorithms.checkpoint import load_checkpoint
 
             state = load_checkpoint(self.path)
         except Exception as exc:  # an unreadable file is replaced by the next evaluation
@@ -53,7 +53,7 @@ class BestKeeper:
             return False
         import torch
 
-        from common.algorithms.checkpoint import save_checkpoint
+        from rlfleet.common.algorithms.checkpoint import save_checkpoint
 
         state: dict[str, Any] = {
             "core": {}, "version": int(version), "config": dump(self.cfg),

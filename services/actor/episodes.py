@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from common.metrics import ServiceMetrics
-from common.tboard import ScalarWriter
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.tboard import ScalarWriter
 
 
 class EpisodeStats:

@@ -14,14 +14,14 @@ from typing import Any
 
 from gymnasium.vector import VectorEnv
 
-from common.config import Experiment
-from common.envs import acting_policy
-from common.evaluation import EVAL_SEED_OFFSET, eval_envs, evaluate
-from common.metrics import ServiceMetrics
-from common.tboard import scalar_writer
-from common.wire.errors import CommTimeout, RemoteError
-from services.actor.best import BestKeeper
-from services.actor.member import FleetMember
+from rlfleet.common.config import Experiment
+from rlfleet.common.envs import acting_policy
+from rlfleet.common.evaluation import EVAL_SEED_OFFSET, eval_envs, evaluate
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.tboard import scalar_writer
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
+from rlfleet.services.actor.best import BestKeeper
+from rlfleet.services.actor.member import FleetMember
 
 log = logging.getLogger("rlfleet.evaluator")
 

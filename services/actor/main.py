@@ -5,21 +5,21 @@ from __future__ import annotations
 import os
 import socket
 
-from common.config import Experiment
-from common.runtime import ServiceArgs
+from rlfleet.common.config import Experiment
+from rlfleet.common.runtime import ServiceArgs
 
 
 def build(cfg: Experiment, args: ServiceArgs):  # type: ignore[no-untyped-def]
     # A stable id survives a restart on the same host: the registry then gives it back its index.
     actor_id = args.actor_id or f"{args.name}-{socket.gethostname()}-{os.getpid()}"
     if args.name == "evaluator":
-        from services.actor.evaluator import EvaluatorService
+        from rlfleet.services.actor.evaluator import EvaluatorService
 
         return EvaluatorService(cfg, actor_id)
     if cfg.algorithm.trains_with_workers():  # A3C, HogWild DQN: no replay, no learner
-        from services.actor.worker import WorkerService
+        from rlfleet.services.actor.worker import WorkerService
 
         return WorkerService(cfg, actor_id)
-    from services.actor.actor import ActorService
+    from rlfleet.services.actor.actor import ActorService
 
     return ActorService(cfg, actor_id)

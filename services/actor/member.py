@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from common.clients.fleet_links import FleetLinks
-from common.config import Experiment
+from rlfleet.common.clients.fleet_links import FleetLinks
+from rlfleet.common.config import Experiment
 
 
 class FleetMember:

@@ -31,18 +31,18 @@ from typing import Any
 
 import numpy as np
 
-from common import algorithms
-from common.clients.gradient_pusher import RETRYABLE, GradientPusher, PushOutcome
-from common.clients.weights_publisher import WeightsPublisher
-from common.config import Experiment
-from common.envs import make_vector_env, probe_env
-from common.metrics import ServiceMetrics
-from common.runtime import FatalError
-from common.security import client_curve
-from common.tboard import scalar_writer
-from common.wire.errors import CommTimeout, RemoteError
-from services.actor.episodes import Episodes
-from services.actor.member import FleetMember
+from rlfleet.common import algorithms
+from rlfleet.common.clients.gradient_pusher import RETRYABLE, GradientPusher, PushOutcome
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.config import Experiment
+from rlfleet.common.envs import make_vector_env, probe_env
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.runtime import FatalError
+from rlfleet.common.security import client_curve
+from rlfleet.common.tboard import scalar_writer
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
+from rlfleet.services.actor.episodes import Episodes
+from rlfleet.services.actor.member import FleetMember
 
 log = logging.getLogger("rlfleet.worker")
 

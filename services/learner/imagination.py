@@ -16,12 +16,12 @@ from typing import Any
 
 import gymnasium as gym
 
-from common.clients.replay_sample import SampleBatch, SampleClient
-from common.config import Experiment
-from common.metrics import ServiceMetrics
-from common.planning.model_watch import ModelWatch
-from common.security import client_curve
-from common.wire.errors import CommTimeout, RemoteError
+from rlfleet.common.clients.replay_sample import SampleBatch, SampleClient
+from rlfleet.common.config import Experiment
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.planning.model_watch import ModelWatch
+from rlfleet.common.security import client_curve
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
 
 IMAGINED_WAIT_S = 0.05  # how long a due imagined batch is waited for before a real one goes instead
 MAX_CREDIT = 2.0  # imagined batches owed at most (missed ones are made up, but never in a long burst)

@@ -6,7 +6,7 @@ Barrier protocol: for round k it waits at the paramserver's barrier until
 every live actor has finished acting on version k, trains on the round as the
 algorithm consumes it (``learner.updates_per_round`` updates, none while
 replay is below its min size; or every item of the round once: see
-:mod:`common.algorithms.rounds`) and publishes version k + 1.
+:mod:`rlfleet.common.algorithms.rounds`) and publishes version k + 1.
 
 Sample requests are kept in flight by the SampleClient, so a batch is usually
 waiting when an update ends; priorities go back without waiting. In a barrier
@@ -38,23 +38,23 @@ from typing import Any
 
 import torch
 
-from common import algorithms
-from common.algorithms.checkpoint import CheckpointWriter, load_checkpoint
-from common.algorithms.data_parallel import CollectiveError, GradientAverager, broadcast_learner
-from common.algorithms.device_choice import DeviceChoice, DriverTooOld, choose_device, probe_cuda
-from common.clients.version_probe import VersionProbe
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
-from common.config import Experiment, dump
-from common.envs import probe_env
-from common.metrics import ServiceMetrics
-from common.runtime import FatalError, StartupError
-from common.security import client_curve, refused_hint
-from common.wire.codec import Message
-from common.wire.errors import CommTimeout, RemoteError
-from services.learner import ranks
-from services.learner.imagination import ImaginedMix
-from services.learner.training import Trainer
+from rlfleet.common import algorithms
+from rlfleet.common.algorithms.checkpoint import CheckpointWriter, load_checkpoint
+from rlfleet.common.algorithms.data_parallel import CollectiveError, GradientAverager, broadcast_learner
+from rlfleet.common.algorithms.device_choice import DeviceChoice, DriverTooOld, choose_device, probe_cuda
+from rlfleet.common.clients.version_probe import VersionProbe
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.config import Experiment, dump
+from rlfleet.common.envs import probe_env
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.runtime import FatalError, StartupError
+from rlfleet.common.security import client_curve, refused_hint
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
+from rlfleet.services.learner import ranks
+from rlfleet.services.learner.imagination import ImaginedMix
+from rlfleet.services.learner.training import Trainer
 
 log = logging.getLogger("rlfleet.learner")
 

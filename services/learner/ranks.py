@@ -12,7 +12,7 @@ that is not its own, so two machines cannot both host.
 
 Rank 0 publishes weights and writes checkpoints; every rank samples its share of each batch (the
 algorithm's ``per_rank_fields`` divided by N) and the ranks' gradients are averaged
-(:class:`~common.algorithms.data_parallel.GradientAverager`). All ranks start from the state of the
+(:class:`~rlfleet.common.algorithms.data_parallel.GradientAverager`). All ranks start from the state of the
 rank that resumed furthest (``broadcast_learner``): a rank restarted on a host without the newest
 checkpoint starts from it too; then rank 0 takes the paramserver's newest weights where the fleet
 trained further (``LearnerService.start_from_fleet``) and every rank takes rank 0's state.
@@ -47,9 +47,9 @@ from typing import Any
 
 import torch
 
-from common.config import Experiment
-from common.netif import pin_collectives
-from common.runtime import StartupError
+from rlfleet.common.config import Experiment
+from rlfleet.common.netif import pin_collectives
+from rlfleet.common.runtime import StartupError
 
 log = logging.getLogger("rlfleet.learner")
 
@@ -123,7 +123,7 @@ def nccl_environment(environ: MutableMapping[str, str]) -> dict[str, str]:
 def join_answering_health(cfg: Experiment, device: torch.device) -> Group:
     """:func:`join`, with /healthz answering "joining" meanwhile on the metrics port: Swarm's DNS
     lists a task only once its health check passes, and the others find this learner by DNS."""
-    from common.metrics import MetricsServer, ServiceMetrics
+    from rlfleet.common.metrics import MetricsServer, ServiceMetrics
 
     try:
         http = MetricsServer(ServiceMetrics("learner"), lambda: {"ok": True, "joining": True},

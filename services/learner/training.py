@@ -22,15 +22,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from common import algorithms
-from common.algorithms.contract import Learner
-from common.algorithms.rounds import Round, concat_in_canonical_order
-from common.clients.replay_sample import SampleBatch, SampleClient
-from common.config import Experiment
-from common.metrics import ServiceMetrics
-from common.tboard import scalar_writer
-from common.wire.errors import CommTimeout
-from services.learner.imagination import ImaginedMix
+from rlfleet.common import algorithms
+from rlfleet.common.algorithms.contract import Learner
+from rlfleet.common.algorithms.rounds import Round, concat_in_canonical_order
+from rlfleet.common.clients.replay_sample import SampleBatch, SampleClient
+from rlfleet.common.config import Experiment
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.tboard import scalar_writer
+from rlfleet.common.wire.errors import CommTimeout
+from rlfleet.services.learner.imagination import ImaginedMix
 
 log = logging.getLogger("rlfleet.learner")
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.config import Experiment
-from common.runtime import IdleService, ServiceArgs
+from rlfleet.common.config import Experiment
+from rlfleet.common.runtime import IdleService, ServiceArgs
 
 
 def build(cfg: Experiment, args: ServiceArgs) -> Any:
     if not cfg.planning.enabled:
         return IdleService("modeler", "planning.enabled is false: no world model to learn")
-    from services.modeler.modeler import ModelerService
+    from rlfleet.services.modeler.modeler import ModelerService
 
     return ModelerService(cfg)

@@ -24,19 +24,19 @@ from typing import Any
 
 import torch
 
-from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
-from common.algorithms.device_choice import DriverTooOld, choose_device, probe_cuda
-from common.clients.replay_sample import SampleClient
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
-from common.config import Experiment
-from common.config.planning import PLANNING_MODEL
-from common.envs import probe_env
-from common.metrics import ServiceMetrics
-from common.planning.dynamics import DynamicsLearner, ModelMismatch
-from common.runtime import FatalError, StartupError
-from common.security import client_curve
-from common.wire.errors import CommTimeout, RemoteError
+from rlfleet.common.algorithms.checkpoint import load_checkpoint, save_checkpoint
+from rlfleet.common.algorithms.device_choice import DriverTooOld, choose_device, probe_cuda
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.config import Experiment
+from rlfleet.common.config.planning import PLANNING_MODEL
+from rlfleet.common.envs import probe_env
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.planning.dynamics import DynamicsLearner, ModelMismatch
+from rlfleet.common.runtime import FatalError, StartupError
+from rlfleet.common.security import client_curve
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
 
 log = logging.getLogger("rlfleet.modeler")
 

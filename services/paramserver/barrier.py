@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from common.wire.codec import Message
-from common.wire.server import Peer
-from services.paramserver.long_polls import MAX_WAIT_MS, LongPolls
-from services.paramserver.registry import Registry
-from services.paramserver.replies import Replier
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.paramserver.long_polls import MAX_WAIT_MS, LongPolls
+from rlfleet.services.paramserver.registry import Registry
+from rlfleet.services.paramserver.replies import Replier
 
 MAX_PARKED_BARRIERS = 64
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import logging
 
-from common.wire.codec import Message
-from common.wire.errors import RequestError
-from common.wire.server import Peer
-from services.paramserver.gradient_rounds import actor_of
-from services.paramserver.gradients import GradientApplier, Refusal
-from services.paramserver.metrics import ShardMetrics
-from services.paramserver.registry import Registry
-from services.paramserver.replies import Replier
-from services.paramserver.weights_requests import WeightsRequests
-from services.paramserver.weights_store import Held, WeightsStore
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.paramserver.gradient_rounds import actor_of
+from rlfleet.services.paramserver.gradients import GradientApplier, Refusal
+from rlfleet.services.paramserver.metrics import ShardMetrics
+from rlfleet.services.paramserver.registry import Registry
+from rlfleet.services.paramserver.replies import Replier
+from rlfleet.services.paramserver.weights_requests import WeightsRequests
+from rlfleet.services.paramserver.weights_store import Held, WeightsStore
 
 log = logging.getLogger(__name__)
 

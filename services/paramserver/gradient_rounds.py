@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.wire.server import Peer
+from rlfleet.common.wire.server import Peer
 
 
 def actor_of(sender: str) -> str:

@@ -29,14 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from common.config.sections import DEFAULT_MAX_GRADIENT_NORM, GradientsConfig
-from common.tensor_shards import Layout
-from common.wire.codec import Message
-from common.wire.dedup import Dedup
-from common.wire.schema import INT64_MAX, PUBLISHED_RANGE, range_text
-from common.wire.server import Peer
-from services.paramserver.gradient_rounds import MAX_SENDERS_PER_ACTOR, GradientRound, RoundPush, actor_of
-from services.paramserver.shard_optimizer import FlatSlice, ShardOptimizer
+from rlfleet.common.config.sections import DEFAULT_MAX_GRADIENT_NORM, GradientsConfig
+from rlfleet.common.tensor_shards import Layout
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.dedup import Dedup
+from rlfleet.common.wire.schema import INT64_MAX, PUBLISHED_RANGE, range_text
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.paramserver.gradient_rounds import MAX_SENDERS_PER_ACTOR, GradientRound, RoundPush, actor_of
+from rlfleet.services.paramserver.shard_optimizer import FlatSlice, ShardOptimizer
 
 log = logging.getLogger(__name__)
 

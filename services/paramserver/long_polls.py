@@ -1,7 +1,7 @@
 """The ``wait`` requests (long polls) a shard holds until a newer version or their deadline.
 
 One per DEALER (keyed by its ROUTER identity): a DEALER that asks again ends its earlier poll.
-No sockets here: :class:`~services.paramserver.weights_requests.WeightsRequests` answers them.
+No sockets here: :class:`~rlfleet.services.paramserver.weights_requests.WeightsRequests` answers them.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from common.wire.schema import DEFAULT_MODEL
-from common.wire.server import Peer
+from rlfleet.common.wire.schema import DEFAULT_MODEL
+from rlfleet.common.wire.server import Peer
 
 MAX_PARKED_WAITS = 10_000
 MAX_WAIT_MS = 600_000  # a long poll (or a barrier) is parked at most this long

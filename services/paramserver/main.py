@@ -15,14 +15,14 @@ from typing import Any
 
 import zmq
 
-from common.config import ConfigError, Experiment, load
-from common.exposure import refuse_plain_exposure
-from common.metrics import ServiceMetrics
-from common.runtime import ServiceArgs, run_service, setup_logging
-from common.security import server_curve
-from common.wire.transport import CurveConfig
-from services.paramserver.shard import ShardServer
-from services.paramserver.step_counts import FILE as STEP_COUNTS_FILE
+from rlfleet.common.config import ConfigError, Experiment, load
+from rlfleet.common.exposure import refuse_plain_exposure
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.runtime import ServiceArgs, run_service, setup_logging
+from rlfleet.common.security import server_curve
+from rlfleet.common.wire.transport import CurveConfig
+from rlfleet.services.paramserver.shard import ShardServer
+from rlfleet.services.paramserver.step_counts import FILE as STEP_COUNTS_FILE
 
 
 class ParamServerService:

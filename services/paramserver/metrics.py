@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.metrics import ServiceMetrics
+from rlfleet.common.metrics import ServiceMetrics
 
 
 class ShardMetrics:

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.roles import REGISTERED
-from common.wire.schema import INT64_MAX
+from rlfleet.common.roles import REGISTERED
+from rlfleet.common.wire.schema import INT64_MAX
 
 log = logging.getLogger(__name__)
 

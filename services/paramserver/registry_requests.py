@@ -1,16 +1,16 @@
 """How shard 0 answers ``hello``, ``heartbeat`` and ``goodbye``: the requests of its
-:class:`~services.paramserver.registry.Registry` of live actors and evaluators."""
+:class:`~rlfleet.services.paramserver.registry.Registry` of live actors and evaluators."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from common.wire.codec import Message
-from common.wire.errors import RequestError
-from common.wire.server import Peer
-from services.paramserver.registry import BadMember, Registry
-from services.paramserver.replies import Replier
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.paramserver.registry import BadMember, Registry
+from rlfleet.services.paramserver.replies import Replier
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What a shard's request-handling parts need of the request loop: a way to answer.
 
-The shard (a :class:`common.wire.server.Server`) is that replier; a part's tests hand it a fake
+The shard (a :class:`rlfleet.common.wire.server.Server`) is that replier; a part's tests hand it a fake
 that records the replies instead.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from common.wire.codec import Message
-from common.wire.server import Peer
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.server import Peer
 
 
 class Replier(Protocol):

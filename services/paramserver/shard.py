@@ -14,22 +14,22 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from common import weights_shm as shmlib
-from common.config.sections import DEFAULT_MAX_GRADIENT_NORM, GradientsConfig
-from common.metrics import ServiceMetrics
-from common.wire.codec import Message
-from common.wire.server import Peer, Server
-from services.paramserver.barrier import RoundBarrier
-from services.paramserver.gradient_requests import GradientRequests
-from services.paramserver.gradients import GradientApplier
-from services.paramserver.long_polls import LongPolls
-from services.paramserver.metrics import ShardMetrics
-from services.paramserver.registry import DEFAULT_MAX_MEMBERS, Registry
-from services.paramserver.registry_requests import RegistryRequests
-from services.paramserver.shm_versions import ShmVersions
-from services.paramserver.step_counts import StepCountsFile
-from services.paramserver.weights_requests import WeightsRequests
-from services.paramserver.weights_store import WeightsStore
+from rlfleet.common import weights_shm as shmlib
+from rlfleet.common.config.sections import DEFAULT_MAX_GRADIENT_NORM, GradientsConfig
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.server import Peer, Server
+from rlfleet.services.paramserver.barrier import RoundBarrier
+from rlfleet.services.paramserver.gradient_requests import GradientRequests
+from rlfleet.services.paramserver.gradients import GradientApplier
+from rlfleet.services.paramserver.long_polls import LongPolls
+from rlfleet.services.paramserver.metrics import ShardMetrics
+from rlfleet.services.paramserver.registry import DEFAULT_MAX_MEMBERS, Registry
+from rlfleet.services.paramserver.registry_requests import RegistryRequests
+from rlfleet.services.paramserver.shm_versions import ShmVersions
+from rlfleet.services.paramserver.step_counts import StepCountsFile
+from rlfleet.services.paramserver.weights_requests import WeightsRequests
+from rlfleet.services.paramserver.weights_store import WeightsStore
 
 
 class ShardServer(Server):

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from common.config.sections import GradientsConfig
+from rlfleet.common.config.sections import GradientsConfig
 
 
 class FlatSlice:

@@ -12,14 +12,14 @@ import errno
 import logging
 from typing import Any
 
-from common import weights_shm as shmlib
-from services.paramserver.weights_store import Held
+from rlfleet.common import weights_shm as shmlib
+from rlfleet.services.paramserver.weights_store import Held
 
 log = logging.getLogger(__name__)
 
 
 class ShmVersions:
-    """The shard's :class:`~common.weights_shm.ShmExporter` (None when shared memory is off) and the
+    """The shard's :class:`~rlfleet.common.weights_shm.ShmExporter` (None when shared memory is off) and the
     state of its failures.
 
     ``directory`` is where version files go; readers map only /dev/shm/rlfleet-ps-*, so another

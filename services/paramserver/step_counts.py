@@ -18,7 +18,7 @@ import logging
 import os
 import time
 
-from services.paramserver.registry import Registry
+from rlfleet.services.paramserver.registry import Registry
 
 log = logging.getLogger(__name__)
 

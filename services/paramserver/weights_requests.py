@@ -20,18 +20,18 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from common import weights_shm as shmlib
-from common.tensor_shards import Layout
-from common.wire.codec import Message
-from common.wire.errors import RequestError
-from common.wire.schema import DEFAULT_MODEL
-from common.wire.server import Peer
-from services.paramserver.long_polls import MAX_PARKED_WAITS, LongPolls
-from services.paramserver.metrics import ShardMetrics
-from services.paramserver.registry import Registry
-from services.paramserver.replies import Replier
-from services.paramserver.shm_versions import ShmVersions
-from services.paramserver.weights_store import Held, Model, WeightsStore, received_frames
+from rlfleet.common import weights_shm as shmlib
+from rlfleet.common.tensor_shards import Layout
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.common.wire.schema import DEFAULT_MODEL
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.paramserver.long_polls import MAX_PARKED_WAITS, LongPolls
+from rlfleet.services.paramserver.metrics import ShardMetrics
+from rlfleet.services.paramserver.registry import Registry
+from rlfleet.services.paramserver.replies import Replier
+from rlfleet.services.paramserver.shm_versions import ShmVersions
+from rlfleet.services.paramserver.weights_store import Held, Model, WeightsStore, received_frames
 
 log = logging.getLogger(__name__)
 

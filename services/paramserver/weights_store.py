@@ -11,7 +11,7 @@ gradient pushes and are not checkpointed: their publisher publishes them again
 after a restart. A named model exists once a publish of it was stored; a read
 of one that does not exist yet is answered as an empty shard answers.
 
-No sockets here: :class:`~services.paramserver.weights_requests.WeightsRequests`
+No sockets here: :class:`~rlfleet.services.paramserver.weights_requests.WeightsRequests`
 answers the requests.
 """
 
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from common.tensor_shards import Layout
-from common.wire.codec import Message
-from common.wire.errors import RequestError
-from common.wire.schema import DEFAULT_MODEL, model_name_problem
+from rlfleet.common.tensor_shards import Layout
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.common.wire.schema import DEFAULT_MODEL, model_name_problem
 
 KEEP_VERSIONS = 2
 MAX_NAMED_MODELS = 8  # per shard, besides the default model

@@ -6,14 +6,14 @@ import os
 import socket
 from typing import Any
 
-from common.config import Experiment
-from common.runtime import IdleService, ServiceArgs
+from rlfleet.common.config import Experiment
+from rlfleet.common.runtime import IdleService, ServiceArgs
 
 
 def build(cfg: Experiment, args: ServiceArgs) -> Any:
     if not cfg.planning.enabled:
         return IdleService("planner", "planning.enabled is false: no world model to plan with")
-    from services.planner.planner import PlannerService
+    from rlfleet.services.planner.planner import PlannerService
 
     planner_id = args.actor_id or f"planner-{socket.gethostname()}-{os.getpid()}"
     return PlannerService(cfg, planner_id, args.shard)

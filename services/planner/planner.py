@@ -26,19 +26,19 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from common import algorithms
-from common.clients.replay_insert import InsertClient
-from common.clients.replay_sample import SampleClient
-from common.clients.weights_reader import WeightsReader
-from common.config import Experiment
-from common.envs import acting_policy, probe_env
-from common.metrics import ServiceMetrics
-from common.planning.dynamics import ModelMismatch, model_spaces
-from common.planning.imagined_env import ImaginedEnv
-from common.planning.model_watch import ModelWatch
-from common.runtime import StartupError, refusal_is_fatal
-from common.security import client_curve
-from common.wire.errors import CommTimeout, RemoteError
+from rlfleet.common import algorithms
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.config import Experiment
+from rlfleet.common.envs import acting_policy, probe_env
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.planning.dynamics import ModelMismatch, model_spaces
+from rlfleet.common.planning.imagined_env import ImaginedEnv
+from rlfleet.common.planning.model_watch import ModelWatch
+from rlfleet.common.runtime import StartupError, refusal_is_fatal
+from rlfleet.common.security import client_curve
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
 
 log = logging.getLogger("rlfleet.planner")
 

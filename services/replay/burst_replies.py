@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from common.wire.codec import Message, encode_header
-from common.wire.server import Peer
-from services.replay.replier import Replier
-from services.replay.storage import WriteAheadLog
+from rlfleet.common.wire.codec import Message, encode_header
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.replay.replier import Replier
+from rlfleet.services.replay.storage import WriteAheadLog
 
 ACKS_PER_MESSAGE = 200  # inserts one ack message answers at most (a header list holds at most 256 items)
 
@@ -68,7 +68,7 @@ class BurstReplies:
     def flush(self) -> None:
         """Send the acks (and held-back replies) of this burst; with a log, after fsync'ing what it appended.
 
-        Raises :class:`~services.replay.storage.WalError` if the fsync fails: then nothing is sent."""
+        Raises :class:`~rlfleet.services.replay.storage.WalError` if the fsync fails: then nothing is sent."""
         for name, n in self.items_stored.items():  # counted before the acks go: an acked insert is counted
             if n:
                 self._m_inserts[name].inc(n)

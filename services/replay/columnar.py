@@ -8,7 +8,7 @@ the item with key ``k`` lives in slot ``k % capacity`` and is present while
 
 :class:`Table` holds the ring, checks batches against the schema, inserts
 (also straight from a packed payload), samples by the keys its kind selects
-(``_select``, in :mod:`services.replay.tables`), and copies itself for
+(``_select``, in :mod:`rlfleet.services.replay.tables`), and copies itself for
 snapshots.
 """
 
@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from common.algorithms.values import ValueRules
-from common.config import TableConfig
-from common.wire.codec import DTYPE_NAMES
-from common.wire.frames import FRAMES, unpack_frames
-from services.replay.frames import (
+from rlfleet.common.algorithms.values import ValueRules
+from rlfleet.common.config import TableConfig
+from rlfleet.common.wire.codec import DTYPE_NAMES
+from rlfleet.common.wire.frames import FRAMES, unpack_frames
+from rlfleet.services.replay.frames import (
     FrameColumns,
     Layout,
     PackedError,
@@ -34,8 +34,8 @@ from services.replay.frames import (
     frame_columns,
     rows_of_layout,
 )
-from services.replay.prefault import Prefaulter, lazy_zeros
-from services.replay.ratelimiter import RateLimiter
+from rlfleet.services.replay.prefault import Prefaulter, lazy_zeros
+from rlfleet.services.replay.ratelimiter import RateLimiter
 
 
 class TableError(Exception):

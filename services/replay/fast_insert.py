@@ -17,20 +17,20 @@ from typing import Any
 
 import numpy as np
 
-from common.wire.codec import DTYPES
-from common.wire.decoder import PackedLayout
-from common.wire.dedup import Dedup
-from common.wire.errors import RequestError
-from common.wire.inserts import insert_header_prefix, read_insert_tail
-from common.wire.server import Peer
-from services.replay.burst_replies import BurstReplies
-from services.replay.columnar import PackedPlan, Table, TableError
-from services.replay.held_requests import HeldRequests
-from services.replay.insert_writer import InsertWriter
-from services.replay.priorities import check_priorities
-from services.replay.replier import Replier
-from services.replay.versions import COLUMN as VERSION
-from services.replay.versions import PublishedVersions
+from rlfleet.common.wire.codec import DTYPES
+from rlfleet.common.wire.decoder import PackedLayout
+from rlfleet.common.wire.dedup import Dedup
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.common.wire.inserts import insert_header_prefix, read_insert_tail
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.replay.burst_replies import BurstReplies
+from rlfleet.services.replay.columnar import PackedPlan, Table, TableError
+from rlfleet.services.replay.held_requests import HeldRequests
+from rlfleet.services.replay.insert_writer import InsertWriter
+from rlfleet.services.replay.priorities import check_priorities
+from rlfleet.services.replay.replier import Replier
+from rlfleet.services.replay.versions import COLUMN as VERSION
+from rlfleet.services.replay.versions import PublishedVersions
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ with ``frames: auto`` keeps such columns (uint8, per-item shape [stack, h, w])
 as int32 references into one :class:`FramePool` per frame shape, and
 rebuilds the stacks when it samples them.
 
-The pool is content-addressed (:class:`~common.wire.frames.FrameIndex`: a
+The pool is content-addressed (:class:`~rlfleet.common.wire.frames.FrameIndex`: a
 hash, then the bytes compared), so sharing needs no knowledge of actors,
 envs, episode boundaries or n-step: what the stacks held is what comes back,
 across resets and ring wrap-around, and no client can make its frame stand
@@ -26,7 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from common.wire.frames import FRAMES, MIN_SIDE, FrameIndex, frame_hashes, is_image_stack, packed_name, unpack_frames
+from rlfleet.common.wire.frames import (
+    FRAMES,
+    MIN_SIDE,
+    FrameIndex,
+    frame_hashes,
+    is_image_stack,
+    packed_name,
+    unpack_frames,
+)
 
 
 def frame_columns(schema: Mapping[str, Any]) -> list[str]:

@@ -26,7 +26,7 @@ Rate limiting holds requests instead of refusing them:
   it had not been asked.
 
 What is stored or served when the limiter lets it go is acked (or sent) with
-the burst's other replies: :mod:`services.replay.burst_replies`.
+the burst's other replies: :mod:`rlfleet.services.replay.burst_replies`.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ from dataclasses import KW_ONLY, dataclass
 
 import numpy as np
 
-from common.wire.errors import RequestError
-from common.wire.server import Peer
-from services.replay.columnar import Table
-from services.replay.insert_writer import InsertWriter
-from services.replay.metrics import ReplayMetrics
-from services.replay.replier import Replier
-from services.replay.sample_responder import SampleResponder
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.replay.columnar import Table
+from rlfleet.services.replay.insert_writer import InsertWriter
+from rlfleet.services.replay.metrics import ReplayMetrics
+from rlfleet.services.replay.replier import Replier
+from rlfleet.services.replay.sample_responder import SampleResponder
 
 MAX_HELD_INSERTS = 10_000  # per table; beyond, inserts are dropped unacked and the client resends
 MAX_HELD_BYTES = 256 << 20  # all tables: the arrays held inserts keep alive; beyond, dropped the same way

@@ -6,12 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from common.wire.dedup import Dedup
-from common.wire.errors import RequestError
-from common.wire.server import Peer
-from services.replay.burst_replies import BurstReplies
-from services.replay.columnar import Table
-from services.replay.storage import WalError, WriteAheadLog
+from rlfleet.common.wire.dedup import Dedup
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.replay.burst_replies import BurstReplies
+from rlfleet.services.replay.columnar import Table
+from rlfleet.services.replay.storage import WalError, WriteAheadLog
 
 
 class InsertWriter:

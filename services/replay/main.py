@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.config import Experiment, load
-from common.envs import EnvError, experience_spec
-from common.exposure import refuse_plain_exposure
-from common.metrics import ServiceMetrics
-from common.runtime import FatalError, ServiceArgs, run_service, setup_logging
-from common.security import server_curve
-from services.replay.columnar import TableError
-from services.replay.server import ReplayServer
-from services.replay.storage import WalError
+from rlfleet.common.config import Experiment, load
+from rlfleet.common.envs import EnvError, experience_spec
+from rlfleet.common.exposure import refuse_plain_exposure
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.runtime import FatalError, ServiceArgs, run_service, setup_logging
+from rlfleet.common.security import server_curve
+from rlfleet.services.replay.columnar import TableError
+from rlfleet.services.replay.server import ReplayServer
+from rlfleet.services.replay.storage import WalError
 
 log = logging.getLogger("rlfleet.replay")
 

@@ -1,7 +1,7 @@
 """The Prometheus series of a replay shard, registered in one place.
 
-The parts of the server (:mod:`services.replay.held_requests`,
-:mod:`services.replay.burst_replies`, ...) each count in some of them; they
+The parts of the server (:mod:`rlfleet.services.replay.held_requests`,
+:mod:`rlfleet.services.replay.burst_replies`, ...) each count in some of them; they
 are registered here once because a series may be registered only once per
 service, and so that every name a dashboard reads is in one file.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from common.metrics import ServiceMetrics
+from rlfleet.common.metrics import ServiceMetrics
 
 
 class ReplayMetrics:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.replay.columnar import TableError
+from rlfleet.services.replay.columnar import TableError
 
 MAX_PRIORITY = 1e12
 

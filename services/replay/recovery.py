@@ -1,7 +1,7 @@
 """A replay shard's snapshots, and its recovery from the last snapshot and the log.
 
 A snapshot copies every table (and the senders' last seqs) in the loop thread
-and is written in a thread by :class:`~services.replay.storage.Snapshotter`;
+and is written in a thread by :class:`~rlfleet.services.replay.storage.Snapshotter`;
 the log files it covers are dropped once it is on disk. Recovery loads the
 snapshot, then replays the log from the first file the snapshot does not
 cover.
@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from common.wire.dedup import Dedup
-from common.wire.frames import FRAMES
-from services.replay.columnar import Table
-from services.replay.storage import SNAPSHOT, Snapshotter, WriteAheadLog, read_snapshot
-from services.replay.tables import QueueTable
+from rlfleet.common.wire.dedup import Dedup
+from rlfleet.common.wire.frames import FRAMES
+from rlfleet.services.replay.columnar import Table
+from rlfleet.services.replay.storage import SNAPSHOT, Snapshotter, WriteAheadLog, read_snapshot
+from rlfleet.services.replay.tables import QueueTable
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What the parts of the replay server need of its request loop: sending replies, counting traffic.
 
-:class:`common.wire.server.Server` is the one implementation; the parts take this
+:class:`rlfleet.common.wire.server.Server` is the one implementation; the parts take this
 narrower type so that a test can hand them a fake loop that records the replies.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import itertools
 from typing import Any, Protocol
 
-from common.wire.codec import Limits, Message
-from common.wire.server import Peer
+from rlfleet.common.wire.codec import Limits, Message
+from rlfleet.common.wire.server import Peer
 
 
 class Replier(Protocol):

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 
-from common.wire.codec import Message
-from common.wire.server import Peer
-from services.replay.burst_replies import BurstReplies
-from services.replay.columnar import Table
-from services.replay.metrics import ReplayMetrics
-from services.replay.replier import Replier
-from services.replay.storage import WalError, WriteAheadLog
-from services.replay.tables import QueueTable
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.replay.burst_replies import BurstReplies
+from rlfleet.services.replay.columnar import Table
+from rlfleet.services.replay.metrics import ReplayMetrics
+from rlfleet.services.replay.replier import Replier
+from rlfleet.services.replay.storage import WalError, WriteAheadLog
+from rlfleet.services.replay.tables import QueueTable
 
 
 class SampleResponder:

@@ -1,22 +1,22 @@
 """The replay server: a ROUTER loop over tables, composed of parts that each own their state.
 
-The loop (:class:`common.wire.server.Server`) decodes and dispatches; the
+The loop (:class:`rlfleet.common.wire.server.Server`) decodes and dispatches; the
 handlers here check requests and hand them to the parts, which the server
 builds and wires explicitly:
 
-- :class:`~services.replay.burst_replies.BurstReplies`: the acks and held-back
+- :class:`~rlfleet.services.replay.burst_replies.BurstReplies`: the acks and held-back
   queue batches of a burst, sent after it (after its fsync with ``wal``);
-- :class:`~services.replay.insert_writer.InsertWriter`: a checked insert into
+- :class:`~rlfleet.services.replay.insert_writer.InsertWriter`: a checked insert into
   the log, its table and dedup, its ack queued;
-- :class:`~services.replay.sample_responder.SampleResponder`: a sample the
+- :class:`~rlfleet.services.replay.sample_responder.SampleResponder`: a sample the
   limiter let go, answered with a batch;
-- :class:`~services.replay.held_requests.HeldRequests`: what the rate limiter
+- :class:`~rlfleet.services.replay.held_requests.HeldRequests`: what the rate limiter
   holds (inserts and samples), stored and answered when it may go;
-- :class:`~services.replay.fast_insert.FastInsertPath`: the usual inserts of
+- :class:`~rlfleet.services.replay.fast_insert.FastInsertPath`: the usual inserts of
   a connection stored from their frames, without a full decode;
-- :class:`~services.replay.recovery.Recovery`: snapshots and the restore from
+- :class:`~rlfleet.services.replay.recovery.Recovery`: snapshots and the restore from
   the snapshot and the log;
-- :class:`~common.wire.dedup.Dedup`: which (sender, seq) are stored.
+- :class:`~rlfleet.common.wire.dedup.Dedup`: which (sender, seq) are stored.
 
 A sample's ``timeout_ms`` is capped at ``MAX_SAMPLE_TIMEOUT_MS`` (10 minutes),
 which is also the wait of a sample without one.
@@ -37,25 +37,25 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.config import ReplayConfig
-from common.metrics import ServiceMetrics
-from common.wire.codec import DEFAULT_LIMITS, Limits, Message
-from common.wire.dedup import Dedup
-from common.wire.errors import RequestError
-from common.wire.server import Peer, Server
-from common.wire.transport import DEFAULT_HWM, CurveConfig
-from services.replay.burst_replies import BurstReplies
-from services.replay.columnar import Table, TableError
-from services.replay.fast_insert import FastInsertPath, StoredPacked
-from services.replay.held_requests import MAX_HELD_BYTES, MAX_HELD_INSERTS, MAX_HELD_SAMPLES, HeldRequests
-from services.replay.insert_writer import InsertWriter
-from services.replay.metrics import ReplayMetrics
-from services.replay.priorities import check_priorities
-from services.replay.recovery import Recovery
-from services.replay.sample_responder import SampleResponder
-from services.replay.storage import WriteAheadLog
-from services.replay.tables import QueueTable, make_table
-from services.replay.versions import DEFER, PublishedVersions
+from rlfleet.common.config import ReplayConfig
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import DEFAULT_LIMITS, Limits, Message
+from rlfleet.common.wire.dedup import Dedup
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.common.wire.server import Peer, Server
+from rlfleet.common.wire.transport import DEFAULT_HWM, CurveConfig
+from rlfleet.services.replay.burst_replies import BurstReplies
+from rlfleet.services.replay.columnar import Table, TableError
+from rlfleet.services.replay.fast_insert import FastInsertPath, StoredPacked
+from rlfleet.services.replay.held_requests import MAX_HELD_BYTES, MAX_HELD_INSERTS, MAX_HELD_SAMPLES, HeldRequests
+from rlfleet.services.replay.insert_writer import InsertWriter
+from rlfleet.services.replay.metrics import ReplayMetrics
+from rlfleet.services.replay.priorities import check_priorities
+from rlfleet.services.replay.recovery import Recovery
+from rlfleet.services.replay.sample_responder import SampleResponder
+from rlfleet.services.replay.storage import WriteAheadLog
+from rlfleet.services.replay.tables import QueueTable, make_table
+from rlfleet.services.replay.versions import DEFER, PublishedVersions
 
 RESERVED = ("key", "probability", "priority")
 MAX_SAMPLE_TIMEOUT_MS = 600_000  # a held sample waits at most this long (also without timeout_ms)

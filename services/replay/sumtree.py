@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.replay.prefault import lazy_zeros
+from rlfleet.services.replay.prefault import lazy_zeros
 
 
 class SumTree:

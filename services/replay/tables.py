@@ -1,6 +1,6 @@
 """Replay table kinds: uniform, prioritized and queue selection over columnar storage.
 
-Every kind stores its items in the ring of :class:`~services.replay.columnar.Table`
+Every kind stores its items in the ring of :class:`~rlfleet.services.replay.columnar.Table`
 and differs in which keys a sample selects and what an insert may wait for.
 
 - :class:`UniformTable`: ring buffer, oldest evicted, uniform sampling with
@@ -13,7 +13,7 @@ and differs in which keys a sample selects and what an insert may wait for.
 
 Whatever ``alpha`` is, the prioritized tree's leaves are clamped so their total
 stays finite (priorities themselves are bounded by
-:func:`~services.replay.priorities.check_priorities`).
+:func:`~rlfleet.services.replay.priorities.check_priorities`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from common.config import TableConfig
-from services.replay.columnar import Table
-from services.replay.prefault import lazy_zeros
-from services.replay.sumtree import SumTree
+from rlfleet.common.config import TableConfig
+from rlfleet.services.replay.columnar import Table
+from rlfleet.services.replay.prefault import lazy_zeros
+from rlfleet.services.replay.sumtree import SumTree
 
 
 class UniformTable(Table):

@@ -21,7 +21,7 @@ inserts claiming known versions go on meanwhile. While the
 paramserver does not answer within ``ASK_TIMEOUT_S`` (or under CurveZMQ, where
 replay holds no client key), an insert claiming a version above the newest
 known is taken: the learner drops such items anyway
-(:func:`common.algorithms.drop_stale`), and replay asks again ``RETRY_AFTER_S``
+(:func:`rlfleet.common.algorithms.drop_stale`), and replay asks again ``RETRY_AFTER_S``
 later. Inserts set aside beyond ``MAX_DEFERRED`` (or ``MAX_DEFERRED_BYTES``)
 are judged at once against the newest known.
 """
@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from common.wire.codec import Message
-from common.wire.connection import Connection
-from common.wire.schema import INT64_MAX
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.connection import Connection
+from rlfleet.common.wire.schema import INT64_MAX
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.fleetview import scrape
 from harness.chaos_helpers import Watcher, acked, kill9, lost, member, restart, start_fleet, stored
 from harness.fleet_helpers import CONFIGS, read_csv, wait_for
+from rlfleet.cli.fleetview import scrape
 
 pytestmark = pytest.mark.chaos
 

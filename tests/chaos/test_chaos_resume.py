@@ -31,11 +31,11 @@ from pathlib import Path
 
 import pytest
 
-from cli.fleetview import scrape
-from cli.launcher import Fleet
 from harness.chaos_helpers import kill9, member, start_fleet
 from harness.fleet_helpers import CONFIGS, wait_for
-from services.learner.learner import checkpoint_path
+from rlfleet.cli.fleetview import scrape
+from rlfleet.cli.launcher import Fleet
+from rlfleet.services.learner.learner import checkpoint_path
 
 pytestmark = pytest.mark.chaos
 

@@ -20,16 +20,16 @@ import numpy as np
 import pytest
 import zmq
 
-from common import config
-from common.clients.replay_insert import InsertClient
-from common.clients.replay_sample import SampleClient
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
-from common.wire.decoder import decode
-from common.wire.transport import free_tcp_port, make_socket
 from harness.fleet_helpers import CONFIGS
 from harness.fuzzing import UNCOUNTED, Fuzzer, rows
 from harness.service_procs import ServiceProcess
+from rlfleet.common import config
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.transport import free_tcp_port, make_socket
 
 MESSAGES = 100_000
 BURST = 500

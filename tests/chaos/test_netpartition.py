@@ -36,11 +36,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.clients.registry import Welcome
 from harness import netns, skips
 from harness.fleet_helpers import CONFIGS, ROOT
-from services.actor.actor import fleet_size
-from services.replay.storage import read_log_file
+from rlfleet.common.clients.registry import Welcome
+from rlfleet.services.actor.actor import fleet_size
+from rlfleet.services.replay.storage import read_log_file
 
 CUT_S = 20.0
 BOUND = 96 * 1024  # actor.max_unacked_bytes: about 26 inserts
@@ -93,7 +93,7 @@ class Fleet:
         ]
 
     def start(self, name: str, host: netns.Host, service: str, port: int, *extra: str) -> netns.Proc:
-        argv = [sys.executable, "-m", "cli", "service", service, "--config",
+        argv = [sys.executable, "-m", "rlfleet.cli", "service", service, "--config",
                 str(CONFIGS / "cartpole-dqn.yaml"), *[a for s in self.sets for a in ("--set", s)],
                 "--set", f"metrics.port={port}", *extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}

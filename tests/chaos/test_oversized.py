@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import zmq
 
-from common.wire.codec import DEFAULT_LIMITS, Message
-from common.wire.transport import free_tcp_port, make_socket
 from harness.replay_helpers import ask
 from harness.service_procs import ServiceProcess
+from rlfleet.common.wire.codec import DEFAULT_LIMITS, Message
+from rlfleet.common.wire.transport import free_tcp_port, make_socket
 
 pytestmark = pytest.mark.chaos
 

@@ -42,7 +42,7 @@ def model(version: int) -> dict[str, np.ndarray]:
 # -- the roles (run inside a namespace) ---------------------------------------------
 
 def publish(address: str) -> None:
-    from common.clients.weights_publisher import WeightsPublisher
+    from rlfleet.common.clients.weights_publisher import WeightsPublisher
 
     pub = WeightsPublisher([address], "learner", shm=False)
     sent = {}
@@ -56,8 +56,8 @@ def publish(address: str) -> None:
 
 
 def read(address: str, name: str) -> None:
-    from common.clients.weights_reader import WeightsReader
-    from common.wire.errors import CommTimeout
+    from rlfleet.common.clients.weights_reader import WeightsReader
+    from rlfleet.common.wire.errors import CommTimeout
 
     reader = WeightsReader([address], name, shm=False)
     got: dict[int, int] = {}
@@ -106,7 +106,7 @@ def test_readers_on_another_host_assemble_every_version_over_tcp(lab: netns.Lab)
     address = f"tcp://{ps.addr}:{PS_PORT}"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     shard = lab.start("paramserver", ps, [
-        sys.executable, "-m", "services.paramserver.main", "--shard", "0", "--log-level", "WARNING",
+        sys.executable, "-m", "rlfleet.services.paramserver.main", "--shard", "0", "--log-level", "WARNING",
         "--set", f"network.paramserver={json.dumps([address])}", "--set", "paramserver.shards=1",
         "--set", f"network.bind_host={ps.addr}", "--set", "metrics.port=0",
         "--set", "security.insecure=true",  # another "host" over plain TCP: a lab network

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.config import load
 from harness.docker_fleet import CONFIGS, ROOT, SERVICES, compose_environ
 from harness.grafana_dashboards import queries as dashboard_queries
+from rlfleet.common.config import load
 
 
 def test_image_requirements_match_pyproject_pins() -> None:
@@ -40,8 +40,8 @@ def test_torch_free_images_can_start_their_services() -> None:
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name.split('.')[0] == 'torch': raise ImportError('torch is not in this image')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import importlib, cli.main, cli.dispatch, common.roles\n"
-        "for s in ('replay', 'paramserver'): importlib.import_module(common.roles.role(s).entry)\n"
+        "import importlib, rlfleet.cli.main, rlfleet.cli.dispatch, rlfleet.common.roles\n"
+        "for s in ('replay', 'paramserver'): importlib.import_module(rlfleet.common.roles.role(s).entry)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -84,13 +84,17 @@ def test_compose_builds_the_targets_of_the_one_dockerfile() -> None:
 
 
 def test_the_images_hold_the_packages_their_entry_point_needs() -> None:
-    """The source stage copies each package the .dockerignore lets in, the entry point's among them."""
+    """The source stage copies each subpackage the .dockerignore lets in into the one package, rlfleet, the
+    entry point's among them (the image, like an install, has no top-level `common`)."""
     dockerfile = (ROOT / "Dockerfile").read_text()
-    copied = re.findall(r"^COPY (\w+)/ /app/\1/$", dockerfile, re.M)
+    copied = re.findall(r"^COPY (\w+)/ /app/rlfleet/\1/$", dockerfile, re.M)
     allowed = (ROOT / ".dockerignore").read_text().splitlines()
-    assert copied and all(f"!{pkg}/" in allowed for pkg in copied), (copied, allowed)
+    assert sorted(copied) == ["cli", "common", "services"], copied
+    assert all(f"!{pkg}/" in allowed for pkg in [*copied, "rlfleet"]), (copied, allowed)
+    assert re.search(r"^COPY rlfleet/\*\.py /app/rlfleet/$", dockerfile, re.M)
+    assert not re.search(r"^COPY \w+/ /app/\w+/$", dockerfile, re.M)  # nothing else at the top of /app
     module = re.search(r'^ENTRYPOINT \["python", "-m", "([\w.]+)"\]$', dockerfile, re.M)
-    assert module and module[1].split(".")[0] in copied
+    assert module and module[1].split(".")[0] == "rlfleet" and module[1].split(".")[1] in copied, module
     path = ROOT / module[1].replace(".", "/")
     assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), module[1]
 

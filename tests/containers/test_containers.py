@@ -167,7 +167,7 @@ def test_status_of_the_compose_project_reads_prometheus_on_its_own_port(project:
     """`rlfleet status --compose` as a user runs it: Prometheus healthy with every target up, not
     'down unreachable' (it listens on 9090 and has no rlfleet /healthz)."""
     wait_for(lambda: target_health(prometheus_port(project)), all_up_with(3), STARTUP_S, "every target up, 3 actors")
-    cmd = [sys.executable, "-m", "cli", "status", "--compose", project.name, "--json", "--interval", "0"]
+    cmd = [sys.executable, "-m", "rlfleet.cli", "status", "--compose", project.name, "--json", "--interval", "0"]
 
     def status() -> tuple[int, list[dict[str, Any]]]:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -229,8 +229,8 @@ def test_compose_down_leaves_nothing(project: ComposeProject) -> None:
 # What makes an env in the image: every experiment file, as compose gives it, probed and acted on.
 _ACT_IN_IMAGE = (
     "import json, sys\n"
-    "from common.config import load\n"
-    "from common.envs import acting_policy\n"
+    "from rlfleet.common.config import load\n"
+    "from rlfleet.common.envs import acting_policy\n"
     "for path in sys.argv[2:]:\n"
     "    cfg = load(path, environ=json.loads(sys.argv[1]))\n"
     "    acting_policy(cfg)\n"

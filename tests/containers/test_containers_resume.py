@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from common.algorithms.checkpoint import load_checkpoint
 from harness.docker_fleet import SHORT_ENV, ComposeProject, compose_project, healthz, wait_for
+from rlfleet.common.algorithms.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.container
 
@@ -69,7 +69,8 @@ def test_each_service_is_pid_1_as_uid_10001_and_sigterm_checkpoints_the_learner(
             status, cmdline = proc1_status(container), proc1_cmdline(container)
             assert status["Uid"].split() == ["10001"] * 4, (service, status["Uid"])  # real, effective, saved, fs
             assert status["Gid"].split() == ["10001"] * 4, (service, status["Gid"])
-            assert cmdline[:3] == ["python", "-m", "cli"] and cmdline[3:5] == ["service", service], (service, cmdline)
+            assert cmdline[:3] == ["python", "-m", "rlfleet.cli"] and cmdline[3:5] == ["service", service], \
+                (service, cmdline)
             top = container.top(ps_args="-o pid,user,args")
             assert [p[0] for p in top["Processes"] if "cli service" in p[-1]] and \
                 all(p[1] in ("10001", "rlfleet") for p in top["Processes"]), (service, top)

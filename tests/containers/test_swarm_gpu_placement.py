@@ -98,7 +98,8 @@ def swarm(docker_client: Any) -> Iterator[OneNodeSwarm]:
 def learner_stack(tmp_path: Path, *gpu: str) -> tuple[Path, dict[str, Any]]:
     """`rlfleet stack --gpu-learner ...`, cut to its learner service (deploy and environment as written)."""
     out = tmp_path / "stack.yml"
-    subprocess.run([sys.executable, "-m", "cli", "stack", "--config", "configs/cartpole-dqn.yaml", "--gpu-learner",
+    subprocess.run([sys.executable, "-m", "rlfleet.cli",
+                    "stack", "--config", "configs/cartpole-dqn.yaml", "--gpu-learner",
                     *gpu, "-o", str(out)], cwd=ROOT, check=True, capture_output=True, text=True, timeout=120)
     learner = yaml.safe_load(out.read_text())["services"]["learner"]
     rendered = {key: learner[key] for key in ("deploy", "environment")}

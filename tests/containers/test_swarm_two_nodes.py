@@ -69,7 +69,7 @@ class TwoNodeStack:
 
     def write(self, *options: str, config: str = "configs/cartpole-dqn.yaml") -> None:
         """`rlfleet stack` with these options (--actors 2, --replay-shards 2, ...)."""
-        cmd = [sys.executable, "-m", "cli", "stack", "--config", config, "--env-file", str(self.env_file),
+        cmd = [sys.executable, "-m", "rlfleet.cli", "stack", "--config", config, "--env-file", str(self.env_file),
                *options, "-o", str(self.file)]
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=120)
 

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from common import algorithms
-from common.algorithms.a3c.config import A3CConfig
-from common.algorithms.contract import EnvMismatch
-from common.config import load
 from harness.fleet_helpers import CONFIGS, ROOT, only_run_dir, read_csv, rlfleet
+from rlfleet.common import algorithms
+from rlfleet.common.algorithms.a3c.config import A3CConfig
+from rlfleet.common.algorithms.contract import EnvMismatch
+from rlfleet.common.config import load
 
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACT = gym.spaces.Discrete(2)
@@ -90,7 +90,7 @@ def test_refused_before_anything_starts(tmp_path: Path) -> None:
 def run_killing(tmp_path: Path, victim: str, *extra: str) -> tuple[Path, str]:
     """`rlfleet up` of A3C (shared torso: long enough to see a restart) with ``victim`` killed -9 once
     the fleet trains; the run directory and the launcher's output."""
-    cmd = [sys.executable, "-m", "cli", "up", "--config", str(CONFIGS / "cartpole-a3c.yaml"), "--actors", "2",
+    cmd = [sys.executable, "-m", "rlfleet.cli", "up", "--config", str(CONFIGS / "cartpole-a3c.yaml"), "--actors", "2",
            "--until-return", "475", "--max-env-steps", "800000", "--max-seconds", "400", "--runs", str(tmp_path),
            "--set", "algorithm.shared_torso=true", *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 import yaml
 
-from cli.status import read_prometheus
 from harness import skips
 from harness.grafana_dashboards import (
     DASHBOARDS,
@@ -37,6 +36,7 @@ from harness.grafana_dashboards import (
     substitute,
     targets_by_job,
 )
+from rlfleet.cli.status import read_prometheus
 
 # -- provisioning: no services needed -----------------------------------------------------
 
@@ -190,7 +190,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list
     """`rlfleet up` with 2 actors; yields its run directory and fleet.json members."""
     tmp = tmp_path_factory.mktemp("fleet")
     env = {**os.environ, **FLEET_ENV, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "cli", "up", "--config", "configs/cartpole-dqn.yaml", "--actors", "2",
+    cmd = [sys.executable, "-m", "rlfleet.cli", "up", "--config", "configs/cartpole-dqn.yaml", "--actors", "2",
            "--max-seconds", "400", "--runs", str(tmp / "runs")]
     with open(tmp / "up.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.launcher import Fleet
-from common.clients.replay_sample import SampleClient
 from harness.chaos_helpers import kill9, member, restart, start_fleet
 from harness.fleet_helpers import CONFIGS, wait_for
+from rlfleet.cli.launcher import Fleet
+from rlfleet.common.clients.replay_sample import SampleClient
 
 DYNAQ = CONFIGS / "cartpole-dynaq.yaml"
 QUICK = ["replay.tables.0.min_size=300", "replay.tables.1.min_size=200", "evaluator.enabled=false",

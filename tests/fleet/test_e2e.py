@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.fleetview import scrape
-from cli.launcher import Fleet, make_run_dir, plan
-from common import config as config_mod
 from harness.fleet_helpers import CONFIGS, episodes, only_run_dir, read_csv, rlfleet, wait_for
+from rlfleet.cli.fleetview import scrape
+from rlfleet.cli.launcher import Fleet, make_run_dir, plan
+from rlfleet.common import config as config_mod
 
 pytestmark = pytest.mark.e2e
 
@@ -133,7 +133,7 @@ def test_ctrl_c_stops_the_whole_fleet_cleanly(tmp_path: Path) -> None:
     from harness.fleet_helpers import ROOT
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "up", "--config", str(CONFIGS / "cartpole-dqn.yaml"),
+        [sys.executable, "-m", "rlfleet.cli", "up", "--config", str(CONFIGS / "cartpole-dqn.yaml"),
          "--actors", "1", "--runs", str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

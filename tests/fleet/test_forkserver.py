@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from cli.fleetview import scrape
-from cli.forkserver import KINDS, ForkedProcess, ForkServerError, ForkServers, Zygote
-from cli.launcher import Fleet, Member, make_run_dir, plan
-from cli.main import SERVICE_NAMES
-from common import config as config_mod
-from common.roles import NAMES
 from harness.fleet_helpers import CONFIGS, ROOT, tagged, wait_for
+from rlfleet.cli.fleetview import scrape
+from rlfleet.cli.forkserver import KINDS, ForkedProcess, ForkServerError, ForkServers, Zygote
+from rlfleet.cli.launcher import Fleet, Member, make_run_dir, plan
+from rlfleet.cli.main import SERVICE_NAMES
+from rlfleet.common import config as config_mod
+from rlfleet.common.roles import NAMES
 
 CARTPOLE = CONFIGS / "cartpole-dqn.yaml"
 
@@ -135,7 +135,7 @@ def run_up_and_interrupt(tmp_path: Path, when: str) -> tuple[int, str, list[int]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFLEET_TEST_TAG": tag}
     # a budget the test never reaches: a run that ends on it stops its members one by one, which would
     # look like a start (some healthy, some not) to an interrupt that came too late
-    cmd = [sys.executable, "-m", "cli", "up", "--config", str(CARTPOLE), "--actors", "2",
+    cmd = [sys.executable, "-m", "rlfleet.cli", "up", "--config", str(CARTPOLE), "--actors", "2",
            "--runs", str(tmp_path), "--max-seconds", "900"]
     launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -175,7 +175,7 @@ def test_ctrl_c_leaves_no_process(tmp_path: Path, when: str) -> None:
 REAP_SCRIPT = r"""
 import os, sys, time, subprocess
 from pathlib import Path
-from cli.forkserver import become_subreaper, reap_orphans
+from rlfleet.cli.forkserver import become_subreaper, reap_orphans
 
 def state(pid):
     try:

@@ -8,10 +8,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from common import algorithms
-from common.algorithms.dqn.worker import LocalBuffer
-from common.config import load
 from harness.fleet_helpers import CONFIGS, only_run_dir, read_csv, rlfleet
+from rlfleet.common import algorithms
+from rlfleet.common.algorithms.dqn.worker import LocalBuffer
+from rlfleet.common.config import load
 
 
 def test_the_local_buffer_keeps_the_newest_transitions() -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from common import config as config_mod
 from harness.fleet_helpers import CONFIGS, ROOT, only_run_dir, rlfleet
+from rlfleet.common import config as config_mod
 
 
 def test_configs_that_cannot_split_are_refused() -> None:
@@ -39,8 +39,8 @@ def test_configs_that_cannot_split_are_refused() -> None:
 def test_nccl_without_cuda_is_refused_at_start() -> None:
     import torch
 
-    from common.runtime import StartupError
-    from services.learner.ranks import backend
+    from rlfleet.common.runtime import StartupError
+    from rlfleet.services.learner.ranks import backend
 
     cfg = config_mod.load(CONFIGS / "cartpole-dqn.yaml", sets=["learners=2", "learner.backend=nccl"], environ={})
     with pytest.raises(StartupError, match="learner.backend=nccl needs CUDA"):
@@ -71,7 +71,7 @@ def test_rlfleet_up_restarts_a_killed_rank_and_the_run_reaches_its_target(tmp_pa
     timeout naming the group's address, `rlfleet up` starts both again (its on-failure restart
     policy), they form the group again from rank 0's checkpoint and the run still solves CartPole."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "up", "--config", str(CONFIGS / "cartpole-dqn.yaml"), "--actors", "2",
+        [sys.executable, "-m", "rlfleet.cli", "up", "--config", str(CONFIGS / "cartpole-dqn.yaml"), "--actors", "2",
          "--learners", "2", "--until-return", "475", "--max-env-steps", "400000", "--max-seconds", "600",
          "--runs", str(tmp_path), "--set", "learner.collective_timeout_s=4", "--set", "learner.checkpoint_every_s=1",
          # no evaluation before 20k fleet steps: the run cannot reach its target before rank 1 is killed

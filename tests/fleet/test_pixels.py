@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from common import atari
-from common.algorithms.dqn.learner import DQNLearner
-from common.algorithms.dqn.policy import DQNPolicy
-from common.config import EnvConfig, load
-from common.envs import EnvError, env_factory, experience_schema, make_vector_env
 from harness.fleet_helpers import CONFIGS, only_run_dir, read_csv, rlfleet
+from rlfleet.common import atari
+from rlfleet.common.algorithms.dqn.learner import DQNLearner
+from rlfleet.common.algorithms.dqn.policy import DQNPolicy
+from rlfleet.common.config import EnvConfig, load
+from rlfleet.common.envs import EnvError, env_factory, experience_schema, make_vector_env
 
 
 def wrappers(env) -> list[str]:
@@ -77,7 +77,7 @@ def test_frames_stay_uint8_from_the_env_to_the_learner() -> None:
 def test_actor_priorities_in_bfloat16_stay_close_to_float32_and_only_where_asked() -> None:
     import gymnasium as gym
 
-    from common.algorithms.dqn.config import DQNConfig
+    from rlfleet.common.algorithms.dqn.config import DQNConfig
 
     frames, actions = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6)
     rng = np.random.default_rng(5)
@@ -135,10 +135,10 @@ def test_a_short_pong_run_inserts_samples_and_updates_through_every_service(tmp_
 
 
 def test_ppo_acts_and_learns_on_frames_with_one_cnn_under_both_heads() -> None:
-    from common.algorithms.adders.segments import SegmentAdder
-    from common.algorithms.ppo.learner import PPOLearner
-    from common.algorithms.ppo.networks import PPOCnnNetworks
-    from common.algorithms.ppo.policy import PPOPolicy
+    from rlfleet.common.algorithms.adders.segments import SegmentAdder
+    from rlfleet.common.algorithms.ppo.learner import PPOLearner
+    from rlfleet.common.algorithms.ppo.networks import PPOCnnNetworks
+    from rlfleet.common.algorithms.ppo.policy import PPOPolicy
 
     cfg = load(str(CONFIGS / "breakout-ppo.yaml"), ["algorithm.segment_length=8", "algorithm.minibatch_size=16",
                                                     "algorithm.batch_segments=4"])

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.algorithms.checkpoint import load_checkpoint
 from harness.fleet_helpers import CONFIGS, only_run_dir, read_csv, rlfleet
+from rlfleet.common.algorithms.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.e2e
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.serial import SerialRunner
-from common import config as config_mod
 from harness.fleet_helpers import CONFIGS, wait_for
 from harness.ppo_fleet_helpers import follow_versions, member, ppo_fleet, samples
+from rlfleet.cli.serial import SerialRunner
+from rlfleet.common import config as config_mod
 
 pytestmark = pytest.mark.e2e
 

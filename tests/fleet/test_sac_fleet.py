@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.fleetview import scrape
-from cli.launcher import Fleet, make_run_dir, plan
-from common import config as config_mod
-from common.algorithms.checkpoint import load_checkpoint
 from harness.fleet_helpers import CONFIGS, only_run_dir, read_csv, rlfleet, wait_for
+from rlfleet.cli.fleetview import scrape
+from rlfleet.cli.launcher import Fleet, make_run_dir, plan
+from rlfleet.common import config as config_mod
+from rlfleet.common.algorithms.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.e2e
 

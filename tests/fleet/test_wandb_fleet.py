@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import rlfleet
-from common.tboard import read_scalars
-from common.wandb_log import read_offline_scalars
 from harness.fleet_helpers import ROOT
+from rlfleet.common.tboard import read_scalars
+from rlfleet.common.wandb_log import read_offline_scalars
 
 
 @pytest.mark.e2e

@@ -10,6 +10,6 @@ folder: :mod:`.config`, :mod:`.networks` (shared torso, policy and value heads),
 What the fleet runs of it is its Builder (:mod:`.builder`); this module stays torch-free.
 """
 
-from common.algorithms.a3c.builder import BUILDER
+from rlfleet.common.algorithms.a3c.builder import BUILDER
 
 __all__ = ["BUILDER"]

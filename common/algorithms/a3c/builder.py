@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.algorithms import spaces
-from common.algorithms.a3c.config import A3CConfig
-from common.algorithms.adders import segment_adder
-from common.algorithms.builder import Builder
+from rlfleet.common.algorithms import spaces
+from rlfleet.common.algorithms.a3c.config import A3CConfig
+from rlfleet.common.algorithms.adders import segment_adder
+from rlfleet.common.algorithms.builder import Builder
 
 ALLOWED = "Discrete (starting at 0) actions and a Box observation space"
 
@@ -26,7 +26,7 @@ BUILDER = Builder(
     config=A3CConfig,
     check_env=check_env,
     make_adder=lambda cfg, num_envs, obs, act, mode: segment_adder(cfg.n_steps, num_envs, obs, act, mode),
-    policy="common.algorithms.a3c.policy:A3CPolicy",
-    worker="common.algorithms.a3c.worker:A3CWorker",
+    policy="rlfleet.common.algorithms.a3c.policy:A3CPolicy",
+    worker="rlfleet.common.algorithms.a3c.worker:A3CWorker",
     autoreset_mode="SameStep",  # rollouts of every slot end on the same vector step
 )

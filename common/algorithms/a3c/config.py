@@ -14,7 +14,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from common.config.sections import AlgorithmSettings, NonNegFloat, PosFloat, PosInt
+from rlfleet.common.config.sections import AlgorithmSettings, NonNegFloat, PosFloat, PosInt
 
 
 class A3CConfig(AlgorithmSettings):

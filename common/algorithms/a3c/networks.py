@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.algorithms.a3c.config import A3CConfig
-from common.algorithms.mlp import ACTIVATIONS, seeded
+from rlfleet.common.algorithms.a3c.config import A3CConfig
+from rlfleet.common.algorithms.mlp import ACTIVATIONS, seeded
 
 
 class SharedActorCritic(nn.Module):

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 import gymnasium as gym
 import numpy as np
 
-from common.algorithms.a3c.networks import seeded_network
-from common.algorithms.acting import PolicyBase
-from common.algorithms.contract import Columns
-from common.algorithms.weights import check_arrays, publish_arrays
+from rlfleet.common.algorithms.a3c.networks import seeded_network
+from rlfleet.common.algorithms.acting import PolicyBase
+from rlfleet.common.algorithms.contract import Columns
+from rlfleet.common.algorithms.weights import check_arrays, publish_arrays
 
 
 class A3CPolicy(PolicyBase):

@@ -21,11 +21,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from common.algorithms.a3c.config import A3CConfig
-from common.algorithms.a3c.policy import A3CPolicy
-from common.algorithms.contract import SeedLike
-from common.algorithms.ppo.losses import gae
-from common.algorithms.weights import load_arrays, publish_arrays
+from rlfleet.common.algorithms.a3c.config import A3CConfig
+from rlfleet.common.algorithms.a3c.policy import A3CPolicy
+from rlfleet.common.algorithms.contract import SeedLike
+from rlfleet.common.algorithms.ppo.losses import gae
+from rlfleet.common.algorithms.weights import load_arrays, publish_arrays
 
 
 class A3CWorker(A3CPolicy):

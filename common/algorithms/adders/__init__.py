@@ -8,19 +8,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.algorithms.contract import EnvMismatch
+from rlfleet.common.algorithms.contract import EnvMismatch
 
 if TYPE_CHECKING:  # gymnasium is imported when an adder is made, not with the registry (rlfleet config, replay)
-    from common.algorithms.adders.nstep import NStepAdder
-    from common.algorithms.adders.segments import SegmentAdder
+    from rlfleet.common.algorithms.adders.nstep import NStepAdder
+    from rlfleet.common.algorithms.adders.segments import SegmentAdder
 
 
 def transition_adder(n_step: int, gamma: float, num_envs: int, observation_space: Any, action_space: Any,
                      autoreset_mode: Any) -> NStepAdder:
     """The n-step adder of transitions for these spaces: int64 actions for Discrete, float32 for Box;
     observations stored as the env gives them (uint8 frames stay uint8)."""
-    from common.algorithms.adders.nstep import NStepAdder
-    from common.algorithms.adders.vector_steps import stored_obs_dtype
+    from rlfleet.common.algorithms.adders.nstep import NStepAdder
+    from rlfleet.common.algorithms.adders.vector_steps import stored_obs_dtype
 
     if observation_space.shape is None or action_space.shape is None:
         raise EnvMismatch(f"spaces {observation_space}, {action_space} need shapes")
@@ -39,6 +39,6 @@ def config_transitions(cfg: Any, num_envs: int, observation_space: Any, action_s
 def segment_adder(length: int, num_envs: int, observation_space: Any, action_space: Any, autoreset_mode: Any,
                   extras: Mapping[str, tuple[str, tuple[int, ...]]] | None = None) -> SegmentAdder:
     """The adder of fixed-length trajectory segments (with the policy's ``extras`` columns)."""
-    from common.algorithms.adders.segments import SegmentAdder
+    from rlfleet.common.algorithms.adders.segments import SegmentAdder
 
     return SegmentAdder(num_envs, length, observation_space, action_space, autoreset_mode, extras or {})

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from common.algorithms.adders.vector_steps import Columns, VectorStep, VectorStepAdder
+from rlfleet.common.algorithms.adders.vector_steps import Columns, VectorStep, VectorStepAdder
 
 
 class NStepAdder(VectorStepAdder):

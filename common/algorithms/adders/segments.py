@@ -25,7 +25,7 @@ what the off-policy correction needs.
 gymnasium 1.x vector envs autoreset. In ``NEXT_STEP`` mode the step after an
 episode's end resets that slot, ignores its action and returns the reset
 observation: it is no env step of the segment and is dropped (as in
-:mod:`common.algorithms.adders.nstep`). In ``SAME_STEP`` mode the final
+:mod:`rlfleet.common.algorithms.adders.nstep`). In ``SAME_STEP`` mode the final
 observation is in ``infos["final_obs"]``.
 """
 
@@ -37,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from common.algorithms.adders.vector_steps import Columns, VectorStep, VectorStepAdder, stored_obs_dtype
+from rlfleet.common.algorithms.adders.vector_steps import Columns, VectorStep, VectorStepAdder, stored_obs_dtype
 
 
 class SegmentAdder(VectorStepAdder):

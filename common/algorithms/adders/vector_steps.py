@@ -42,7 +42,7 @@ class VectorStep:
 
 
 class VectorStepAdder:
-    """The base of :class:`~common.algorithms.adders.nstep.NStepAdder` and the PPO segment adder: it
+    """The base of :class:`~rlfleet.common.algorithms.adders.nstep.NStepAdder` and the PPO segment adder: it
     checks each step and keeps the observations acted on; a subclass records a step (``_record``)."""
 
     def __init__(self, num_envs: int, obs_shape: tuple[int, ...],

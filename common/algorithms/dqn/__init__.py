@@ -5,11 +5,11 @@ Horgan et al. 2018, "Distributed Prioritized Experience Replay". The folder:
 its numpy acting path), :mod:`.policy` (epsilon-greedy acting with the Ape-X
 schedule, initial priorities), :mod:`.learner` (the update), :mod:`.worker`
 (``hogwild: true``: the same loss computed by each actor on its own buffer) and
-the shared n-step adder (:mod:`common.algorithms.adders.nstep`).
+the shared n-step adder (:mod:`rlfleet.common.algorithms.adders.nstep`).
 
 What the fleet runs of it is its Builder (:mod:`.builder`); this module stays torch-free.
 """
 
-from common.algorithms.dqn.builder import BUILDER
+from rlfleet.common.algorithms.dqn.builder import BUILDER
 
 __all__ = ["BUILDER"]

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.algorithms import spaces
-from common.algorithms.adders import config_transitions
-from common.algorithms.builder import Builder
-from common.algorithms.dqn.config import DQNConfig
-from common.algorithms.torsos import choose_torso
+from rlfleet.common.algorithms import spaces
+from rlfleet.common.algorithms.adders import config_transitions
+from rlfleet.common.algorithms.builder import Builder
+from rlfleet.common.algorithms.dqn.config import DQNConfig
+from rlfleet.common.algorithms.torsos import choose_torso
 
 
 def check_env(cfg: DQNConfig, observation_space: Any, action_space: Any, env_id: str | None = None) -> None:
@@ -26,7 +26,7 @@ BUILDER = Builder(
     config=DQNConfig,
     check_env=check_env,
     make_adder=config_transitions,  # n-step transitions (cfg.n_step, cfg.gamma)
-    policy="common.algorithms.dqn.policy:DQNPolicy",
-    learner="common.algorithms.dqn.learner:DQNLearner",
-    worker="common.algorithms.dqn.worker:DQNWorker",  # hogwild: true
+    policy="rlfleet.common.algorithms.dqn.policy:DQNPolicy",
+    learner="rlfleet.common.algorithms.dqn.learner:DQNLearner",
+    worker="rlfleet.common.algorithms.dqn.worker:DQNWorker",  # hogwild: true
 )

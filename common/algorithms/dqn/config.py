@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from common.config.sections import AlgorithmSettings, NonNegFloat, PosFloat, PosInt
+from rlfleet.common.config.sections import AlgorithmSettings, NonNegFloat, PosFloat, PosInt
 
 
 class DQNConfig(AlgorithmSettings):

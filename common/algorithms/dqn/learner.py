@@ -18,17 +18,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.algorithms.contract import DataSpec, Grads
-from common.algorithms.device import ArrayLike, cpu_copy, use_bfloat16
-from common.algorithms.dqn.config import DQNConfig
-from common.algorithms.dqn.networks import n_step_target, seeded_q_network
-from common.algorithms.dqn.policy import column
-from common.algorithms.learning import LearnerBase
-from common.algorithms.schedules import linear
-from common.algorithms.weights import load_arrays, publish_arrays
+from rlfleet.common.algorithms.contract import DataSpec, Grads
+from rlfleet.common.algorithms.device import ArrayLike, cpu_copy, use_bfloat16
+from rlfleet.common.algorithms.dqn.config import DQNConfig
+from rlfleet.common.algorithms.dqn.networks import n_step_target, seeded_q_network
+from rlfleet.common.algorithms.dqn.policy import column
+from rlfleet.common.algorithms.learning import LearnerBase
+from rlfleet.common.algorithms.schedules import linear
+from rlfleet.common.algorithms.weights import load_arrays, publish_arrays
 
 if TYPE_CHECKING:
-    from common.algorithms.data_parallel import GradientAverager
+    from rlfleet.common.algorithms.data_parallel import GradientAverager
 
 COLUMNS = ("obs", "action", "reward", "next_obs", "discount")
 

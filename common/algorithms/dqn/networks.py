@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.algorithms.cnn import NatureCNN
-from common.algorithms.dqn.builder import check_env
-from common.algorithms.dqn.config import DQNConfig
-from common.algorithms.mlp import float32_head, seeded
-from common.algorithms.torsos import choose_torso
+from rlfleet.common.algorithms.cnn import NatureCNN
+from rlfleet.common.algorithms.dqn.builder import check_env
+from rlfleet.common.algorithms.dqn.config import DQNConfig
+from rlfleet.common.algorithms.mlp import float32_head, seeded
+from rlfleet.common.algorithms.torsos import choose_torso
 
 
 class QNetwork(nn.Module):

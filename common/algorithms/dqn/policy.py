@@ -13,13 +13,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from common.algorithms.acting import PolicyBase
-from common.algorithms.contract import Columns
-from common.algorithms.device import to_device, use_bfloat16
-from common.algorithms.dqn.config import DQNConfig
-from common.algorithms.dqn.networks import n_step_target, numpy_q, seeded_q_network
-from common.algorithms.schedules import linear
-from common.algorithms.weights import load_arrays
+from rlfleet.common.algorithms.acting import PolicyBase
+from rlfleet.common.algorithms.contract import Columns
+from rlfleet.common.algorithms.device import to_device, use_bfloat16
+from rlfleet.common.algorithms.dqn.config import DQNConfig
+from rlfleet.common.algorithms.dqn.networks import n_step_target, numpy_q, seeded_q_network
+from rlfleet.common.algorithms.schedules import linear
+from rlfleet.common.algorithms.weights import load_arrays
 
 NUMPY_ROWS = 64  # DQNPolicy.q_values: numpy up to this many rows, torch above
 NO_EXTRAS: Columns = {}

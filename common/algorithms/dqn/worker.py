@@ -20,11 +20,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from common.algorithms.contract import SeedLike
-from common.algorithms.dqn.config import DQNConfig
-from common.algorithms.dqn.learner import COLUMNS, DQNLearner
-from common.algorithms.dqn.policy import DQNPolicy
-from common.algorithms.weights import load_arrays
+from rlfleet.common.algorithms.contract import SeedLike
+from rlfleet.common.algorithms.dqn.config import DQNConfig
+from rlfleet.common.algorithms.dqn.learner import COLUMNS, DQNLearner
+from rlfleet.common.algorithms.dqn.policy import DQNPolicy
+from rlfleet.common.algorithms.weights import load_arrays
 
 
 class LocalBuffer:

@@ -10,6 +10,6 @@ minibatches over a batch of segments).
 What the fleet runs of it is its Builder (:mod:`.builder`); this module stays torch-free.
 """
 
-from common.algorithms.ppo.builder import BUILDER
+from rlfleet.common.algorithms.ppo.builder import BUILDER
 
 __all__ = ["BUILDER"]

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.algorithms import spaces
-from common.algorithms.adders import segment_adder
-from common.algorithms.builder import Builder
-from common.algorithms.contract import EnvMismatch
-from common.algorithms.ppo.config import PPOConfig
-from common.algorithms.torsos import choose_torso
+from rlfleet.common.algorithms import spaces
+from rlfleet.common.algorithms.adders import segment_adder
+from rlfleet.common.algorithms.builder import Builder
+from rlfleet.common.algorithms.contract import EnvMismatch
+from rlfleet.common.algorithms.ppo.config import PPOConfig
+from rlfleet.common.algorithms.torsos import choose_torso
 
 ALLOWED = "Discrete (starting at 0), or Box with finite low and high"
 EXTRAS = {"logp": ("float32", ()), "value": ("float32", ())}  # the policy's extras the learner reads
@@ -36,7 +36,7 @@ BUILDER = Builder(
     check_env=check_env,
     make_adder=lambda cfg, num_envs, obs, act, mode: segment_adder(cfg.segment_length, num_envs, obs, act, mode,
                                                                    EXTRAS),
-    policy="common.algorithms.ppo.policy:PPOPolicy",
-    learner="common.algorithms.ppo.learner:PPOLearner",
+    policy="rlfleet.common.algorithms.ppo.policy:PPOPolicy",
+    learner="rlfleet.common.algorithms.ppo.learner:PPOLearner",
     autoreset_mode="SameStep",  # segments of every slot end on the same vector step: a barrier round's end
 )

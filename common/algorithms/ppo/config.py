@@ -12,7 +12,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from common.config.sections import AlgorithmSettings, NonNegFloat, PosFloat, PosInt
+from rlfleet.common.config.sections import AlgorithmSettings, NonNegFloat, PosFloat, PosInt
 
 Fraction = Annotated[float, Field(gt=0, le=1)]
 

@@ -17,7 +17,7 @@ collapsed for 400-500k env steps on LunarLander. On fresh segments (DPPO) pi_pro
 behaviour policy and both are plain PPO (up to rounding: weights of 1 - 1e-7). With ``vtrace``
 advantages and value targets are V-trace's (lambda-returns whose deltas and traces weigh by the
 same truncated ratio), so with the surrogate's weight a stale step counts the ratio squared, the
-cautious choice measured in :func:`~common.algorithms.ppo.losses.gae`. Values are recomputed by the
+cautious choice measured in :func:`~rlfleet.common.algorithms.ppo.losses.gae`. Values are recomputed by the
 current critic; staleness is bounded (``max_staleness`` versions, older segments dropped
 before learn). ``behaviour_kl`` and ``behaviour_weight`` (figures of each learn call) say how
 far the data lagged; with several learners, each rank's share.
@@ -26,7 +26,7 @@ Annealing (lr and clip, linear to 0) runs on the env steps of the segments train
 counted by the learner (the fleet's env steps in barrier mode).
 
 On a GPU a batch goes to the device once (through the learner's staging buffers): values, GAE
-(:func:`~common.algorithms.ppo.losses.gae_torch`, float32) and the epochs' rows stay there, and the
+(:func:`~rlfleet.common.algorithms.ppo.losses.gae_torch`, float32) and the epochs' rows stay there, and the
 learn call's figures come back in one copy. On CPU the rows are tensors over the batch's arrays
 and GAE is numpy's, in float64.
 """
@@ -40,11 +40,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from common.algorithms.contract import DataSpec, Grads
-from common.algorithms.device import cpu_copy
-from common.algorithms.learning import LearnerBase
-from common.algorithms.ppo.config import PPOConfig
-from common.algorithms.ppo.losses import (
+from rlfleet.common.algorithms.contract import DataSpec, Grads
+from rlfleet.common.algorithms.device import cpu_copy
+from rlfleet.common.algorithms.learning import LearnerBase
+from rlfleet.common.algorithms.ppo.config import PPOConfig
+from rlfleet.common.algorithms.ppo.losses import (
     behaviour_weights,
     clipped_surrogate,
     gae,
@@ -53,11 +53,11 @@ from common.algorithms.ppo.losses import (
     normalize_chunks,
     value_loss,
 )
-from common.algorithms.ppo.networks import PPOCnnNetworks, RunningMeanStd, seeded_networks
-from common.algorithms.schedules import linear
+from rlfleet.common.algorithms.ppo.networks import PPOCnnNetworks, RunningMeanStd, seeded_networks
+from rlfleet.common.algorithms.schedules import linear
 
 if TYPE_CHECKING:
-    from common.algorithms.data_parallel import GradientAverager
+    from rlfleet.common.algorithms.data_parallel import GradientAverager
 
 SEGMENT_COLUMNS = ("obs", "action", "reward", "terminated", "truncated", "final_obs", "logp", "bootstrap_obs")
 # logp: of the policy the ratio is taken to (pi_prox, or the behaviour's); weight: pi_prox / pi_behaviour, truncated

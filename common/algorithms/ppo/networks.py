@@ -22,11 +22,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.algorithms.cnn import NatureCNN
-from common.algorithms.mlp import TwinMLP, mlp, seeded
-from common.algorithms.ppo.config import PPOConfig
-from common.algorithms.torsos import choose_torso
-from common.algorithms.weights import check_arrays, load_arrays, publish_arrays
+from rlfleet.common.algorithms.cnn import NatureCNN
+from rlfleet.common.algorithms.mlp import TwinMLP, mlp, seeded
+from rlfleet.common.algorithms.ppo.config import PPOConfig
+from rlfleet.common.algorithms.torsos import choose_torso
+from rlfleet.common.algorithms.weights import check_arrays, load_arrays, publish_arrays
 
 LOG_2PI = math.log(2 * math.pi)
 

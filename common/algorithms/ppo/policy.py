@@ -15,12 +15,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from common.algorithms.acting import PolicyBase
-from common.algorithms.contract import Columns
-from common.algorithms.device import from_numpy
-from common.algorithms.mlp import numpy_layers, numpy_mlp
-from common.algorithms.ppo.networks import LOG_2PI, PPOCnnNetworks, normalize, seeded_networks
-from common.algorithms.weights import check_arrays, load_arrays
+from rlfleet.common.algorithms.acting import PolicyBase
+from rlfleet.common.algorithms.contract import Columns
+from rlfleet.common.algorithms.device import from_numpy
+from rlfleet.common.algorithms.mlp import numpy_layers, numpy_mlp
+from rlfleet.common.algorithms.ppo.networks import LOG_2PI, PPOCnnNetworks, normalize, seeded_networks
+from rlfleet.common.algorithms.weights import check_arrays, load_arrays
 
 NORM_KEYS = ("obs_norm.mean", "obs_norm.var", "obs_norm.count")
 

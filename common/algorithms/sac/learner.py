@@ -26,18 +26,18 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from common.algorithms.actions import ActionScale, dims
-from common.algorithms.contract import DataSpec, Grads
-from common.algorithms.device import ArrayLike, cpu_copy, use_bfloat16
-from common.algorithms.generators import generator_state, restore_generator
-from common.algorithms.learning import LearnerBase
-from common.algorithms.sac.config import SACConfig
-from common.algorithms.sac.networks import seeded_networks, squashed_sample
-from common.algorithms.schedules import linear
-from common.algorithms.weights import load_arrays, publish_arrays, unprefixed
+from rlfleet.common.algorithms.actions import ActionScale, dims
+from rlfleet.common.algorithms.contract import DataSpec, Grads
+from rlfleet.common.algorithms.device import ArrayLike, cpu_copy, use_bfloat16
+from rlfleet.common.algorithms.generators import generator_state, restore_generator
+from rlfleet.common.algorithms.learning import LearnerBase
+from rlfleet.common.algorithms.sac.config import SACConfig
+from rlfleet.common.algorithms.sac.networks import seeded_networks, squashed_sample
+from rlfleet.common.algorithms.schedules import linear
+from rlfleet.common.algorithms.weights import load_arrays, publish_arrays, unprefixed
 
 if TYPE_CHECKING:
-    from common.algorithms.data_parallel import GradientAverager
+    from rlfleet.common.algorithms.data_parallel import GradientAverager
 
 COLUMNS = ("obs", "action", "reward", "next_obs", "discount")
 PRIORITY_EPS = 1e-6

@@ -2,7 +2,7 @@
 
 The actor is one MLP from the observation to [mean, log_std] (2 x action dims, log_std
 clamped); actions live in [-1, 1] inside the networks and are scaled to the env's bounds
-(:class:`common.algorithms.actions.ActionScale`) only at the env. The critics are a :class:`TwinMLP` over
+(:class:`rlfleet.common.algorithms.actions.ActionScale`) only at the env. The critics are a :class:`TwinMLP` over
 [observation, action in [-1, 1]]: both Q-functions in one batched matmul per layer.
 PyTorch's default initialisation, as SB3's SAC.
 """
@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.algorithms.actions import dims
-from common.algorithms.mlp import TwinMLP, float32_head, mlp, seeded, twin_q
-from common.algorithms.sac.config import SACConfig
+from rlfleet.common.algorithms.actions import dims
+from rlfleet.common.algorithms.mlp import TwinMLP, float32_head, mlp, seeded, twin_q
+from rlfleet.common.algorithms.sac.config import SACConfig
 
 LOG_2PI = math.log(2 * math.pi)
 LOG_2 = math.log(2.0)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from common.algorithms.actions import BoundedActorPolicy
-from common.algorithms.sac.networks import seeded_networks
-from common.algorithms.weights import publish_arrays
+from rlfleet.common.algorithms.actions import BoundedActorPolicy
+from rlfleet.common.algorithms.sac.networks import seeded_networks
+from rlfleet.common.algorithms.weights import publish_arrays
 
 
 class SACPolicy(BoundedActorPolicy):

@@ -4,11 +4,11 @@ The folder: :mod:`.config` (the ``algorithm:`` section), :mod:`.networks` (the d
 tanh actor, twin critics and their targets), :mod:`.policy` (numpy acting with Gaussian
 exploration noise, random warm-up), :mod:`.learner` (clipped double-Q critics every update;
 the actor and the Polyak targets every ``policy_delay``-th) and the shared n-step adder
-(:mod:`common.algorithms.adders.nstep`) carrying float actions. Only the actor is published.
+(:mod:`rlfleet.common.algorithms.adders.nstep`) carrying float actions. Only the actor is published.
 
 What the fleet runs of it is its Builder (:mod:`.builder`); this module stays torch-free.
 """
 
-from common.algorithms.td3.builder import BUILDER
+from rlfleet.common.algorithms.td3.builder import BUILDER
 
 __all__ = ["BUILDER"]

@@ -13,7 +13,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from common.config.sections import ColoredNoiseSettings, PosFloat, PosInt
+from rlfleet.common.config.sections import ColoredNoiseSettings, PosFloat, PosInt
 
 
 class TD3Config(ColoredNoiseSettings):

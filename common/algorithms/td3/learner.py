@@ -24,18 +24,18 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from common.algorithms.actions import ActionScale
-from common.algorithms.contract import DataSpec, Grads
-from common.algorithms.device import ArrayLike, cpu_copy
-from common.algorithms.generators import generator_state, restore_generator
-from common.algorithms.learning import LearnerBase
-from common.algorithms.schedules import linear
-from common.algorithms.td3.config import TD3Config
-from common.algorithms.td3.networks import seeded_networks
-from common.algorithms.weights import load_arrays, publish_arrays, unprefixed
+from rlfleet.common.algorithms.actions import ActionScale
+from rlfleet.common.algorithms.contract import DataSpec, Grads
+from rlfleet.common.algorithms.device import ArrayLike, cpu_copy
+from rlfleet.common.algorithms.generators import generator_state, restore_generator
+from rlfleet.common.algorithms.learning import LearnerBase
+from rlfleet.common.algorithms.schedules import linear
+from rlfleet.common.algorithms.td3.config import TD3Config
+from rlfleet.common.algorithms.td3.networks import seeded_networks
+from rlfleet.common.algorithms.weights import load_arrays, publish_arrays, unprefixed
 
 if TYPE_CHECKING:
-    from common.algorithms.data_parallel import GradientAverager
+    from rlfleet.common.algorithms.data_parallel import GradientAverager
 
 COLUMNS = ("obs", "action", "reward", "next_obs", "discount")
 PRIORITY_EPS = 1e-6

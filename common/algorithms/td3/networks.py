@@ -1,10 +1,10 @@
 """TD3's networks: a deterministic tanh actor, twin Q critics, and a target of each.
 
 Actions live in [-1, 1] inside the networks and are scaled to the env's bounds only at the env
-(SAC's :class:`~common.algorithms.sac.networks.ActionScale`), so the noises of the config are in
+(SAC's :class:`~rlfleet.common.algorithms.sac.networks.ActionScale`), so the noises of the config are in
 units of half the action range, as CleanRL scales them. The actor is an MLP from the observation
-to the action's pre-tanh value (:func:`~common.algorithms.mlp.mlp`, published and acted on in numpy);
-the critics are a :class:`~common.algorithms.mlp.TwinMLP` over [observation, action in [-1, 1]].
+to the action's pre-tanh value (:func:`~rlfleet.common.algorithms.mlp.mlp`, published and acted on in numpy);
+the critics are a :class:`~rlfleet.common.algorithms.mlp.TwinMLP` over [observation, action in [-1, 1]].
 PyTorch's default initialisation, as SB3's and CleanRL's TD3.
 """
 
@@ -14,9 +14,9 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from common.algorithms.actions import dims
-from common.algorithms.mlp import TwinMLP, mlp, seeded, twin_q
-from common.algorithms.td3.config import TD3Config
+from rlfleet.common.algorithms.actions import dims
+from rlfleet.common.algorithms.mlp import TwinMLP, mlp, seeded, twin_q
+from rlfleet.common.algorithms.td3.config import TD3Config
 
 
 def twin_critic(obs_dim: int, act_dim: int, widths: list[int]) -> TwinMLP:

@@ -17,11 +17,11 @@ from stable_baselines3 import A2C  # a dev dependency (pyproject.toml), as the b
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from common.algorithms.a3c.config import A3CConfig
-from common.algorithms.a3c.worker import A3CWorker
-from common.config.sections import GradientsConfig
 from harness.sb3_match import A3C_MODULES, Still, copy_into_sb3
-from services.paramserver.gradients import SliceTrainer
+from rlfleet.common.algorithms.a3c.config import A3CConfig
+from rlfleet.common.algorithms.a3c.worker import A3CWorker
+from rlfleet.common.config.sections import GradientsConfig
+from rlfleet.services.paramserver.gradients import SliceTrainer
 
 ENVS, STEPS, UPDATES = 8, 5, 3
 GAMMA, ENT, LR = 0.995, 1e-5, 8.3e-4

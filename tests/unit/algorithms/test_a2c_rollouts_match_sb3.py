@@ -21,9 +21,9 @@ from stable_baselines3.common.logger import configure
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from cli.serial_workers import WorkerLane
-from common import algorithms, config
 from harness.sb3_match import A3C_MODULES, copy_into_sb3
+from rlfleet.cli.serial_workers import WorkerLane
+from rlfleet.common import algorithms, config
 
 ROOT = Path(__file__).resolve().parents[3]
 ENVS, ROLLOUTS = 8, 40

@@ -9,9 +9,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import common.algorithms as algorithms
-from common.algorithms import drop_stale
+import rlfleet.common.algorithms as algorithms
 from harness.toy_envs import Reach
+from rlfleet.common.algorithms import drop_stale
 
 # Tiny settings for every algorithm, each applied where its config has the field: a new algorithm is
 # covered without an entry here (adding one touches its folder, its config file and the registry only).

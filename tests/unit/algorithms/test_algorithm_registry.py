@@ -6,11 +6,11 @@ import gymnasium as gym
 import pytest
 import torch
 
-import common.algorithms as algorithms
-from common.algorithms.device import resolve_device
-from common.algorithms.dqn import BUILDER
-from common.algorithms.dqn.config import DQNConfig
+import rlfleet.common.algorithms as algorithms
 from harness.dqn_helpers import ACT_SPACE, OBS_SPACE
+from rlfleet.common.algorithms.device import resolve_device
+from rlfleet.common.algorithms.dqn import BUILDER
+from rlfleet.common.algorithms.dqn.config import DQNConfig
 
 
 def test_registry_and_env_checks() -> None:

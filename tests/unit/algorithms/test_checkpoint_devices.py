@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms import registry
-from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
-from common.algorithms.generators import plan, reseed_from, restore_generator
+from rlfleet.common.algorithms import registry
+from rlfleet.common.algorithms.checkpoint import load_checkpoint, save_checkpoint
+from rlfleet.common.algorithms.generators import plan, reseed_from, restore_generator
 
 DISCRETE = (gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(2))
 CONTINUOUS = (gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-2.0, 2.0, (1,), np.float32))

@@ -14,9 +14,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from common.wire.transport import free_tcp_port
 from harness.data_parallel_ranks import ITEMS, SEGMENT_LENGTH, SEGMENTS, STEPS
 from harness.replay_helpers import PYTHON, ROOT
+from rlfleet.common.wire.transport import free_tcp_port
 
 RANKS = ROOT / "harness" / "data_parallel_ranks.py"
 
@@ -35,8 +35,8 @@ def transitions(rng: np.random.Generator, obs_dim: int, continuous: bool) -> dic
 
 def segments(seed: int) -> dict[str, np.ndarray]:
     """Real CartPole segments from PPO's own acting path."""
-    from common.algorithms.ppo import BUILDER
     from harness.data_parallel_ranks import learner
+    from rlfleet.common.algorithms.ppo import BUILDER
 
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * SEGMENTS,
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.algorithms.dqn.config import DQNConfig
-from common.algorithms.dqn.learner import DQNLearner
-from common.algorithms.dqn.policy import DQNPolicy, actor_epsilon, apex_epsilon
-from common.algorithms.schedules import linear
 from harness.dqn_helpers import ACT_SPACE, OBS_SPACE
+from rlfleet.common.algorithms.dqn.config import DQNConfig
+from rlfleet.common.algorithms.dqn.learner import DQNLearner
+from rlfleet.common.algorithms.dqn.policy import DQNPolicy, actor_epsilon, apex_epsilon
+from rlfleet.common.algorithms.schedules import linear
 
 
 def test_apex_epsilon_and_beta() -> None:
@@ -73,7 +73,7 @@ def test_epsilon_greedy_acting() -> None:
 @pytest.mark.parametrize("hidden,dueling", [([32, 16], True), ([16], False), ([], True)])
 def test_numpy_q_values_match_torch(hidden: list[int], dueling: bool) -> None:
     """Few rows (acting) go through numpy, many through torch: the same Q-values either way."""
-    from common.algorithms.dqn.policy import NUMPY_ROWS
+    from rlfleet.common.algorithms.dqn.policy import NUMPY_ROWS
 
     policy = DQNPolicy(DQNConfig(hidden=hidden, dueling=dueling), OBS_SPACE, ACT_SPACE, seed=5)
     obs = np.random.default_rng(2).normal(size=(NUMPY_ROWS + 1, 4)).astype(np.float32) * 3
@@ -85,8 +85,8 @@ def test_numpy_q_values_match_torch(hidden: list[int], dueling: bool) -> None:
 
 
 def test_evaluation_same_on_sync_async_and_reused_envs() -> None:
-    from common import config as config_mod
-    from common.evaluation import eval_envs, evaluate
+    from rlfleet.common import config as config_mod
+    from rlfleet.common.evaluation import eval_envs, evaluate
 
     cfg = config_mod.load(data={"env": {"max_episode_steps": 60}, "algorithm": {"name": "dqn", "hidden": [16]}},
                           environ={})

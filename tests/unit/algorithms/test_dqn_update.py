@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms.dqn.config import DQNConfig
-from common.algorithms.dqn.learner import DQNLearner
-from common.algorithms.dqn.networks import n_step_target
-from common.algorithms.dqn.policy import DQNPolicy
 from harness.dqn_helpers import ACT_SPACE, OBS_SPACE, random_batch
+from rlfleet.common.algorithms.dqn.config import DQNConfig
+from rlfleet.common.algorithms.dqn.learner import DQNLearner
+from rlfleet.common.algorithms.dqn.networks import n_step_target
+from rlfleet.common.algorithms.dqn.policy import DQNPolicy
 
 
 def linear_learner(**overrides: Any) -> DQNLearner:
@@ -156,7 +156,7 @@ def test_same_seed_same_learner() -> None:
 
 @pytest.mark.parametrize("dueling", [True, False])
 def test_a_bfloat16_update_keeps_heads_and_weights_float32_and_close_to_float32(dueling: bool) -> None:
-    from common.algorithms.device import native_bfloat16
+    from rlfleet.common.algorithms.device import native_bfloat16
 
     b = random_batch(np.random.default_rng(4), 128)
     b["reward"] = b["reward"] * 50  # targets of tens: where a bfloat16 head would round to steps of 0.25

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms.checkpoint import load_checkpoint, save_checkpoint
-from common.algorithms.dqn.config import DQNConfig
-from common.algorithms.dqn.learner import DQNLearner
-from common.algorithms.dqn.policy import DQNPolicy
 from harness.dqn_helpers import ACT_SPACE, OBS_SPACE, random_batch
+from rlfleet.common.algorithms.checkpoint import load_checkpoint, save_checkpoint
+from rlfleet.common.algorithms.dqn.config import DQNConfig
+from rlfleet.common.algorithms.dqn.learner import DQNLearner
+from rlfleet.common.algorithms.dqn.policy import DQNPolicy
 
 
 def test_weights_round_trip_gives_identical_q_values() -> None:

@@ -8,11 +8,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from common import algorithms
-from common.config import ConfigError, load
-from common.config.planning import WorldModelConfig
-from common.envs import experience_schema
-from common.planning.dynamics import (
+from harness.fleet_helpers import CONFIGS
+from rlfleet.common import algorithms
+from rlfleet.common.config import ConfigError, load
+from rlfleet.common.config.planning import WorldModelConfig
+from rlfleet.common.envs import experience_schema
+from rlfleet.common.planning.dynamics import (
     VAL_ERROR,
     DynamicsLearner,
     ModelMismatch,
@@ -20,8 +21,7 @@ from common.planning.dynamics import (
     load_dynamics_model,
     make_dynamics_model,
 )
-from common.planning.imagined_env import ImaginedEnv
-from harness.fleet_helpers import CONFIGS
+from rlfleet.common.planning.imagined_env import ImaginedEnv
 
 DYNAQ = CONFIGS / "cartpole-dynaq.yaml"
 
@@ -161,9 +161,9 @@ def test_planning_off_changes_nothing_and_the_dynaq_config_loads() -> None:
 
 
 def test_planners_and_modeler_are_idle_services_when_planning_is_off(tmp_path: Path) -> None:
-    from common.runtime import ServiceArgs
-    from services.modeler.main import build as build_modeler
-    from services.planner.main import build as build_planner
+    from rlfleet.common.runtime import ServiceArgs
+    from rlfleet.services.modeler.main import build as build_modeler
+    from rlfleet.services.planner.main import build as build_planner
 
     cfg = load(CONFIGS / "cartpole-dqn.yaml", environ={})
     for build, role in ((build_planner, "planner"), (build_modeler, "modeler")):
@@ -177,10 +177,10 @@ def test_planners_and_modeler_are_idle_services_when_planning_is_off(tmp_path: P
 def test_the_gate_follows_the_published_model_and_ignores_one_of_another_env(caplog) -> None:
     """Over real sockets: a world model of another observation shape is ignored with one logged error; a
     model of this env opens the gate only while its validation error is below planning.gate."""
-    from common.clients.weights_publisher import WeightsPublisher
-    from common.config.planning import PLANNING_MODEL
-    from common.planning.model_watch import ModelWatch
     from harness.paramserver_procs import ShardProcesses
+    from rlfleet.common.clients.weights_publisher import WeightsPublisher
+    from rlfleet.common.config.planning import PLANNING_MODEL
+    from rlfleet.common.planning.model_watch import ModelWatch
 
     with ShardProcesses(1) as shards:
         cfg = load(DYNAQ, environ={}, sets=[f"network.paramserver=[{shards.addresses[0]}]"])

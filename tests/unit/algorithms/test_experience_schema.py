@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common import algorithms, config
-from common.envs import acting_policy, experience_spec, make_vector_env
 from harness.fleet_helpers import CONFIGS
+from rlfleet.common import algorithms, config
+from rlfleet.common.envs import acting_policy, experience_spec, make_vector_env
 
 SHIPPED = sorted(p.name for p in CONFIGS.glob("*.yaml"))
 
@@ -49,7 +49,7 @@ def test_the_declared_columns_are_what_actors_insert(name: str) -> None:
 
 def test_a_table_restored_with_other_columns_is_not_silently_redeclared() -> None:
     from harness.replay_helpers import replay_config
-    from services.replay.columnar import Table, TableError
+    from rlfleet.services.replay.columnar import Table, TableError
 
     table = Table(replay_config().tables[0])
     table.declare({"obs": ("float32", (4,)), "version": ("int64", ())})

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from common.algorithms.noise import ExplorationNoise, powerlaw_noise
-from common.algorithms.sac.config import SACConfig
-from common.algorithms.sac.policy import SACPolicy
-from common.algorithms.td3.config import TD3Config
-from common.algorithms.td3.policy import TD3Policy
+from rlfleet.common.algorithms.noise import ExplorationNoise, powerlaw_noise
+from rlfleet.common.algorithms.sac.config import SACConfig
+from rlfleet.common.algorithms.sac.policy import SACPolicy
+from rlfleet.common.algorithms.td3.config import TD3Config
+from rlfleet.common.algorithms.td3.policy import TD3Policy
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACTIONS = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)

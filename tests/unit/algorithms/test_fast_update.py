@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms.mlp import TwinMLP, mlp
-from common.algorithms.optim import ClippedAdam
-from common.algorithms.ppo.config import PPOConfig
-from common.algorithms.ppo.learner import PPOLearner
-from common.algorithms.ppo.losses import normalize_advantage, normalize_chunks
-from common.algorithms.ppo.policy import PPOPolicy
+from rlfleet.common.algorithms.mlp import TwinMLP, mlp
+from rlfleet.common.algorithms.optim import ClippedAdam
+from rlfleet.common.algorithms.ppo.config import PPOConfig
+from rlfleet.common.algorithms.ppo.learner import PPOLearner
+from rlfleet.common.algorithms.ppo.losses import normalize_advantage, normalize_chunks
+from rlfleet.common.algorithms.ppo.policy import PPOPolicy
 
 
 @pytest.mark.parametrize("max_norm", [0.5, None, 1e6])
@@ -130,7 +130,7 @@ def test_clipped_adam_does_not_import_dynamo() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, torch; from common.algorithms.optim import ClippedAdam; "
+    code = ("import sys, torch; from rlfleet.common.algorithms.optim import ClippedAdam; "
             "a = ClippedAdam(torch.nn.Linear(2, 1).parameters(), lr=0.1); a.step([torch.ones(1, 2), torch.ones(1)]); "
             "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

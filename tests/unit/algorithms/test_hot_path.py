@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms.checkpoint import CheckpointWriter, load_checkpoint
-from common.algorithms.device import HostStaging, to_host
-from common.algorithms.dqn.config import DQNConfig
-from common.algorithms.dqn.learner import DQNLearner
-from common.algorithms.ppo.config import PPOConfig
-from common.algorithms.ppo.learner import PPOLearner
-from common.algorithms.ppo.losses import gae, gae_torch
-from common.algorithms.sac.config import SACConfig
-from common.algorithms.sac.learner import SACLearner
-from common.algorithms.td3.config import TD3Config
-from common.algorithms.td3.learner import TD3Learner
+from rlfleet.common.algorithms.checkpoint import CheckpointWriter, load_checkpoint
+from rlfleet.common.algorithms.device import HostStaging, to_host
+from rlfleet.common.algorithms.dqn.config import DQNConfig
+from rlfleet.common.algorithms.dqn.learner import DQNLearner
+from rlfleet.common.algorithms.ppo.config import PPOConfig
+from rlfleet.common.algorithms.ppo.learner import PPOLearner
+from rlfleet.common.algorithms.ppo.losses import gae, gae_torch
+from rlfleet.common.algorithms.sac.config import SACConfig
+from rlfleet.common.algorithms.sac.learner import SACLearner
+from rlfleet.common.algorithms.td3.config import TD3Config
+from rlfleet.common.algorithms.td3.learner import TD3Learner
 
 CPU = torch.device("cpu")
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)

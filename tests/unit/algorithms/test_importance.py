@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.algorithms.importance import importance_weights
+from rlfleet.common.algorithms.importance import importance_weights
 
 
 def test_the_formula_normalised_by_the_batch_maximum() -> None:
@@ -56,6 +56,6 @@ def test_it_needs_no_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import common.algorithms.importance; "
-            "assert 'torch' not in sys.modules, 'common.algorithms.importance imported torch'")
+    code = ("import sys; import rlfleet.common.algorithms.importance; "
+            "assert 'torch' not in sys.modules, 'rlfleet.common.algorithms.importance imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from common.algorithms.adders.nstep import NStepAdder
+from rlfleet.common.algorithms.adders.nstep import NStepAdder
 
 
 class Coin(gym.Env[np.ndarray, np.int64]):

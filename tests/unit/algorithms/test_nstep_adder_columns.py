@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from common.algorithms.adders.nstep import NStepAdder
+from rlfleet.common.algorithms.adders.nstep import NStepAdder
 
 
 def run_adder(adder: NStepAdder, actions: np.ndarray, steps: int = 4,

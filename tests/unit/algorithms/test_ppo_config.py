@@ -7,9 +7,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import common.algorithms as algorithms
-from common import config as config_mod
-from common.algorithms.ppo.config import PPOConfig
+import rlfleet.common.algorithms as algorithms
+from rlfleet.common import config as config_mod
+from rlfleet.common.algorithms.ppo.config import PPOConfig
 
 QUEUE = {"replay": {"tables": [{"name": "main", "kind": "queue"}]}}
 

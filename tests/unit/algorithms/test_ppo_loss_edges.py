@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms.ppo.losses import clipped_surrogate, gae, normalize_advantage, normalize_chunks, value_loss
+from rlfleet.common.algorithms.ppo.losses import (
+    clipped_surrogate,
+    gae,
+    normalize_advantage,
+    normalize_chunks,
+    value_loss,
+)
 
 
 def test_gae_of_several_segments_is_each_segments_own() -> None:

@@ -11,10 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms.ppo.config import PPOConfig
-from common.algorithms.ppo.learner import PPOLearner
-from common.algorithms.ppo.losses import behaviour_weights, clipped_surrogate, gae, normalize_advantage, value_loss
-from common.algorithms.ppo.policy import PPOPolicy
+from rlfleet.common.algorithms.ppo.config import PPOConfig
+from rlfleet.common.algorithms.ppo.learner import PPOLearner
+from rlfleet.common.algorithms.ppo.losses import (
+    behaviour_weights,
+    clipped_surrogate,
+    gae,
+    normalize_advantage,
+    value_loss,
+)
+from rlfleet.common.algorithms.ppo.policy import PPOPolicy
 
 
 def test_gae_by_hand() -> None:

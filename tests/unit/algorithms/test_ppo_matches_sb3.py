@@ -19,9 +19,9 @@ from stable_baselines3 import PPO  # a dev dependency (pyproject.toml), as the b
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from common.algorithms.ppo.config import PPOConfig
-from common.algorithms.ppo.learner import PPOLearner
 from harness.sb3_match import PPO_MODULES, Still, copy_into_sb3
+from rlfleet.common.algorithms.ppo.config import PPOConfig
+from rlfleet.common.algorithms.ppo.learner import PPOLearner
 
 SEGMENTS, STEPS, MINIBATCH, EPOCHS = 2, 64, 64, 2
 GAMMA, LAMBDA, ENT = 0.999, 0.98, 0.01

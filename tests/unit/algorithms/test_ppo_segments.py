@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
-from common.algorithms.adders.segments import SegmentAdder
+from rlfleet.common.algorithms.adders.segments import SegmentAdder
 
 OBS = gym.spaces.Box(-100, 100, (1,), np.float32)
 EXTRAS = {"logp": ("float32", ()), "value": ("float32", ())}

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms.sac.config import SACConfig
-from common.algorithms.sac.learner import SACLearner
-from common.algorithms.sac.networks import squashed_sample
-from common.algorithms.sac.policy import SACPolicy
 from harness.fleet_helpers import CONFIGS, rlfleet
+from rlfleet.common.algorithms.sac.config import SACConfig
+from rlfleet.common.algorithms.sac.learner import SACLearner
+from rlfleet.common.algorithms.sac.networks import squashed_sample
+from rlfleet.common.algorithms.sac.policy import SACPolicy
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 LOPSIDED = gym.spaces.Box(np.array([-3.0, 0.5], np.float32), np.array([1.0, 2.0], np.float32))
@@ -123,7 +123,7 @@ def test_up_refuses_before_starting(case: str, tmp_path: Path) -> None:
 
 
 def test_a_bfloat16_update_keeps_heads_losses_and_weights_float32_and_close_to_float32() -> None:
-    from common.algorithms.device import native_bfloat16
+    from rlfleet.common.algorithms.device import native_bfloat16
 
     b = batch(64, seed=3)
     b["reward"] = b["reward"] * 50  # Q-targets of tens: where a bfloat16 head would round

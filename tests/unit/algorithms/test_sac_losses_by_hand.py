@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms.sac.config import SACConfig
-from common.algorithms.sac.learner import PRIORITY_EPS, SACLearner
-from common.algorithms.sac.networks import squashed_sample
+from rlfleet.common.algorithms.sac.config import SACConfig
+from rlfleet.common.algorithms.sac.learner import PRIORITY_EPS, SACLearner
+from rlfleet.common.algorithms.sac.networks import squashed_sample
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACTIONS = gym.spaces.Box(np.array([-3.0, 0.5], np.float32), np.array([1.0, 2.0], np.float32))

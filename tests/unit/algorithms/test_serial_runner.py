@@ -14,10 +14,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from cli.evaluate import load_for_eval
-from cli.serial import SerialError, SerialRunner, train_serial
-from common import config
-from common.config import Experiment
+from rlfleet.cli.evaluate import load_for_eval
+from rlfleet.cli.serial import SerialError, SerialRunner, train_serial
+from rlfleet.common import config
+from rlfleet.common.config import Experiment
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -142,14 +142,16 @@ def test_refuses_what_it_cannot_run() -> None:
 
 
 def test_cli_trains_and_refuses(tmp_path: Path) -> None:
-    ok = subprocess.run([sys.executable, "-m", "cli", "train", "--serial", "--config", "configs/cartpole-ppo.yaml",
+    ok = subprocess.run([sys.executable, "-m", "rlfleet.cli",
+                         "train", "--serial", "--config", "configs/cartpole-ppo.yaml",
                          "--until-return", "475", "--max-env-steps", "100000", "--runs", str(tmp_path)],
                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "solved after" in ok.stdout
     (run_dir,) = tmp_path.iterdir()
     assert (run_dir / "learner" / "checkpoint.pt").is_file() and (run_dir / "result.json").is_file()
-    bad = subprocess.run([sys.executable, "-m", "cli", "train", "--serial", "--config", "configs/cartpole-dynaq.yaml",
+    bad = subprocess.run([sys.executable, "-m", "rlfleet.cli",
+                          "train", "--serial", "--config", "configs/cartpole-dynaq.yaml",
                           "--until-return", "475", "--runs", str(tmp_path / "refused")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "planning.enabled" in bad.stderr

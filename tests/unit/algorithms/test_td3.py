@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-import common.algorithms as algorithms
-from cli.evaluate import load_for_eval
-from cli.serial import train_serial
-from common import config
-from common.algorithms.td3.config import TD3Config
-from common.algorithms.td3.learner import TD3Learner
-from common.algorithms.td3.policy import TD3Policy
+import rlfleet.common.algorithms as algorithms
+from rlfleet.cli.evaluate import load_for_eval
+from rlfleet.cli.serial import train_serial
+from rlfleet.common import config
+from rlfleet.common.algorithms.td3.config import TD3Config
+from rlfleet.common.algorithms.td3.learner import TD3Learner
+from rlfleet.common.algorithms.td3.policy import TD3Policy
 
 ROOT = Path(__file__).resolve().parents[3]
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)

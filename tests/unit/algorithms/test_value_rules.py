@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
-from common.algorithms.values import value_rules
+from rlfleet.common.algorithms.values import value_rules
 
 SCHEMA = {"obs": ("float32", (2,)), "action": ("int64", (3,)), "discount": ("float32", ())}
 

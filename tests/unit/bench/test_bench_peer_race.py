@@ -12,8 +12,8 @@ import pytest
 from bench.learning.race import race_blocks, ratio, side_block
 from bench.peers import greedy_eval
 from bench.peers.venv_peers import PeerError, check_peer, last_json, parse_peers
-from common import config as config_mod
-from common import evaluation
+from rlfleet.common import config as config_mod
+from rlfleet.common import evaluation
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -25,7 +25,7 @@ from bench.learning.suite import (
     summary,
     write_report,
 )
-from common import config as config_mod
+from rlfleet.common import config as config_mod
 
 ROOT = Path(__file__).resolve().parents[3]
 

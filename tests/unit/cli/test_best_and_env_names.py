@@ -10,12 +10,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from cli.evaluate import load_for_eval, run_weights
-from common.config import load
-from common.config.loading import env_run_name
-from common.envs import EnvError, custom_env_class, env_factory, has_time_limit, probe_env
 from harness.fleet_helpers import CONFIGS
-from services.actor.best import BestKeeper, best_path
+from rlfleet.cli.evaluate import load_for_eval, run_weights
+from rlfleet.common.config import load
+from rlfleet.common.config.loading import env_run_name
+from rlfleet.common.envs import EnvError, custom_env_class, env_factory, has_time_limit, probe_env
+from rlfleet.services.actor.best import BestKeeper, best_path
 
 
 def test_only_a_better_evaluation_replaces_the_best_and_a_restart_remembers_it(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""CLI conventions (real `python -m cli` processes): --version, --seed and --env on up and train,
+"""CLI conventions (real `python -m rlfleet.cli` processes): --version, --seed and --env on up and train,
 `rlfleet config` refusing what `up` refuses, --explain, and "did you mean" for a misspelled key."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ CARTPOLE = str(ROOT / "configs" / "cartpole-dqn.yaml")
 
 
 def rlfleet(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "rlfleet.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL, check=False)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from common import config
+from rlfleet.common import config
 
 ROOT = Path(__file__).resolve().parents[3]
 CARTPOLE = ROOT / "configs" / "cartpole-dqn.yaml"

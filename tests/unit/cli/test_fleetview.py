@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from cli.fleetview import scrape
+from rlfleet.cli.fleetview import scrape
 
 
 def _serve_once(reply: bytes) -> tuple[str, threading.Thread]:

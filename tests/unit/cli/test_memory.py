@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 PROBE = r"""
 import ctypes, json, sys
-from common.memory import keep_freed_memory
+from rlfleet.common.memory import keep_freed_memory
 libc = ctypes.CDLL(None)
 libc.sbrk.restype = ctypes.c_void_p
 libc.sbrk.argtypes = [ctypes.c_ssize_t]

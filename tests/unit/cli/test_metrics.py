@@ -6,7 +6,7 @@ import json
 import urllib.error
 import urllib.request
 
-from common.metrics import MetricsServer, ServiceMetrics
+from rlfleet.common.metrics import MetricsServer, ServiceMetrics
 
 
 def fetch(url: str) -> tuple[int, str]:

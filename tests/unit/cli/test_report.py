@@ -24,11 +24,11 @@ import yaml
 from click.testing import CliRunner, Result
 from PIL import Image
 
-from cli.main import main
-from cli.report import FIG_SIZE, FIGURES, draw_returns, new_figure, write_report
-from cli.rundata import load_run
-from common.wire.transport import free_tcp_port
 from harness.fleet_helpers import CONFIGS, ROOT, read_csv
+from rlfleet.cli.main import main
+from rlfleet.cli.report import FIG_SIZE, FIGURES, draw_returns, new_figure, write_report
+from rlfleet.cli.rundata import load_run
+from rlfleet.common.wire.transport import free_tcp_port
 
 RUN_SECONDS = 20  # from the command's start, start-up included (7-9 s on a loaded 2-core machine)
 TARGET = 10_000  # the run's --until-return: out of reach, the run ends on its time budget (exit 3)
@@ -44,7 +44,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     runs = tmp_path_factory.mktemp("runs")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "up", "--config", str(CONFIGS / "cartpole-dqn.yaml"), "--actors", "2",
+        [sys.executable, "-m", "rlfleet.cli", "up", "--config", str(CONFIGS / "cartpole-dqn.yaml"), "--actors", "2",
          "--max-seconds", str(RUN_SECONDS), "--until-return", str(TARGET), "--runs", str(runs), *FAST],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
@@ -92,7 +92,7 @@ def test_status_of_a_running_fleet(fleet: dict[str, Any]) -> None:
 
 
 def test_status_figures_show_wal_failures_only_when_there_are_some() -> None:
-    from cli.status import Reading, figures
+    from rlfleet.cli.status import Reading, figures
 
     calm = Reading(reachable=True, samples={"rlfleet_replay_size": 500.0, "rlfleet_replay_wal_failures_total": 0.0})
     assert "wal failures" not in figures("replay", calm, None, 0)
@@ -231,7 +231,7 @@ def test_report_refuses_what_is_not_a_run(fleet: dict[str, Any], tmp_path: Path)
 
 def _evaluator_score(cfg_text: str, weights: dict[str, np.ndarray], version: int, tmp: Path) -> float:
     """What the real evaluator service reports for ``weights`` published as ``version``."""
-    from common.clients.weights_publisher import WeightsPublisher
+    from rlfleet.common.clients.weights_publisher import WeightsPublisher
 
     cfg = yaml.safe_load(cfg_text)
     ps = f"tcp://127.0.0.1:{free_tcp_port()}"
@@ -243,7 +243,7 @@ def _evaluator_score(cfg_text: str, weights: dict[str, np.ndarray], version: int
     procs = []
     try:
         for name in ("paramserver", "evaluator"):
-            cmd = [sys.executable, "-m", "cli", "service", name, "--config", str(tmp / "config.yaml"),
+            cmd = [sys.executable, "-m", "rlfleet.cli", "service", name, "--config", str(tmp / "config.yaml"),
                    "--set", "metrics.port=0"]
             log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
             procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -269,7 +269,7 @@ def _evaluator_score(cfg_text: str, weights: dict[str, np.ndarray], version: int
 
 
 def test_eval_matches_the_evaluator_for_the_same_weights(fleet: dict[str, Any], tmp_path: Path) -> None:
-    from cli.evaluate import load_for_eval
+    from rlfleet.cli.evaluate import load_for_eval
 
     ckpt = fleet["run_dir"] / "learner" / "checkpoint.pt"
     gif = tmp_path / "episode.gif"
@@ -307,7 +307,7 @@ def test_eval_refuses_a_file_that_is_not_a_checkpoint(tmp_path: Path) -> None:
 
 
 def test_learner_and_evaluator_write_tensorboard_scalars(fleet: dict[str, Any]) -> None:
-    from common.tboard import read_scalars
+    from rlfleet.common.tboard import read_scalars
 
     run_dir: Path = fleet["run_dir"]
     learner = read_scalars(run_dir / "tensorboard" / "learner")

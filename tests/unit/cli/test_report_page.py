@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 from matplotlib.lines import Line2D
 
-from cli import runstart
-from cli.fleetview import FleetView
-from cli.report import FIGURES, draw_returns, new_figure, write_report
-from cli.rundata import TRAINING_WINDOW, load_run, summarize, trailing_mean
-from common import config as config_mod
-from common.config import dump
-from common.metrics import MetricsServer, ServiceMetrics
 from harness.fleet_helpers import CONFIGS
-from services.actor.episodes import EpisodeLog
+from rlfleet.cli import runstart
+from rlfleet.cli.fleetview import FleetView
+from rlfleet.cli.report import FIGURES, draw_returns, new_figure, write_report
+from rlfleet.cli.rundata import TRAINING_WINDOW, load_run, summarize, trailing_mean
+from rlfleet.common import config as config_mod
+from rlfleet.common.config import dump
+from rlfleet.common.metrics import MetricsServer, ServiceMetrics
+from rlfleet.services.actor.episodes import EpisodeLog
 
 # services/actor/evaluator.py's columns
 EVALUATOR_COLUMNS = "wall_time,env_steps,version,mean_return,std_return,episodes,seconds\n"
@@ -187,7 +187,7 @@ def test_a_resumed_runs_clock_goes_on_from_where_it_stopped(tmp_path: Path) -> N
 
 
 def test_a_serial_run_is_refused_with_the_reason(tmp_path: Path) -> None:
-    from cli.rundata import RunError
+    from rlfleet.cli.rundata import RunError
 
     (tmp_path / "config.yaml").write_text(dump(config_mod.load(CONFIGS / "cartpole-dqn.yaml", [])))
     (tmp_path / "result.json").write_text("{}\n")
@@ -197,7 +197,7 @@ def test_a_serial_run_is_refused_with_the_reason(tmp_path: Path) -> None:
 
 def test_env_steps_during_start_up_are_the_actors_own_counts() -> None:
     """progress.csv starts once every service is healthy; the actors stepped before that."""
-    from cli.rundata import ActorEpisodes, FleetSteps
+    from rlfleet.cli.rundata import ActorEpisodes, FleetSteps
 
     progress = {"wall_s": np.array([9.7, 10.7]), "env_steps": np.array([5232.0, 5832.0])}
     actors = [ActorEpisodes(np.array([8.6, 8.7]), np.array([44.0, 76.0]), np.array([11.0, 19.0])),

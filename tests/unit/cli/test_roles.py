@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from cli.forkserver import KIND_OF
-from cli.launcher import STOP_ORDER, plan
-from cli.zygote import PRELOAD
-from common import config as config_mod
-from common import security
-from common.roles import CLIENTS, NAMES, REGISTERED, ROLES, Role, role
 from harness.fleet_helpers import CONFIGS
-from services.paramserver.registry import ROLES as REGISTRY_ROLES
+from rlfleet.cli.forkserver import KIND_OF
+from rlfleet.cli.launcher import STOP_ORDER, plan
+from rlfleet.cli.zygote import PRELOAD
+from rlfleet.common import config as config_mod
+from rlfleet.common import security
+from rlfleet.common.roles import CLIENTS, NAMES, REGISTERED, ROLES, Role, role
+from rlfleet.services.paramserver.registry import ROLES as REGISTRY_ROLES
 
 
 @pytest.mark.parametrize("r", ROLES, ids=lambda r: r.name)

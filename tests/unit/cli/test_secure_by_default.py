@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from common.exposure import is_loopback
-from common.wire.codec import Message
-from common.wire.transport import free_tcp_port
 from harness.replay_helpers import ask
 from harness.service_procs import ServiceProcess
+from rlfleet.common.exposure import is_loopback
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.transport import free_tcp_port
 
 
 @pytest.mark.parametrize("bind,loopback", [

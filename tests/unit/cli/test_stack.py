@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from cli.stack import config_name
+from rlfleet.cli.stack import config_name
 
 ROOT = Path(__file__).resolve().parents[3]
 DQN = ROOT / "configs" / "cartpole-dqn.yaml"
@@ -20,7 +20,8 @@ PPO = ROOT / "configs" / "cartpole-ppo.yaml"
 
 
 def rlfleet_stack(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli", "stack", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "rlfleet.cli",
+                           "stack", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
 
 

@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import config as config_mod
-from common.clients.replay_insert import InsertClient
-from common.clients.weights_publisher import WeightsPublisher
-from common.envs import EnvError, make_vector_env, probe_env
-from common.runtime import FatalError
 from harness.fleet_helpers import CONFIGS, rlfleet
 from harness.service_threads import replay_and_paramserver
-from services.actor.actor import ActorService
+from rlfleet.common import config as config_mod
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.envs import EnvError, make_vector_env, probe_env
+from rlfleet.common.runtime import FatalError
+from rlfleet.services.actor.actor import ActorService
 
 CARTPOLE = str(CONFIGS / "cartpole-dqn.yaml")
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from common.tboard import read_scalars
 from harness.fleet_helpers import ROOT
+from rlfleet.common.tboard import read_scalars
 
 CARTPOLE = ROOT / "configs" / "cartpole-dqn.yaml"
 
 
 def rlfleet(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "rlfleet.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL, check=False)
 
 

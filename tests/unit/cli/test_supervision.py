@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cli.supervision import RestartPolicy
+from rlfleet.cli.supervision import RestartPolicy
 
 
 def test_a_member_that_died_is_restarted_until_it_loops() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.tboard import ScalarWriter, read_scalars
+from rlfleet.common.tboard import ScalarWriter, read_scalars
 
 
 def test_scalars_round_trip(tmp_path: Path) -> None:
@@ -37,8 +37,8 @@ def test_unwritable_run_dir_is_a_no_op(tmp_path: Path) -> None:
 
 
 def test_an_actors_episodes_go_to_tensorboard_by_its_env_steps(tmp_path: Path) -> None:
-    from common.metrics import ServiceMetrics
-    from services.actor.episodes import Episodes
+    from rlfleet.common.metrics import ServiceMetrics
+    from rlfleet.services.actor.episodes import Episodes
 
     episodes = Episodes(ServiceMetrics("actor"), 2, False, tmp_path / "episodes" / "actor-0.csv",
                         ScalarWriter(tmp_path, "actor-0"))

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import config as config_mod
-from common.tboard import read_scalars, scalar_writer
-from common.wandb_log import read_offline_scalars
+from rlfleet.common import config as config_mod
+from rlfleet.common.tboard import read_scalars, scalar_writer
+from rlfleet.common.wandb_log import read_offline_scalars
 
 OFFLINE = ("logging.wandb=true", "logging.wandb_mode=offline")
 
@@ -69,8 +69,8 @@ def test_the_learners_and_evaluators_scalars_reach_wandb_as_tensorboard(tmp_path
 
 
 def test_an_actors_episode_returns_reach_wandb(tmp_path: Path) -> None:
-    from common.metrics import ServiceMetrics
-    from services.actor.episodes import Episodes
+    from rlfleet.common.metrics import ServiceMetrics
+    from rlfleet.services.actor.episodes import Episodes
 
     cfg = experiment(tmp_path, *OFFLINE)
     episodes = Episodes(ServiceMetrics("actor"), 2, False, tmp_path / "episodes.csv", scalar_writer(cfg, "actor-0"))

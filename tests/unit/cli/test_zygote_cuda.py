@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-from cli.forkserver import ForkedProcess, ForkServers, gpu_visible, needs_fresh_process
-from cli.launcher import Fleet, make_run_dir, plan
-from cli.zygote import PRELOAD
-from common import config as config_mod
 from harness.fleet_helpers import CONFIGS, ROOT
+from rlfleet.cli.forkserver import ForkedProcess, ForkServers, gpu_visible, needs_fresh_process
+from rlfleet.cli.launcher import Fleet, make_run_dir, plan
+from rlfleet.cli.zygote import PRELOAD
+from rlfleet.common import config as config_mod
 
 PROBES = ("is_available", "device_count", "init", "_lazy_init", "current_device", "get_device_properties",
           "is_bf16_supported", "get_device_name", "set_device")
@@ -50,7 +50,7 @@ print(json.dumps({"initialized": torch.cuda.is_initialized(), "called": called,
 
 def test_no_preloaded_module_initialises_or_probes_cuda() -> None:
     modules = list(dict.fromkeys([*PRELOAD["light"], *PRELOAD["heavy"]]))
-    assert "torch" in modules and any(m.startswith("services.learner") for m in modules)
+    assert "torch" in modules and any(m.startswith("rlfleet.services.learner") for m in modules)
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     proc = subprocess.run([sys.executable, "-c", GUARD, json.dumps(PROBES), json.dumps(modules)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from common import config as config_mod
-from common.clients.weights_publisher import WeightsPublisher
-from common.wire.transport import free_tcp_port
 from harness.fleet_helpers import CONFIGS
 from harness.service_threads import replay_and_paramserver
-from services.actor.actor import ActorService
+from rlfleet.common import config as config_mod
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.wire.transport import free_tcp_port
+from rlfleet.services.actor.actor import ActorService
 
 CARTPOLE = str(CONFIGS / "cartpole-dqn.yaml")
 
@@ -38,7 +38,7 @@ def test_an_actor_drops_what_replay_refuses_for_its_values_and_goes_on(tmp_path:
         publisher = WeightsPublisher(cfg.network.paramserver)
         publisher.publish(0, actor.policy.net.state_dict())
         publisher.close()
-        caplog.set_level(logging.WARNING, logger="common.clients.replay_insert")
+        caplog.set_level(logging.WARNING, logger="rlfleet.common.clients.replay_insert")
         acting = threading.Thread(target=actor.run, daemon=True)
         acting.start()
         client = actor.replay

@@ -19,17 +19,17 @@ import numpy as np
 import pytest
 import zmq
 
-from common.clients.replay_insert import InsertClient
-from common.clients.replay_sample import SampleClient
-from common.clients.version_probe import VersionProbe
-from common.clients.weights_publisher import WeightsPublisher
-from common.config import ReplayConfig, TableConfig
-from common.metrics import ServiceMetrics
-from common.wire.errors import CommTimeout
-from common.wire.transport import free_tcp_port
 from harness.paramserver_procs import ShardProcesses
 from harness.replay_helpers import replay_config, serving, transitions
-from services.replay.server import ReplayServer
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.clients.version_probe import VersionProbe
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.config import ReplayConfig, TableConfig
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.errors import CommTimeout
+from rlfleet.common.wire.transport import free_tcp_port
+from rlfleet.services.replay.server import ReplayServer
 
 
 def limited(spi: float | None) -> ReplayConfig:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common import config as config_mod
-from common.runtime import StartupError
 from harness.service_procs import CARTPOLE
-from services.learner.ranks import CUDA_BACKEND, backend, local_device, nccl_environment
+from rlfleet.common import config as config_mod
+from rlfleet.common.runtime import StartupError
+from rlfleet.services.learner.ranks import CUDA_BACKEND, backend, local_device, nccl_environment
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

@@ -13,18 +13,18 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from common.algorithms.device_choice import (
+from harness.fleet_helpers import CONFIGS
+from harness.service_threads import replay_and_paramserver
+from rlfleet.common.algorithms.device_choice import (
     AUTO_CUDA_MIN_PARAMETERS,
     CudaProbe,
     choose_device,
     driver_too_old_message,
     probe_cuda,
 )
-from common.config import load
-from common.wire.transport import free_tcp_port
-from harness.fleet_helpers import CONFIGS
-from harness.service_threads import replay_and_paramserver
-from services.learner.learner import LearnerService
+from rlfleet.common.config import load
+from rlfleet.common.wire.transport import free_tcp_port
+from rlfleet.services.learner.learner import LearnerService
 
 GPU = CudaProbe(True, "cuda:0 (NVIDIA H100)")
 NONE = CudaProbe(False, "torch 2.13.0+cpu has no CUDA")

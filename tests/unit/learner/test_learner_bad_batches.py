@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from common.clients.replay_insert import InsertClient
-from common.clients.replay_sample import SampleClient
-from common.wire.errors import RemoteError
-from common.wire.transport import free_tcp_port
 from harness.fleet_helpers import wait_for
 from harness.service_procs import ServiceProcess, learner_fleet
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.wire.errors import RemoteError
+from rlfleet.common.wire.transport import free_tcp_port
 
 
 def _not_dqn_columns(n: int) -> dict[str, np.ndarray]:

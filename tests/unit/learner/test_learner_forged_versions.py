@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.clients.replay_insert import InsertClient
-from common.wire.transport import free_tcp_port
 from harness.fleet_helpers import wait_for
 from harness.service_procs import learner_fleet
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.wire.transport import free_tcp_port
 
 
 def _transitions(n: int, version: int) -> dict[str, np.ndarray]:

@@ -21,20 +21,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common import config as config_mod
-from common.clients.version_probe import VersionProbe
-from common.clients.weights_publisher import WeightsPublisher
-from common.config import Experiment
-from common.metrics import ServiceMetrics
-from common.wire.codec import Message
-from common.wire.server import Peer
-from common.wire.transport import free_tcp_port
 from harness.fleet_helpers import CONFIGS
 from harness.paramserver_procs import serving
 from harness.replay_helpers import ask, transitions
 from harness.service_threads import replay_and_paramserver
-from services.learner.learner import LearnerService
-from services.paramserver.shard import ShardServer
+from rlfleet.common import config as config_mod
+from rlfleet.common.clients.version_probe import VersionProbe
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.config import Experiment
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.server import Peer
+from rlfleet.common.wire.transport import free_tcp_port
+from rlfleet.services.learner.learner import LearnerService
+from rlfleet.services.paramserver.shard import ShardServer
 
 WEIGHTS = {"w": np.ones((10, 10), np.float32), "b": np.zeros(10, np.float32)}
 

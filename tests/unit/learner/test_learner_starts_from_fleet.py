@@ -14,17 +14,17 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from common import algorithms
-from common.clients.replay_insert import InsertClient
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
-from common.config import load
-from common.wire.codec import Message
-from common.wire.connection import Connection
-from common.wire.transport import free_tcp_port
 from harness.fleet_helpers import wait_for
 from harness.service_procs import CARTPOLE, ServiceProcess
-from services.learner.learner import checkpoint_path
+from rlfleet.common import algorithms
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.config import load
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.connection import Connection
+from rlfleet.common.wire.transport import free_tcp_port
+from rlfleet.services.learner.learner import checkpoint_path
 
 Weights = dict[str, np.ndarray]
 

@@ -14,14 +14,14 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from common.algorithms.checkpoint import save_checkpoint
-from common.clients.weights_publisher import WeightsPublisher
-from common.config import Experiment, load
-from common.config.planning import PLANNING_MODEL
-from common.planning.dynamics import VAL_ERROR, DynamicsLearner
-from common.wire.transport import free_tcp_port
 from harness.service_threads import replay_and_paramserver
-from services.modeler.modeler import CHECKPOINT, ModelerService
+from rlfleet.common.algorithms.checkpoint import save_checkpoint
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.config import Experiment, load
+from rlfleet.common.config.planning import PLANNING_MODEL
+from rlfleet.common.planning.dynamics import VAL_ERROR, DynamicsLearner
+from rlfleet.common.wire.transport import free_tcp_port
+from rlfleet.services.modeler.modeler import CHECKPOINT, ModelerService
 
 ROOT = Path(__file__).resolve().parents[3]
 

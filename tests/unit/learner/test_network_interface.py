@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from common import config as config_mod
-from common.config import ConfigError
-from common.wire.codec import Message
-from common.wire.transport import free_tcp_port
 from harness.replay_helpers import ask
 from harness.service_procs import CARTPOLE, ROOT, ServiceProcess
+from rlfleet.common import config as config_mod
+from rlfleet.common.config import ConfigError
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.transport import free_tcp_port
 
 
 def test_the_interface_gives_the_bind_address() -> None:
@@ -50,8 +50,8 @@ def test_a_replay_binds_the_interfaces_address(tmp_path: Path) -> None:
 RANK = """
 import json, os, sys
 import torch, torch.distributed as dist
-from common import config as config_mod
-from services.learner import ranks
+from rlfleet.common import config as config_mod
+from rlfleet.services.learner import ranks
 cfg = config_mod.load(sys.argv[1], environ={}, sets=sys.argv[2:])
 group = ranks.join(cfg, torch.device("cpu"))
 x = torch.tensor([float(group.rank + 1)])

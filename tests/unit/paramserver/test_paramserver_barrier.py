@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
-from common.wire.schema import DEFAULT_MODEL
 from harness.paramserver_fakes import RecordingReplier, metrics, peer, request
-from services.paramserver.barrier import MAX_PARKED_BARRIERS, RoundBarrier
-from services.paramserver.long_polls import LongPolls
-from services.paramserver.registry import Registry
+from rlfleet.common.wire.schema import DEFAULT_MODEL
+from rlfleet.services.paramserver.barrier import MAX_PARKED_BARRIERS, RoundBarrier
+from rlfleet.services.paramserver.long_polls import LongPolls
+from rlfleet.services.paramserver.registry import Registry
 
 
 class Clock:

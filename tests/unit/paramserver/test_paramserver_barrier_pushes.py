@@ -11,17 +11,17 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from common.clients.registry import RegistryClient
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
-from common.config.sections import GradientsConfig
-from common.metrics import ServiceMetrics
-from common.tensor_shards import Layout
-from common.wire.codec import Message
-from common.wire.connection import Connection
-from common.wire.transport import free_tcp_port
 from harness.paramserver_procs import serving
-from services.paramserver.shard import ShardServer
+from rlfleet.common.clients.registry import RegistryClient
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.config.sections import GradientsConfig
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.tensor_shards import Layout
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.connection import Connection
+from rlfleet.common.wire.transport import free_tcp_port
+from rlfleet.services.paramserver.shard import ShardServer
 
 W = np.zeros(4, np.float32)
 
@@ -136,7 +136,7 @@ def test_a_push_in_another_actors_name_cannot_displace_its_own(shard: tuple[str,
 
 
 def test_senders_in_one_actors_name_are_bounded_per_round(shard: tuple[str, Layout]) -> None:
-    from services.paramserver.gradient_rounds import MAX_SENDERS_PER_ACTOR
+    from rlfleet.services.paramserver.gradient_rounds import MAX_SENDERS_PER_ACTOR
 
     address, layout = shard
     forgers = [Connection(address, f"w0/x{i}") for i in range(MAX_SENDERS_PER_ACTOR + 1)]

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
 from harness.paramserver_procs import ShardProcesses
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
 
 SHAPES = {"conv": (32, 16, 3, 3), "fc1": (512, 64), "fc1_b": (64,), "head": (64, 6), "head_b": (6,),
           "steps": (3,)}

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import zmq
 
-from common import weights_shm as shmlib
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
-from common.metrics import ServiceMetrics
-from common.wire.codec import Message, encode
-from common.wire.server import Peer
-from common.wire.transport import free_tcp_port
 from harness.paramserver_procs import serving
-from services.paramserver.shard import ShardServer
+from rlfleet.common import weights_shm as shmlib
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.server import Peer
+from rlfleet.common.wire.transport import free_tcp_port
+from rlfleet.services.paramserver.shard import ShardServer
 
 SHAPES = {"a.w": (300, 200), "a.b": (200,), "b.w": (64, 7), "steps": (1,)}  # big, small and tiny tensors
 

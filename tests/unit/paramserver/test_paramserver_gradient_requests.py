@@ -9,17 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.config.sections import GradientsConfig
-from common.wire.codec import Message
-from common.wire.errors import RequestError
 from harness.paramserver_fakes import SHAPES, RecordingReplier, metrics, peer, publish, request
-from services.paramserver.gradient_requests import GradientRequests
-from services.paramserver.gradients import GradientApplier
-from services.paramserver.long_polls import LongPolls
-from services.paramserver.registry import Registry
-from services.paramserver.shm_versions import ShmVersions
-from services.paramserver.weights_requests import WeightsRequests
-from services.paramserver.weights_store import WeightsStore
+from rlfleet.common.config.sections import GradientsConfig
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.services.paramserver.gradient_requests import GradientRequests
+from rlfleet.services.paramserver.gradients import GradientApplier
+from rlfleet.services.paramserver.long_polls import LongPolls
+from rlfleet.services.paramserver.registry import Registry
+from rlfleet.services.paramserver.shm_versions import ShmVersions
+from rlfleet.services.paramserver.weights_requests import WeightsRequests
+from rlfleet.services.paramserver.weights_store import WeightsStore
 
 SGD = GradientsConfig(optimizer="sgd", lr=1.0, max_staleness=1)
 

@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from common.clients.gradient_pusher import GradientPusher
-from common.clients.registry import RegistryClient
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
-from common.config.sections import GradientsConfig
-from common.tensor_shards import Layout
-from common.wire.codec import Message
-from common.wire.connection import Connection
-from common.wire.errors import CommTimeout
 from harness.paramserver_procs import ShardProcesses
-from services.paramserver.shard_optimizer import FlatSlice, ShardOptimizer
+from rlfleet.common.clients.gradient_pusher import GradientPusher
+from rlfleet.common.clients.registry import RegistryClient
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.config.sections import GradientsConfig
+from rlfleet.common.tensor_shards import Layout
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.connection import Connection
+from rlfleet.common.wire.errors import CommTimeout
+from rlfleet.services.paramserver.shard_optimizer import FlatSlice, ShardOptimizer
 
 
 def model(seed: int = 0) -> dict[str, np.ndarray]:
@@ -241,9 +241,9 @@ def test_a_barrier_round_applies_the_mean_once_every_live_worker_pushed(tmp_path
 def test_a_packed_push_is_the_flat_gradient_and_its_padding_is_not_trusted() -> None:
     """A packed push in the slice's name order is used as the flat gradient without a copy; NaNs a
     client put in the padding between tensors are not applied."""
-    from common.wire.codec import encode
-    from common.wire.decoder import decode
-    from services.paramserver.gradients import SliceTrainer
+    from rlfleet.common.wire.codec import encode
+    from rlfleet.common.wire.decoder import decode
+    from rlfleet.services.paramserver.gradients import SliceTrainer
 
     w = {"a": np.ones(3, np.float32), "b": np.ones((2, 1), np.float32)}  # "a" ends mid-8-bytes: padded
     trainer = SliceTrainer(GradientsConfig(optimizer="sgd", lr=1.0))
@@ -308,8 +308,8 @@ def test_a_shard_that_dies_halfway_through_a_push_gets_it_again_and_the_shards_a
 def test_a_refused_resend_leaves_a_held_round_contribution_as_it_was() -> None:
     """Barrier: a sender's push held in the round, then a push of the same sender with a NaN: refused,
     and the round's mean is still the first push's."""
-    from common.wire.server import Peer
-    from services.paramserver.gradients import GradientApplier, Refusal
+    from rlfleet.common.wire.server import Peer
+    from rlfleet.services.paramserver.gradients import GradientApplier, Refusal
 
     w = {"a": np.zeros(3, np.float32)}
     layout = Layout.of(w, 1)

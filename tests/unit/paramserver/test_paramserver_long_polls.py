@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-from common.metrics import ServiceMetrics
-from common.wire.schema import DEFAULT_MODEL
-from common.wire.server import Peer
 from harness.paramserver_fakes import peer
-from services.paramserver.long_polls import MAX_PARKED_WAITS, MAX_WAIT_MS, LongPolls
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.schema import DEFAULT_MODEL
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.paramserver.long_polls import MAX_PARKED_WAITS, MAX_WAIT_MS, LongPolls
 
 
 class Gauge:

@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 import zmq
 
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
-from common.tensor_shards import Layout
-from common.wire.codec import Message
-from common.wire.connection import Connection
-from common.wire.decoder import decode
-from common.wire.errors import CommTimeout, RemoteError
-from common.wire.schema import DEFAULT_MODEL
-from common.wire.transport import free_tcp_port, make_socket
 from harness.paramserver_procs import ShardProcesses
-from services.paramserver.weights_store import MAX_NAMED_MODELS
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.tensor_shards import Layout
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.connection import Connection
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
+from rlfleet.common.wire.schema import DEFAULT_MODEL
+from rlfleet.common.wire.transport import free_tcp_port, make_socket
+from rlfleet.services.paramserver.weights_store import MAX_NAMED_MODELS
 
 
 def policy(version: int) -> dict[str, np.ndarray]:

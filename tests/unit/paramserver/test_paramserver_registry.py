@@ -9,18 +9,18 @@ import time
 import numpy as np
 import pytest
 
-from common.clients.registry import RegistryClient
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
-from common.metrics import ServiceMetrics
-from common.wire.codec import Message
-from common.wire.connection import Connection
-from common.wire.errors import CommTimeout, RemoteError
-from common.wire.transport import free_tcp_port
 from harness.paramserver_procs import ShardProcesses, serving
-from services.paramserver.barrier import MAX_PARKED_BARRIERS
-from services.paramserver.registry import Registry
-from services.paramserver.shard import ShardServer
+from rlfleet.common.clients.registry import RegistryClient
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.connection import Connection
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
+from rlfleet.common.wire.transport import free_tcp_port
+from rlfleet.services.paramserver.barrier import MAX_PARKED_BARRIERS
+from rlfleet.services.paramserver.registry import Registry
+from rlfleet.services.paramserver.shard import ShardServer
 
 LIVENESS_S = 1.0
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import zmq
 
-from common.clients.registry import RegistryClient
-from common.metrics import ServiceMetrics
-from common.wire.codec import Message, encode
-from common.wire.connection import Connection
-from common.wire.decoder import decode
-from common.wire.transport import free_tcp_port, make_socket
 from harness.paramserver_procs import serving
-from services.paramserver.shard import ShardServer
+from rlfleet.common.clients.registry import RegistryClient
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.connection import Connection
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.transport import free_tcp_port, make_socket
+from rlfleet.services.paramserver.shard import ShardServer
 
 CAP = 300
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from common.metrics import ServiceMetrics
-from common.wire.errors import RequestError
 from harness.paramserver_fakes import RecordingReplier, peer, request
-from services.paramserver.registry import Registry
-from services.paramserver.registry_requests import RegistryRequests
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.services.paramserver.registry import Registry
+from rlfleet.services.paramserver.registry_requests import RegistryRequests
 
 
 def parts() -> tuple[RegistryRequests, Registry, RecordingReplier, ServiceMetrics]:

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import zmq
 
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
-from common.tensor_shards import Layout
-from common.wire.codec import PROTOCOL_VERSION, Message
-from common.wire.connection import Connection
-from common.wire.errors import RemoteError
-from common.wire.transport import make_socket
 from harness.paramserver_procs import ShardProcesses
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.tensor_shards import Layout
+from rlfleet.common.wire.codec import PROTOCOL_VERSION, Message
+from rlfleet.common.wire.connection import Connection
+from rlfleet.common.wire.errors import RemoteError
+from rlfleet.common.wire.transport import make_socket
 
 
 def model(version: int) -> dict[str, np.ndarray]:
@@ -200,10 +200,10 @@ def test_a_request_lost_with_a_restarted_shard_is_sent_again_at_once() -> None:
     """A shard that dies with a reader's get queued (never answered) and comes back on its address:
     the reader sees the new handshake and asks again, answered then, not at its timeout (120 s here:
     a reader that waited it out fails the join's generous 60 s)."""
-    from common.metrics import ServiceMetrics
-    from common.wire.transport import free_tcp_port
     from harness.paramserver_procs import serving
-    from services.paramserver.shard import ShardServer
+    from rlfleet.common.metrics import ServiceMetrics
+    from rlfleet.common.wire.transport import free_tcp_port
+    from rlfleet.services.paramserver.shard import ShardServer
 
     address = f"tcp://127.0.0.1:{free_tcp_port()}"
     first = ShardServer(ServiceMetrics("paramserver"), address, 0, 1, 5.0, shm=False)  # bound, not serving

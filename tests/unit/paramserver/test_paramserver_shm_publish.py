@@ -10,17 +10,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common import weights_shm as shmlib
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
-from common.metrics import ServiceMetrics
-from common.tensor_shards import Layout
-from common.wire.codec import Message
-from common.wire.connection import Connection
-from common.wire.errors import RemoteError
-from common.wire.transport import free_tcp_port
 from harness.paramserver_procs import serving
-from services.paramserver.shard import ShardServer
+from rlfleet.common import weights_shm as shmlib
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.tensor_shards import Layout
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.connection import Connection
+from rlfleet.common.wire.errors import RemoteError
+from rlfleet.common.wire.transport import free_tcp_port
+from rlfleet.services.paramserver.shard import ShardServer
 
 
 def model(version: int) -> dict[str, np.ndarray]:

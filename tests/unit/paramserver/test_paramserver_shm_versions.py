@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.paramserver.shm_versions import ShmVersions
-from services.paramserver.weights_store import Held
+from rlfleet.services.paramserver.shm_versions import ShmVersions
+from rlfleet.services.paramserver.weights_store import Held
 
 
 def held(version: int) -> Held:

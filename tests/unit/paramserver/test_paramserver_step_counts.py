@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from common.clients.registry import RegistryClient
-from common.config import load
-from common.wire.transport import free_tcp_port
 from harness.service_threads import replay_and_paramserver
-from services.paramserver.registry import Registry
-from services.paramserver.step_counts import FILE, StepCountsFile
+from rlfleet.common.clients.registry import RegistryClient
+from rlfleet.common.config import load
+from rlfleet.common.wire.transport import free_tcp_port
+from rlfleet.services.paramserver.registry import Registry
+from rlfleet.services.paramserver.step_counts import FILE, StepCountsFile
 
 ROOT = Path(__file__).resolve().parents[3]
 

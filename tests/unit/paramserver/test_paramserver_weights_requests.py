@@ -6,13 +6,13 @@ import time
 
 import pytest
 
-from common.wire.errors import RequestError
 from harness.paramserver_fakes import RecordingReplier, metrics, peer, publish, request
-from services.paramserver.long_polls import LongPolls
-from services.paramserver.registry import Registry
-from services.paramserver.shm_versions import ShmVersions
-from services.paramserver.weights_requests import WeightsRequests
-from services.paramserver.weights_store import WeightsStore
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.services.paramserver.long_polls import LongPolls
+from rlfleet.services.paramserver.registry import Registry
+from rlfleet.services.paramserver.shm_versions import ShmVersions
+from rlfleet.services.paramserver.weights_requests import WeightsRequests
+from rlfleet.services.paramserver.weights_store import WeightsStore
 
 
 def parts(registry: Registry | None = None) -> tuple[WeightsRequests, RecordingReplier]:

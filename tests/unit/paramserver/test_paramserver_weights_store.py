@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.wire.errors import RequestError
 from harness.paramserver_fakes import publish
-from services.paramserver.weights_store import MAX_NAMED_MODELS, Held, WeightsStore
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.services.paramserver.weights_store import MAX_NAMED_MODELS, Held, WeightsStore
 
 
 def store_publish(store: WeightsStore, version: int, model: str | None = None) -> list[int]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.wire.codec import Message
-from common.wire.dedup import IDLE_S, MAX_AHEAD, MAX_FIRST_AHEAD, WINDOW, Dedup, first_seq_of
-from common.wire.errors import RemoteError
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.dedup import IDLE_S, MAX_AHEAD, MAX_FIRST_AHEAD, WINDOW, Dedup, first_seq_of
+from rlfleet.common.wire.errors import RemoteError
 
 
 class Clock:

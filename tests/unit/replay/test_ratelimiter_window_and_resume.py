@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.replay.ratelimiter import RateLimiter, RateLimiterError
+from rlfleet.services.replay.ratelimiter import RateLimiter, RateLimiterError
 
 
 @pytest.mark.parametrize("spi, eb, lo, hi", [

@@ -7,13 +7,13 @@ from typing import Any
 
 import zmq
 
-from common.clients.replay_insert import InsertClient
-from common.metrics import ServiceMetrics
-from common.wire.codec import Message, encode
-from common.wire.decoder import decode
-from common.wire.transport import make_socket, recv_frames
 from harness.replay_helpers import replay_config, transitions
-from services.replay.server import ReplayServer
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.transport import make_socket, recv_frames
+from rlfleet.services.replay.server import ReplayServer
 
 
 def insert(seq: int, merge: bool, sender: str = "actor") -> list[Any]:

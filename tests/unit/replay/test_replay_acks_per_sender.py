@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from common.wire.codec import Message, encode
-from common.wire.decoder import decode
-from common.wire.transport import make_socket
 from harness.replay_helpers import replay_config, serving, transitions
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.transport import make_socket
 
 
 @pytest.fixture

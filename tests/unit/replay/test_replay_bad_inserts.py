@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import zmq
 
-from common.clients.replay_insert import InsertClient
-from common.wire.codec import PROTOCOL_VERSION, Limits, Message, encode
-from common.wire.decoder import decode
-from common.wire.transport import make_socket
 from harness.replay_helpers import ask, replay_config, serving, transitions
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.wire.codec import PROTOCOL_VERSION, Limits, Message, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.transport import make_socket
 
 
 def request(sock: zmq.Socket[Any], frames: list[Any], timeout_ms: int = 5000) -> Message:

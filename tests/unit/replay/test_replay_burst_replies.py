@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from common.metrics import ServiceMetrics
-from common.wire.codec import Message
-from common.wire.server import Peer
 from harness.replay_fakes import RecordingLoop
-from services.replay.burst_replies import ACKS_PER_MESSAGE, BurstReplies
-from services.replay.metrics import ReplayMetrics
-from services.replay.storage import WalError
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.replay.burst_replies import ACKS_PER_MESSAGE, BurstReplies
+from rlfleet.services.replay.metrics import ReplayMetrics
+from rlfleet.services.replay.storage import WalError
 
 
 class SyncLog:

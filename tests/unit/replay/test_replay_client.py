@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from common.algorithms.importance import importance_weights
-from common.clients.replay_insert import InsertClient
-from common.clients.replay_sample import SampleClient
-from common.wire.codec import Message, encode
-from common.wire.decoder import decode
-from common.wire.inserts import InsertEncoder
-from common.wire.transport import free_tcp_port
 from harness.replay_helpers import replay_config, serving, transitions
+from rlfleet.common.algorithms.importance import importance_weights
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.inserts import InsertEncoder
+from rlfleet.common.wire.transport import free_tcp_port
 
 # spi 1, min size 10, window 20: two batches of 10 are stored, the next ones are held
 HOLDING = {"min_size": 10, "samples_per_insert": 1.0, "error_buffer": 20.0}

@@ -9,13 +9,13 @@ import time
 import numpy as np
 import pytest
 
-from common.clients.replay_insert import InsertClient
-from common.clients.replay_sample import SampleClient
-from common.config import ActorConfig, ReplayConfig, TableConfig, validate
-from common.metrics import ServiceMetrics
-from common.wire.errors import CommTimeout
 from harness.replay_helpers import replay_config, serving, transitions
-from services.replay.server import ReplayServer
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.config import ActorConfig, ReplayConfig, TableConfig, validate
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.errors import CommTimeout
+from rlfleet.services.replay.server import ReplayServer
 
 
 def stored(server: object, n: int) -> dict[str, np.ndarray]:

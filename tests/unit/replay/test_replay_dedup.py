@@ -3,19 +3,19 @@ stores or restores inserts shares, no base but the generic loop, and duplicates 
 
 from __future__ import annotations
 
-from common.metrics import ServiceMetrics
-from common.wire.codec import Message
-from common.wire.dedup import Dedup
-from common.wire.server import Server
 from harness.replay_helpers import ask, replay_config, serving, transitions
-from services.replay.burst_replies import BurstReplies
-from services.replay.fast_insert import FastInsertPath
-from services.replay.held_requests import HeldRequests
-from services.replay.insert_writer import InsertWriter
-from services.replay.metrics import ReplayMetrics
-from services.replay.recovery import Recovery
-from services.replay.sample_responder import SampleResponder
-from services.replay.server import ReplayServer
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.dedup import Dedup
+from rlfleet.common.wire.server import Server
+from rlfleet.services.replay.burst_replies import BurstReplies
+from rlfleet.services.replay.fast_insert import FastInsertPath
+from rlfleet.services.replay.held_requests import HeldRequests
+from rlfleet.services.replay.insert_writer import InsertWriter
+from rlfleet.services.replay.metrics import ReplayMetrics
+from rlfleet.services.replay.recovery import Recovery
+from rlfleet.services.replay.sample_responder import SampleResponder
+from rlfleet.services.replay.server import ReplayServer
 
 
 def test_the_server_inherits_only_the_generic_loop_and_composes_its_parts() -> None:

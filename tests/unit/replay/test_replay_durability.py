@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 import zmq
 
-from common.clients.replay_insert import InsertClient
-from common.clients.replay_sample import SampleClient
-from common.config import ReplayConfig, TableConfig
-from common.metrics import ServiceMetrics
-from common.wire.codec import Message, encode
-from common.wire.decoder import decode
-from common.wire.errors import CommTimeout
-from common.wire.transport import make_socket
 from harness.replay_helpers import PYTHON, ROOT, ReplayProcess, ask, replay_config, serving, transitions
-from services.replay.server import ReplayServer
-from services.replay.storage import SNAPSHOT, read_log_file, read_snapshot
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.config import ReplayConfig, TableConfig
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.errors import CommTimeout
+from rlfleet.common.wire.transport import make_socket
+from rlfleet.services.replay.server import ReplayServer
+from rlfleet.services.replay.storage import SNAPSHOT, read_log_file, read_snapshot
 
 TABLE = "replay.tables=[{name: main, kind: prioritized, capacity: 100000, min_size: 1, columns: first_insert}]"
 BATCH = 128

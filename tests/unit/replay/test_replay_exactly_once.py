@@ -9,13 +9,13 @@ import subprocess
 import numpy as np
 import zmq
 
-import common.wire.dedup as dedup_mod
-from common.clients.replay_sample import SampleClient
-from common.wire.codec import Message, encode
-from common.wire.decoder import decode
-from common.wire.dedup import MAX_AHEAD, WINDOW, Dedup
-from common.wire.transport import make_socket
+import rlfleet.common.wire.dedup as dedup_mod
 from harness.replay_helpers import PYTHON, ROOT, replay_config, serving, transitions
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.dedup import MAX_AHEAD, WINDOW, Dedup
+from rlfleet.common.wire.transport import make_socket
 
 WRITERS = 4
 PER_WRITER = 50_000

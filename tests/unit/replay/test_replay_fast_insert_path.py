@@ -9,21 +9,21 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.config import TableConfig
-from common.metrics import ServiceMetrics
-from common.wire.decoder import decode
-from common.wire.dedup import Dedup
-from common.wire.inserts import InsertEncoder
-from common.wire.server import Peer
 from harness.replay_fakes import RecordingLoop
-from services.replay.burst_replies import BurstReplies
-from services.replay.fast_insert import FastInsertPath, StoredPacked
-from services.replay.held_requests import HeldRequests
-from services.replay.insert_writer import InsertWriter
-from services.replay.metrics import ReplayMetrics
-from services.replay.sample_responder import SampleResponder
-from services.replay.tables import make_table
-from services.replay.versions import PublishedVersions
+from rlfleet.common.config import TableConfig
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.dedup import Dedup
+from rlfleet.common.wire.inserts import InsertEncoder
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.replay.burst_replies import BurstReplies
+from rlfleet.services.replay.fast_insert import FastInsertPath, StoredPacked
+from rlfleet.services.replay.held_requests import HeldRequests
+from rlfleet.services.replay.insert_writer import InsertWriter
+from rlfleet.services.replay.metrics import ReplayMetrics
+from rlfleet.services.replay.sample_responder import SampleResponder
+from rlfleet.services.replay.tables import make_table
+from rlfleet.services.replay.versions import PublishedVersions
 
 
 class Wired:

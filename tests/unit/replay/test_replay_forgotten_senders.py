@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import common.wire.dedup as dedup_mod
-from common.config import ReplayConfig, TableConfig
-from common.wire.codec import Message
-from common.wire.dedup import Dedup
+import rlfleet.common.wire.dedup as dedup_mod
 from harness.replay_helpers import ask, serving, transitions
-from services.replay.server import ReplayServer
+from rlfleet.common.config import ReplayConfig, TableConfig
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.dedup import Dedup
+from rlfleet.services.replay.server import ReplayServer
 
 T0 = 1_000_000  # some sender's first seq (a client's start where replay's first_seq says)
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.clients.replay_insert import InsertClient
-from common.clients.replay_sample import SampleClient
-from common.config import TableConfig
-from common.wire.errors import RemoteError
-from common.wire.frames import FRAMES, FrameIndex, frame_hashes, pack_frames, unpack_frames
 from harness.replay_helpers import replay_config, serving
-from services.replay.frames import FramePool
-from services.replay.tables import make_table
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.config import TableConfig
+from rlfleet.common.wire.errors import RemoteError
+from rlfleet.common.wire.frames import FRAMES, FrameIndex, frame_hashes, pack_frames, unpack_frames
+from rlfleet.services.replay.frames import FramePool
+from rlfleet.services.replay.tables import make_table
 
 STACK, SIDE, N_STEP = 4, 12, 3
 

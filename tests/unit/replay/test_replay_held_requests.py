@@ -9,19 +9,19 @@ import time
 import numpy as np
 import pytest
 
-from common.config import TableConfig
-from common.metrics import ServiceMetrics
-from common.wire.dedup import Dedup
-from common.wire.errors import RequestError
-from common.wire.server import Peer
 from harness.replay_fakes import RecordingLoop
-from services.replay.burst_replies import BurstReplies
-from services.replay.columnar import Table
-from services.replay.held_requests import HeldRequests
-from services.replay.insert_writer import InsertWriter
-from services.replay.metrics import ReplayMetrics
-from services.replay.sample_responder import SampleResponder
-from services.replay.tables import make_table
+from rlfleet.common.config import TableConfig
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.dedup import Dedup
+from rlfleet.common.wire.errors import RequestError
+from rlfleet.common.wire.server import Peer
+from rlfleet.services.replay.burst_replies import BurstReplies
+from rlfleet.services.replay.columnar import Table
+from rlfleet.services.replay.held_requests import HeldRequests
+from rlfleet.services.replay.insert_writer import InsertWriter
+from rlfleet.services.replay.metrics import ReplayMetrics
+from rlfleet.services.replay.sample_responder import SampleResponder
+from rlfleet.services.replay.tables import make_table
 
 
 class Parts:

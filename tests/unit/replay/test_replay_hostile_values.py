@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import zmq
 
-from common.clients.replay_insert import InsertClient
-from common.wire.codec import Message, encode
-from common.wire.decoder import decode
-from common.wire.transport import free_tcp_port, make_socket
 from harness.fuzzing import rows
 from harness.replay_helpers import replay_config, serving
 from harness.service_procs import ROOT, ServiceProcess
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.transport import free_tcp_port, make_socket
 
 DYNAQ = ROOT / "configs" / "cartpole-dynaq.yaml"
 

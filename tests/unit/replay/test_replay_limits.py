@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 import zmq
 
-from common.algorithms.importance import importance_weights
-from common.clients.replay_insert import InsertClient
-from common.clients.replay_sample import SampleClient
-from common.config import TableConfig
-from common.wire.codec import Message, encode
-from common.wire.decoder import decode
-from common.wire.errors import CommTimeout
-from common.wire.transport import make_socket
 from harness.replay_helpers import ask, replay_config, serving, transitions
-from services.replay.priorities import MAX_PRIORITY
-from services.replay.server import MAX_SAMPLE_TIMEOUT_MS
-from services.replay.tables import PrioritizedTable
+from rlfleet.common.algorithms.importance import importance_weights
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.config import TableConfig
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.errors import CommTimeout
+from rlfleet.common.wire.transport import make_socket
+from rlfleet.services.replay.priorities import MAX_PRIORITY
+from rlfleet.services.replay.server import MAX_SAMPLE_TIMEOUT_MS
+from rlfleet.services.replay.tables import PrioritizedTable
 
 
 def sample_msg(**body: Any) -> Message:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from harness.replay_helpers import replay_config, serving, transitions
-from services.replay import prefault
-from services.replay.prefault import Prefaulter
+from rlfleet.services.replay import prefault
+from rlfleet.services.replay.prefault import Prefaulter
 
 PAGE = mmap.PAGESIZE
 
@@ -81,7 +81,7 @@ def test_writes_racing_the_prefaulter_are_kept() -> None:
 
 def test_a_filling_table_is_prefaulted_and_its_data_intact() -> None:
     with serving(replay_config(capacity=200_000)) as server:
-        from common.clients.replay_insert import InsertClient
+        from rlfleet.common.clients.replay_insert import InsertClient
 
         with InsertClient(server.endpoint, "a") as ic:
             for i in range(20):

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.clients.replay_insert import InsertClient
-from common.clients.replay_sample import SampleClient
-from common.config import ActorConfig, ConfigError, validate
-from common.wire.codec import Message
-from common.wire.errors import CommTimeout, RemoteError
 from harness.replay_helpers import ask, replay_config, serving, transitions
-from services.replay.ratelimiter import RateLimiter, RateLimiterError
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.config import ActorConfig, ConfigError, validate
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.errors import CommTimeout, RemoteError
+from rlfleet.services.replay.ratelimiter import RateLimiter, RateLimiterError
 
 # (min_size, spi, error_buffer, inserts, samples, size) -> (can_insert, can_sample)
 CASES = [

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.config import TableConfig
-from common.metrics import ServiceMetrics
-from common.wire.dedup import Dedup
-from services.replay.columnar import Table
-from services.replay.metrics import ReplayMetrics
-from services.replay.recovery import COVERED, Recovery
-from services.replay.storage import SNAPSHOT, WriteAheadLog, read_snapshot, write_snapshot
-from services.replay.tables import make_table
+from rlfleet.common.config import TableConfig
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.dedup import Dedup
+from rlfleet.services.replay.columnar import Table
+from rlfleet.services.replay.metrics import ReplayMetrics
+from rlfleet.services.replay.recovery import COVERED, Recovery
+from rlfleet.services.replay.storage import SNAPSHOT, WriteAheadLog, read_snapshot, write_snapshot
+from rlfleet.services.replay.tables import make_table
 
 OLD_COVERED = "wal_segment"  # the key snapshots were written with before COVERED
 

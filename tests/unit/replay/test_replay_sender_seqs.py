@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.clients.replay_insert import InsertClient
-from common.config import ReplayConfig, TableConfig
-from common.wire.codec import Message
 from harness.replay_helpers import ask, serving, transitions
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.config import ReplayConfig, TableConfig
+from rlfleet.common.wire.codec import Message
 
 STEPPED = 1_000_000  # the first incarnation's clock when it started, in microseconds
 BACK = 3_000  # how far that clock steps back before the restart (3 ms: within the seq window)

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from common.wire.codec import Message
-from common.wire.dedup import MAX_AHEAD, MAX_FIRST_AHEAD, WINDOW
 from harness.replay_helpers import ask, replay_config, serving, transitions
-from services.replay.server import ReplayServer
+from rlfleet.common.wire.codec import Message
+from rlfleet.common.wire.dedup import MAX_AHEAD, MAX_FIRST_AHEAD, WINDOW
+from rlfleet.services.replay.server import ReplayServer
 
 
 @pytest.fixture

@@ -7,14 +7,14 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from common.clients.replay_insert import InsertClient
-from common.clients.replay_sample import SampleClient
-from common.config import validate
-from common.runtime import ServiceArgs
-from common.wire.transport import free_tcp_port
 from harness.replay_helpers import replay_config, serving, transitions
-from services.replay.main import build
-from services.replay.server import ReplayServer
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.config import validate
+from rlfleet.common.runtime import ServiceArgs
+from rlfleet.common.wire.transport import free_tcp_port
+from rlfleet.services.replay.main import build
+from rlfleet.services.replay.server import ReplayServer
 
 
 @contextlib.contextmanager

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.algorithms.importance import importance_weights
-from common.config import TableConfig
-from services.replay.columnar import TableError
-from services.replay.sumtree import SumTree
-from services.replay.tables import PrioritizedTable, QueueTable, UniformTable
+from rlfleet.common.algorithms.importance import importance_weights
+from rlfleet.common.config import TableConfig
+from rlfleet.services.replay.columnar import TableError
+from rlfleet.services.replay.sumtree import SumTree
+from rlfleet.services.replay.tables import PrioritizedTable, QueueTable, UniformTable
 
 
 def chi2_critical(df: int, z: float = 3.0902) -> float:

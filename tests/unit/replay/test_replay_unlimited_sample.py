@@ -8,14 +8,14 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.algorithms.importance import importance_weights
-from common.clients.replay_insert import InsertClient
-from common.clients.replay_sample import SampleClient
-from common.wire.codec import Message, encode
-from common.wire.decoder import decode
-from common.wire.transport import free_tcp_port, make_socket
 from harness.replay_helpers import ask, replay_config, serving, transitions
-from services.replay.server import ReplayServer
+from rlfleet.common.algorithms.importance import importance_weights
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.transport import free_tcp_port, make_socket
+from rlfleet.services.replay.server import ReplayServer
 
 # spi 1, min size 10, window 20: diff = inserts - samples must stay in [0, 20]
 LIMITED = {"min_size": 10, "samples_per_insert": 1.0, "error_buffer": 20.0}

@@ -15,19 +15,19 @@ import numpy as np
 import pytest
 import zmq
 
-from common.clients.replay_insert import InsertClient
-from common.clients.weights_publisher import WeightsPublisher
-from common.metrics import ServiceMetrics
-from common.wire.codec import Message, encode
-from common.wire.decoder import decode
-from common.wire.transport import free_tcp_port, make_socket
 from harness.fuzzing import rows
 from harness.paramserver_procs import serving as serving_shard
 from harness.replay_helpers import replay_config
 from harness.replay_helpers import serving as serving_replay
-from services.paramserver.shard import ShardServer
-from services.replay import versions as versions_mod
-from services.replay.server import ReplayServer
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.transport import free_tcp_port, make_socket
+from rlfleet.services.paramserver.shard import ShardServer
+from rlfleet.services.replay import versions as versions_mod
+from rlfleet.services.replay.server import ReplayServer
 
 FORGED = [10**12, (1 << 63) - 1, -1, -(1 << 63)]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.replay.sumtree import SumTree
+from rlfleet.services.replay.sumtree import SumTree
 
 
 @pytest.mark.parametrize("capacity", [1, 2, 3, 4, 5, 8, 9, 1000, 1024, 1025])

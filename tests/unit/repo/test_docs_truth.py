@@ -4,7 +4,7 @@ config and algorithm, docs/launcher.md every option of the commands it shows.
 
 What is read, to have no false alarms (prose is never read, only code):
 
-- commands: ``rlfleet SUB ...`` (also ``.venv/bin/rlfleet``, ``python -m cli``) in a fenced block or an
+- commands: ``rlfleet SUB ...`` (also ``.venv/bin/rlfleet``, ``python -m rlfleet.cli``) in a fenced block or an
   inline code span; the flags after it up to a shell separator (`` | ``, ``;``, ``&&``, `` # ``) or the
   span's end, in a fenced block also on continuation lines (after a trailing ``\\``, or lines that start
   with ``[`` or ``-``, as a synopsis wraps); under a heading that names ``rlfleet SUB``, an inline span
@@ -29,9 +29,9 @@ import click
 import pytest
 from pydantic import BaseModel
 
-from cli.main import main as cli_group
-from common.config.experiment import Experiment
-from common.config.explain import describe
+from rlfleet.cli.main import main as cli_group
+from rlfleet.common.config.experiment import Experiment
+from rlfleet.common.config.explain import describe
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -45,7 +45,7 @@ NOT_FIELDS = {
 # What the docs write where a field goes, for the reader to fill in.
 PLACEHOLDERS = {"field", "section.field", "key"}
 
-INVOCATION = re.compile(r"(?:(?<=[\s`(/])|^)(?:rlfleet|python -m cli)\s+(-[-\w]+|[a-z][a-z-]*)")
+INVOCATION = re.compile(r"(?:(?<=[\s`(/])|^)(?:rlfleet|python -m rlfleet\.cli)\s+(-[-\w]+|[a-z][a-z-]*)")
 SEPARATOR = re.compile(r"\s(?:\|\|?|;|&&|#)\s|\s#$|$")
 FLAG = re.compile(r"(?<![\w./=-])(--?[A-Za-z][\w-]*)")
 SET = re.compile(r"--set[\s=]+['\"]?([A-Za-z_][\w.\[\]]*)=")
@@ -300,7 +300,7 @@ def test_the_path_check_reads_paths_not_image_names() -> None:
 
 
 def test_configuration_md_names_every_algorithm() -> None:
-    from common.algorithms.registry import BUILTIN
+    from rlfleet.common.algorithms.registry import BUILTIN
 
     text = (ROOT / "docs" / "configuration.md").read_text()
     missing = [name for name in BUILTIN if f"`{name}`" not in text and f"`name: {name}`" not in text]

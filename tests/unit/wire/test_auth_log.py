@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from common.wire import transport
+from rlfleet.common.wire import transport
 
 
 def test_thousand_unknown_keys_cost_a_few_log_lines(caplog: pytest.LogCaptureFixture) -> None:

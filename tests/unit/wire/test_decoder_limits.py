@@ -12,8 +12,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from common.wire.codec import DTYPES, PROTOCOL_VERSION, Limits, Message, ProtocolError, encode
-from common.wire.decoder import decode
+from rlfleet.common.wire.codec import DTYPES, PROTOCOL_VERSION, Limits, Message, ProtocolError, encode
+from rlfleet.common.wire.decoder import decode
 
 
 def header(**kw: object) -> bytes:

@@ -18,19 +18,19 @@ import numpy as np
 import pytest
 import zmq
 
-from common.clients.registry import RegistryClient
-from common.clients.weights_publisher import WeightsPublisher
-from common.config.sections import GradientsConfig
-from common.metrics import ServiceMetrics
-from common.wire.codec import DTYPES, Message, ProtocolError, encode
-from common.wire.decoder import decode
-from common.wire.schema import INT64_MAX, MESSAGES, MessageSpec, range_text
-from common.wire.transport import free_tcp_port, make_socket
 from harness.fuzzing import rows
 from harness.paramserver_procs import serving as serving_shard
 from harness.replay_helpers import replay_config
 from harness.replay_helpers import serving as serving_replay
-from services.paramserver.shard import ShardServer
+from rlfleet.common.clients.registry import RegistryClient
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.config.sections import GradientsConfig
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import DTYPES, Message, ProtocolError, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.schema import INT64_MAX, MESSAGES, MessageSpec, range_text
+from rlfleet.common.wire.transport import free_tcp_port, make_socket
+from rlfleet.services.paramserver.shard import ShardServer
 
 EXTREMES = (0, -1, 1 << 31, (1 << 63) - 1, (1 << 64) - 1, -(1 << 63))
 

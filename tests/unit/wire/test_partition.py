@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.tensor_shards import Layout, fingerprint, partition, tensor_specs
+from rlfleet.common.tensor_shards import Layout, fingerprint, partition, tensor_specs
 
 
 def model() -> dict[str, np.ndarray]:
@@ -61,7 +61,7 @@ def test_layout_hash_is_the_documented_bytes() -> None:
     checks itself against them."""
     import hashlib
 
-    from common.tensor_shards import fingerprint
+    from rlfleet.common.tensor_shards import fingerprint
 
     blob = b'{"tensors":[["b","float32",[4]],["w","float32",[3,4]]],"num_shards":2}'
     assert fingerprint([("w", "float32", (3, 4)), ("b", "float32", (4,))], 2) == "a7345c4d053db377"

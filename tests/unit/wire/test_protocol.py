@@ -9,10 +9,19 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.wire.codec import DTYPES, PACK_ALIGN, PROTOCOL_VERSION, REASONS, Limits, Message, ProtocolError, encode
-from common.wire.decoder import decode
-from common.wire.inserts import InsertEncoder, insert_header_prefix, read_insert_tail
 from harness.mutation import examples
+from rlfleet.common.wire.codec import (
+    DTYPES,
+    PACK_ALIGN,
+    PROTOCOL_VERSION,
+    REASONS,
+    Limits,
+    Message,
+    ProtocolError,
+    encode,
+)
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.inserts import InsertEncoder, insert_header_prefix, read_insert_tail
 
 
 def wire(msg: Message) -> list[bytes]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from common.wire.codec import DTYPES, PROTOCOL_VERSION, REASONS
-from common.wire.schema import MESSAGES, range_text
+from rlfleet.common.wire.codec import DTYPES, PROTOCOL_VERSION, REASONS
+from rlfleet.common.wire.schema import MESSAGES, range_text
 
 DOC = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text()
 

@@ -21,17 +21,17 @@ import yaml
 import zmq
 import zmq.auth
 
-from common import config, security
-from common.clients.replay_insert import InsertClient
-from common.clients.replay_sample import SampleClient
-from common.clients.weights_publisher import WeightsPublisher
-from common.clients.weights_reader import WeightsReader
-from common.wire.codec import Message, encode
-from common.wire.decoder import decode
-from common.wire.transport import CurveConfig, fingerprint, free_tcp_port, make_socket
 from harness.fleet_helpers import CONFIGS, only_run_dir, read_csv, rlfleet
 from harness.replay_helpers import transitions
 from harness.service_procs import ServiceProcess
+from rlfleet.common import config, security
+from rlfleet.common.clients.replay_insert import InsertClient
+from rlfleet.common.clients.replay_sample import SampleClient
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.decoder import decode
+from rlfleet.common.wire.transport import CurveConfig, fingerprint, free_tcp_port, make_socket
 
 STRANGER_MESSAGES = 10_000
 
@@ -360,8 +360,8 @@ def test_with_curve_a_sender_id_belongs_to_its_key(tmp_path: Path) -> None:
     """Another allowlisted key that uses a victim's sender id (and its next seqs) reaches only a sender
     of its own: the victim's next inserts are stored, not acked as duplicates; the victim's resends
     over a new connection with its own key are still recognised."""
-    from common.wire.dedup import MAX_AHEAD
     from harness.replay_helpers import replay_config, serving
+    from rlfleet.common.wire.dedup import MAX_AHEAD
 
     server_pub, server_sec = zmq.curve_keypair()
     victim, spoofer = zmq.curve_keypair(), zmq.curve_keypair()

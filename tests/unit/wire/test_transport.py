@@ -12,12 +12,19 @@ import numpy as np
 import pytest
 import zmq
 
-from common.metrics import ServiceMetrics
-from common.wire.codec import Message, encode
-from common.wire.connection import Connection
-from common.wire.errors import CommTimeout, RemoteError, RequestError
-from common.wire.server import Peer, Server
-from common.wire.transport import CurveConfig, bind_retrying, context, ephemeral_ports, free_tcp_port, rejected_clients
+from rlfleet.common.metrics import ServiceMetrics
+from rlfleet.common.wire.codec import Message, encode
+from rlfleet.common.wire.connection import Connection
+from rlfleet.common.wire.errors import CommTimeout, RemoteError, RequestError
+from rlfleet.common.wire.server import Peer, Server
+from rlfleet.common.wire.transport import (
+    CurveConfig,
+    bind_retrying,
+    context,
+    ephemeral_ports,
+    free_tcp_port,
+    rejected_clients,
+)
 
 
 class EchoServer(Server):
