@@ -304,12 +304,18 @@ def test_swarm_stack_runs_ppo_from_the_config_variable(docker_client: Any, tmp_p
 
 
 @pytest.mark.container
-def test_compose_and_swarm_run_sac(docker_client: Any, tmp_path: Path) -> None:
+def test_compose_runs_sac(docker_client: Any, tmp_path: Path) -> None:
     """RLFLEET_CONFIG=./configs/pendulum-sac.yaml (Box actions, only the actor published): the learner
-    updates and the evaluator scores the deterministic policy, in compose and then in a Swarm stack."""
+    updates and the evaluator scores the deterministic policy."""
     with compose_project(docker_client, tmp_path, SAC_ENV, SAC_CONFIG) as proj:
         check_fleet_trains(proj, 2)
         check_evaluates(proj)
+
+
+@pytest.mark.slow  # the stack's RLFLEET_CONFIG is make test's swarm PPO test; SAC's containers its compose test
+@pytest.mark.container
+def test_swarm_runs_sac(docker_client: Any, tmp_path: Path) -> None:
+    """The same SAC config as a Swarm stack: the learner updates."""
     with swarm_stack(docker_client, tmp_path, SAC_ENV, 2, SAC_CONFIG) as stack:
         check_fleet_trains(stack, 2)
 
@@ -339,11 +345,17 @@ def check_workers_push(fleet: ComposeProject | SwarmStack, actors: int) -> None:
 
 
 @pytest.mark.container
-def test_compose_and_swarm_run_a3c(docker_client: Any, tmp_path: Path) -> None:
+def test_compose_runs_a3c(docker_client: Any, tmp_path: Path) -> None:
     """RLFLEET_CONFIG=./configs/cartpole-a3c.yaml: the actors push gradients to the paramserver's shard
-    optimizer and the evaluator scores what it publishes, in compose and then in a Swarm stack."""
+    optimizer and the evaluator scores what it publishes."""
     with compose_project(docker_client, tmp_path, PPO_ENV, A3C_CONFIG) as proj:
         check_workers_push(proj, 2)
         check_evaluates(proj)
+
+
+@pytest.mark.slow  # the stack's RLFLEET_CONFIG is make test's swarm PPO test; A3C's containers its compose test
+@pytest.mark.container
+def test_swarm_runs_a3c(docker_client: Any, tmp_path: Path) -> None:
+    """The same A3C config as a Swarm stack: every worker pushes and the paramserver applies."""
     with swarm_stack(docker_client, tmp_path, PPO_ENV, 2, A3C_CONFIG) as stack:
         check_workers_push(stack, 2)
