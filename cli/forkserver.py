@@ -50,6 +50,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from rlfleet.common.launcher_watch import proc_stat
 from rlfleet.common.roles import ROLES
 
 KINDS = ("light", "heavy")
@@ -212,8 +213,10 @@ class ForkServers:
     def start_if_enabled(cls) -> ForkServers | None:
         return cls() if enabled() else None
 
-    def fork(self, service: str, argv: Sequence[str], log_path: Path) -> ForkedProcess:
-        env = dict(os.environ)
+    def fork(self, service: str, argv: Sequence[str], log_path: Path,
+             env: Mapping[str, str] | None = None) -> ForkedProcess:
+        """``env``: the member's environment (default: this process's)."""
+        env = dict(os.environ if env is None else env)
         return self.zygotes[KIND_OF[service]].fork(argv, log_path, os.getcwd(), env)
 
     def close(self) -> None:
@@ -232,17 +235,8 @@ def _read_line(stream: IO[bytes], timeout_s: float) -> str:
 
 
 def _parent_of(pid: int) -> int | None:
-    fields = _stat_fields(pid)
+    fields = proc_stat(pid)
     return None if fields is None else int(fields[1])
-
-
-def _stat_fields(pid: int | str) -> list[str] | None:
-    """/proc/PID/stat after the command name (state is [0], ppid [1], session [3]); None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()
 
 
 def reap_orphans(sessions: Collection[int]) -> list[int]:
@@ -267,7 +261,7 @@ def reap_orphans(sessions: Collection[int]) -> list[int]:
         except OSError:
             continue
         for child in children:
-            fields = _stat_fields(child)
+            fields = proc_stat(child)
             pid = int(child)
             if fields is None or fields[0] != "Z" or pid in sessions or int(fields[3]) not in sessions:
                 continue

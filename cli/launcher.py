@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -40,7 +41,7 @@ from rlfleet.cli.forkserver import (
 )
 from rlfleet.cli.supervision import RestartPolicy
 from rlfleet.common import config as config_mod
-from rlfleet.common import security
+from rlfleet.common import launcher_watch, security
 from rlfleet.common.config import Experiment
 from rlfleet.common.envs import EnvError
 from rlfleet.common.metrics import MetricsServer
@@ -182,12 +183,14 @@ class Fleet:
         if m.actor_id:
             argv += ["--actor-id", m.actor_id]
         assert m.log_path is not None
+        # the member stops by itself should this process die without stopping it (common/launcher_watch.py)
+        env = {**os.environ, launcher_watch.ENV: launcher_watch.identity()}
         if self.forkservers is not None and needs_fresh_process(m.name, self.cfg.learner.device, gpu_visible()):
             log.info("%s: may train on CUDA (learner.device=%s): a fresh process, not forked", m.label,
                      self.cfg.learner.device)
         elif self.forkservers is not None:
             try:
-                m.proc = self.forkservers.fork(m.name, argv, m.log_path)
+                m.proc = self.forkservers.fork(m.name, argv, m.log_path, env)
                 self.sessions.add(m.proc.pid)
                 return
             except ForkServerError as exc:
@@ -198,7 +201,7 @@ class Fleet:
         with open(m.log_path, "ab") as out:
             # Own process group: Ctrl-C in the terminal reaches only the launcher,
             # which then stops the fleet in order.
-            m.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            m.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         self.sessions.add(m.proc.pid)
 
     def restart(self, m: Member) -> None:

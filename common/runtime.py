@@ -107,6 +107,7 @@ def setup_logging(level: str = "INFO", file: str | Path | None = None) -> None:
 def run_service(cfg: Experiment, args: ServiceArgs, build: Builder) -> int:
     """Run the service ``build`` makes in the foreground until SIGTERM/SIGINT; 0 on a clean stop."""
     from rlfleet.common.envs import EnvError
+    from rlfleet.common.launcher_watch import watch_launcher
 
     keep_freed_memory()  # before any buffer: payloads and messages reuse the heap (common/memory.py)
     try:
@@ -131,6 +132,8 @@ def run_service(cfg: Experiment, args: ServiceArgs, build: Builder) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+    # started by a local launcher: stop as on SIGTERM if it dies without stopping us (common/launcher_watch.py)
+    watch = watch_launcher(service.stop)
     code = 0
     try:
         service.run()
@@ -138,6 +141,8 @@ def run_service(cfg: Experiment, args: ServiceArgs, build: Builder) -> int:
         log.error("%s cannot go on: %s", args.name, exc)
         code = 1
     finally:
+        if watch is not None:
+            watch.stop()
         service.close()
         http.close()
     log.info("%s shard %d stopped", args.name, args.shard)

@@ -172,6 +172,38 @@ def test_ctrl_c_leaves_no_process(tmp_path: Path, when: str) -> None:
     assert "stopping on SIGINT" in out, out[-2000:]
 
 
+@pytest.mark.e2e
+def test_a_killed_launcher_leaves_no_member_running(tmp_path: Path) -> None:
+    """SIGKILL gives the launcher no chance to stop its members (each in a session of its own): they
+    see it gone (common/launcher_watch.py) and stop as on SIGTERM, the learner writing its checkpoint."""
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFLEET_TEST_TAG": tag}
+    launcher = subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "up", "--config", str(CARTPOLE), "--actors",
+                                 "2", "--runs", str(tmp_path), "--max-seconds", "900"], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        fleet_json = wait_for(lambda: next(tmp_path.glob("*/fleet.json"), None), 120, "fleet.json")
+        members = json.loads(fleet_json.read_text())["members"]
+        wait_for(lambda: all(scrape(m["url"], health_only=True).healthy for m in members), 180,
+                 "every member healthy")
+        run_dir = fleet_json.parent
+        members_and_zygotes = [p for p in tagged(tag) if p != launcher.pid]
+        assert len(members_and_zygotes) >= len(members)
+        launcher.kill()
+        launcher.wait(10)
+        wait_for(lambda: not tagged(tag), 60, "every member and fork server gone after the launcher", every_s=0.5)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(10)
+        for pid in tagged(tag):  # what the watch missed must not outlive the test
+            os.kill(pid, signal.SIGKILL)
+    learner_log = (run_dir / "logs" / "learner.log").read_text()
+    assert "is gone: stopping as on SIGTERM" in learner_log and "learner shard 0 stopped" in learner_log, \
+        learner_log[-2000:]
+    assert (run_dir / "learner" / "checkpoint.pt").is_file()
+
+
 REAP_SCRIPT = r"""
 import os, sys, time, subprocess
 from pathlib import Path
