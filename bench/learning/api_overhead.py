@@ -5,8 +5,15 @@ through `rlfleet up`, alternating (CLI seed 0, API seed 0, CLI seed 1, ...), sam
 
 Each run is a fresh interpreter (the API side: `python -c "import rlfleet; rlfleet.train(...)"`), so
 both sides pay the same start-up. Per run: ``process_s``, launch to exit; ``to_end_s``, the run's
-own clock (ending.json's wall_s: from the fleet healthy to the target or the budget); whether it
-solved. ``ratio_process`` and ``ratio_run`` = API / CLI median over all runs of each side.
+own clock (ending.json's wall_s: from the command's start to the target or the budget); ``ready_s``,
+from the command's start to every member healthy (run.json); ``steps_per_s``, env steps over the
+seconds after ready; ``outside_s``, process seconds outside the run's clock (interpreter start and
+exit); whether it solved and in how many env steps.
+
+What the API could add is start-up (``ready_s``, ``outside_s``) and pace (``steps_per_s``): their
+API / CLI ratios of medians are the measure. Time to solve also carries the env steps each run
+needed, which differ between runs of one seed (an asynchronous fleet's order of updates and inserts
+is not repeatable), so ``ratio_process`` and ``ratio_run`` need many seeds to mean anything.
 Last line: one JSON object.
 """
 
@@ -54,8 +61,13 @@ def run_once(side: str, seed: int, budget: int) -> dict[str, Any]:
         raise RuntimeError(f"{side} seed {seed}: exit {proc.returncode}, no run ending in {runs}:\n"
                            f"{proc.stderr[-2000:]}")
     ending = json.loads((dirs[0] / "ending.json").read_text())
+    ready_s = float(json.loads((dirs[0] / "run.json").read_text())["ready_s"])
+    wall_s = float(ending["wall_s"])
     return {"side": side, "seed": seed, "solved": ending["how"] == "target", "process_s": round(process_s, 2),
-            "to_end_s": round(ending["wall_s"], 2), "env_steps": ending["env_steps"], "run_dir": str(dirs[0])}
+            "to_end_s": round(wall_s, 2), "ready_s": round(ready_s, 3),
+            "outside_s": round(process_s - wall_s, 2),
+            "steps_per_s": round(ending["env_steps"] / max(1e-9, wall_s - ready_s), 1),
+            "env_steps": ending["env_steps"], "run_dir": str(dirs[0])}
 
 
 def median_of(rows: list[dict[str, Any]], side: str, key: str) -> float:
@@ -79,6 +91,10 @@ def main() -> None:
         "process_s": {side: median_of(rows, side, "process_s") for side in ("cli", "api")},
         "to_end_s": {side: median_of(rows, side, "to_end_s") for side in ("cli", "api")},
     }
+    for key in ("ready_s", "outside_s", "steps_per_s", "env_steps"):
+        summary[key] = {side: median_of(rows, side, key) for side in ("cli", "api")}
+    for name, key in (("ratio_ready", "ready_s"), ("ratio_outside", "outside_s"), ("ratio_pace", "steps_per_s")):
+        summary[name] = round(summary[key]["api"] / max(1e-9, summary[key]["cli"]), 3)
     summary["ratio_process"] = round(summary["process_s"]["api"] / summary["process_s"]["cli"], 3)
     summary["ratio_run"] = round(summary["to_end_s"]["api"] / max(1e-9, summary["to_end_s"]["cli"]), 3)
     print(json.dumps(summary))
