@@ -22,7 +22,7 @@ run: setup
 
 # pytest exits 5 when it collected no test: make treats that as a failure too.
 test: setup
-	$(BIN)/python -m pytest -q --durations=15 -m "not multinode and not slow"
+	$(BIN)/python -m pytest -q --durations=40 -m "not multinode and not slow"
 
 # The long runs left out of make test (docs/testing.md): before a release, beside make test-multinode.
 test-slow: setup
