@@ -5,15 +5,18 @@ The stack file is written by `rlfleet stack`, the actor image reaches node B by 
 load`, and the fleet trains across the overlay network. Then node B loses power (every process of it
 SIGKILLed at once) and comes back: the fleet trains again, and what replay acked before the cut is
 still there. Last, the actors move to node A (the labels change, the swarm reschedules them) and the
-same fleet's env steps/s on one node is measured against the two-node figure.
+same fleet's env steps/s on one node is measured against the two-node figure. The learner's service
+moves from node A to node B, where its volume is empty, and goes on from the fleet's weights. And 25M
+parameters published from node B to a paramserver on node A come back byte for byte across the overlay.
 
-Marked ``multinode``: about 15 minutes on a loaded 2-core machine, too long for CI's run; `make
-test-multinode` runs it (docs/operations.md, "Several hosts", says when and shows its last output).
+Marked ``multinode``: too long for CI's run; `make test-multinode` (`bash .ci/run multinode`, nightly)
+runs it (docs/testing.md says when, docs/operations.md shows its last output).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -277,3 +280,157 @@ def test_sharded_stack_trains_across_two_nodes_and_rolls_onto_an_edited_experime
         raise
     finally:
         stack.rm()
+
+
+def paramserver_version(stack: TwoNodeStack) -> float:
+    return metrics(stack.one("paramserver")).get("rlfleet_paramserver_version", -1.0)
+
+
+FROM_FLEET = re.compile(r"learner: no checkpoint; starting from the fleet's weights version (\d+) \(paramserver's "
+                        r"newest (\d+)\), update counter (\d+)(?:, the fleet's env steps (\d+))?")
+
+
+def test_a_learner_moved_to_node_b_goes_on_from_the_fleets_weights(
+    swarm: tuple[TwoNodeSwarm, Any], docker_client: Any, tmp_path: Path
+) -> None:
+    """The learner's service moves from node A to node B (its placement changes, as when A is drained
+    or the learner goes to a bigger host), where its named volume is empty: the learner on B finds no
+    checkpoint, takes the paramserver's newest weights and the fleet's env steps, and publishes versions
+    after it. Never a version from fresh weights: the log says which version it started from, no older
+    than the newest the paramserver held before the move, and the fleet trains on."""
+    pair, client_b = swarm
+    load_image("rlfleet/learner:latest")
+    stack = TwoNodeStack(docker_client, client_b, tmp_path)
+    stack.write("--actors", "2")
+    figures: dict[str, Any] = {}
+    try:
+        stack.deploy()
+        trains_with_actors_on(stack, "b", 2, "first start")
+        before = wait_for(lambda: paramserver_version(stack), lambda v: v >= 5, STARTUP_S,
+                          "the paramserver holds version 5 or newer")
+        assert not stack.containers("learner", "b")
+
+        t_move = time.monotonic()
+        out = subprocess.run(["docker", "service", "update", "--detach", "--constraint-rm",
+                              "node.labels.rlfleet.core == true", "--constraint-add", f"node.id == {pair.node_b_id}",
+                              f"{stack.name}_learner"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        learner_b = wait_for(lambda: stack.containers("learner", "b"), lambda found: len(found) == 1, STARTUP_S,
+                             "the learner running on node B")[0]
+        assert not stack.containers("learner", "a"), "the learner still runs on node A"
+
+        def started_from() -> re.Match[str] | None:
+            return FROM_FLEET.search(learner_b.logs().decode(errors="replace"))
+
+        found = wait_for(started_from, lambda m: m is not None, STARTUP_S, "the moved learner says where it started")
+        assert found is not None
+        version, newest, update_counter = (int(g) for g in found.groups()[:3])
+        assert found.group(4) is not None, f"the fleet's env steps were not recovered from the registry: {found[0]}"
+        fleet_steps = int(found.group(4))
+        assert version >= before, f"the moved learner started from version {version}, older than {before}"
+        assert version == newest
+        assert update_counter == 0, "a learner on an empty volume has made no update of its own"
+        assert fleet_steps > 0, f"the registry counted no env steps: {found[0]}"
+        wait_for(lambda: paramserver_version(stack), lambda v: v > version, STARTUP_S,
+                 f"the moved learner publishes after version {version}")
+        updates = read(lambda: learner_updates(stack), "the moved learner's updates")
+        wait_for(lambda: learner_updates(stack), lambda u: u > updates + 20, STARTUP_S,
+                 "the moved learner trains on")
+        wait_for(lambda: env_steps(stack, "b"), lambda s: s > 0, STARTUP_S, "node B's actors step on")
+        figures["move_to_training_s"] = time.monotonic() - t_move
+        figures |= {"version_before": before, "started_from": version, "fleet_env_steps": fleet_steps}
+        print("learner moved to node B:", json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                                                      for k, v in figures.items()}))
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.rm()
+
+
+# Publishes 25M float32 parameters (100 MB, 16 tensors: bench.wire.weight_sync's mlp_25m) from node B
+# to a paramserver on node A and reads them back over the same overlay: both directions, compared by
+# digest. Runs in the actor image (numpy and rlfleet; no torch needed).
+OVERLAY_PROBE = """
+import hashlib, json, os, time
+from pathlib import Path
+import numpy as np
+from rlfleet.common.clients.weights_publisher import WeightsPublisher
+from rlfleet.common.clients.weights_reader import WeightsReader
+
+def digest(ws):
+    h = hashlib.sha256()
+    for k in sorted(ws):
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(ws[k]).tobytes())
+    return h.hexdigest()
+
+rng = np.random.default_rng(7)
+tensors = {}
+for i in range(4):
+    for name, shape in (("w1", (2048, 1536)), ("b1", (2048,)), ("w2", (1536, 2048)), ("b2", (1536,))):
+        tensors[f"block{i}.{name}"] = rng.standard_normal(shape, dtype=np.float32)
+addresses = [f"tcp://{os.environ['PARAMSERVER']}:5560"]
+pub = WeightsPublisher(addresses, "overlay-probe", shm=False)
+t0 = time.monotonic()
+pub.publish(1, tensors, timeout_s=300)
+t1 = time.monotonic()
+reader = WeightsReader(addresses, "overlay-probe-reader", shm=False, timeout_s=300)
+got = reader.get(-1)
+t2 = time.monotonic()
+version, weights = got
+mb = sum(t.nbytes for t in tensors.values()) / 1e6
+print("OVERLAY_PROBE " + json.dumps({
+    "params": int(sum(t.size for t in tensors.values())), "mb": round(mb, 1), "version": version,
+    "same": digest(weights) == digest(tensors), "publish_s": round(t1 - t0, 3), "get_s": round(t2 - t1, 3),
+    "publish_mb_per_s": round(mb / (t1 - t0), 1), "get_mb_per_s": round(mb / (t2 - t1), 1),
+    "mtu": int(Path("/sys/class/net/eth0/mtu").read_text())}), flush=True)
+"""
+
+
+def test_a_25m_parameter_publish_crosses_the_overlay_both_ways(
+    swarm: tuple[TwoNodeSwarm, Any], docker_client: Any, tmp_path: Path
+) -> None:
+    """A paramserver on node A; from node B, 25M float32 parameters (100 MB in one publish, the
+    overlay's MTU below the veth's 1500) are published to it and read back: what arrives on either
+    side is byte for byte what was sent. A blackholed large frame would time out here."""
+    pair, client_b = swarm
+    name = f"rlfleettest{uuid.uuid4().hex[:6]}"
+    network, server, probe = f"{name}_net", f"{name}_paramserver", f"{name}_probe"
+
+    def docker(*args: str) -> str:
+        out = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, f"docker {' '.join(args)}: {out.stderr}"
+        return out.stdout
+
+    docker("network", "create", "--driver", "overlay", network)
+    try:
+        docker("service", "create", "--detach", "--name", server, "--network", network, "--endpoint-mode", "dnsrr",
+               "--constraint", f"node.id == {pair.node_a_id}", "-e", "RLFLEET_SECURITY__INSECURE=true",
+               "rlfleet/paramserver:latest", "service", "paramserver", "--config", "/etc/rlfleet/config.yaml")
+        docker("service", "create", "--detach", "--name", probe, "--network", network, "--restart-condition",
+               "none", "--constraint", f"node.id == {pair.node_b_id}", "-e", f"PARAMSERVER={server}",
+               "--entrypoint", "python",
+               "rlfleet/actor:latest", "-c", OVERLAY_PROBE)
+
+        def states() -> list[str]:
+            out = docker("service", "ps", "--format", "{{.CurrentState}}", probe)
+            return [line.split()[0] for line in out.splitlines() if line]
+
+        ended = wait_for(states, lambda s: bool(s) and s[0] in ("Complete", "Failed", "Rejected"), STARTUP_S,
+                         "the probe on node B ends")
+        logs = "".join(c.logs().decode(errors="replace") for c in
+                       client_b.containers.list(all=True, filters={"label": f"com.docker.swarm.service.name={probe}"}))
+        assert ended[0] == "Complete", f"the probe {ended[0]}:\n{logs[-3000:]}"
+        line = next((ln for ln in logs.splitlines() if ln.startswith("OVERLAY_PROBE ")), None)
+        assert line is not None, logs[-3000:]
+        figures = json.loads(line.removeprefix("OVERLAY_PROBE "))
+        print("25M parameters across the overlay:", json.dumps(figures))
+        assert figures["params"] >= 25_000_000 and figures["version"] == 1
+        assert figures["same"], "the weights read back on node B differ from those published"
+        assert figures["mtu"] < 1500, f"the overlay's MTU is {figures['mtu']}: not an overlay?"
+    finally:
+        for service in (probe, server):
+            subprocess.run(["docker", "service", "rm", service], capture_output=True, timeout=120)
+        wait_for(lambda: subprocess.run(["docker", "network", "rm", network], capture_output=True).returncode,
+                 lambda rc: rc == 0, 120, f"network {network} removed")
