@@ -22,6 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -126,6 +127,24 @@ class TwoNodeStack:
             wait_for(removed, bool, 60, f"volume {vol.name} removed")
 
 
+def report(what: str, figures: dict[str, Any]) -> None:
+    """One line of figures, as docs/operations.md quotes it."""
+    print(f"{what}:", json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}))
+
+
+@contextmanager
+def deployed(stack: TwoNodeStack) -> Iterator[TwoNodeStack]:
+    """The stack deployed; its containers' logs printed if the test fails; removed after."""
+    try:
+        stack.deploy()
+        yield stack
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.rm()
+
+
 def env_steps(stack: TwoNodeStack, node: str) -> float:
     return sum(metrics(c).get("rlfleet_env_steps_total", 0.0) for c in stack.containers("actor", node))
 
@@ -176,8 +195,7 @@ def test_fleet_trains_across_two_nodes_and_survives_node_b_dying(
     stack = TwoNodeStack(docker_client, client_b, tmp_path)
     stack.write("--actors", str(actors))
     figures: dict[str, Any] = {"ipvs": kernel_has_ipvs()}
-    try:
-        stack.deploy()
+    with deployed(stack):
         trains_with_actors_on(stack, "b", actors, "first start")
         assert not stack.containers("actor", "a"), "an actor ran on node A, which has no actors label"
         assert len(stack.containers("evaluator", "b")) == 1
@@ -209,13 +227,7 @@ def test_fleet_trains_across_two_nodes_and_survives_node_b_dying(
         trains_with_actors_on(stack, "a", actors, "actors moved to node A")
         figures["one_node_env_steps_per_s"] = steps_per_s(stack, "a")
         figures["two_node_over_one_node"] = figures["two_node_env_steps_per_s"] / figures["one_node_env_steps_per_s"]
-        print("two-node swarm:", json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                            for k, v in figures.items()}))
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        stack.rm()
+        report("two-node swarm", figures)
 
 
 def config_of(container: Any) -> str:
@@ -244,8 +256,7 @@ def test_sharded_stack_trains_across_two_nodes_and_rolls_onto_an_edited_experime
     experiment.write_text((ROOT / "configs/cartpole-dqn.yaml").read_text())
     layout = ("--replay-shards", "2", "--paramserver-shards", "2", "--actors", "2")
     stack.write(*layout, config=str(experiment))
-    try:
-        stack.deploy()
+    with deployed(stack):
         trains_with_actors_on(stack, "b", 2, "2 replay and 2 paramserver shards")
         for shard, series, what in (("replay-0", "rlfleet_replay_inserts_total", "stores inserts"),
                                     ("replay-1", "rlfleet_replay_inserts_total", "stores inserts"),
@@ -275,11 +286,6 @@ def test_sharded_stack_trains_across_two_nodes_and_rolls_onto_an_edited_experime
         wait_for(lambda: learner_updates(stack), lambda u: u > updates + 20, STARTUP_S,
                  "the learner trains on after the roll")
         wait_for(lambda: env_steps(stack, "b"), lambda s: s > 0, STARTUP_S, "node B's actors step after the roll")
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        stack.rm()
 
 
 def paramserver_version(stack: TwoNodeStack) -> float:
@@ -303,8 +309,7 @@ def test_a_learner_moved_to_node_b_goes_on_from_the_fleets_weights(
     stack = TwoNodeStack(docker_client, client_b, tmp_path)
     stack.write("--actors", "2")
     figures: dict[str, Any] = {}
-    try:
-        stack.deploy()
+    with deployed(stack):
         trains_with_actors_on(stack, "b", 2, "first start")
         before = wait_for(lambda: paramserver_version(stack), lambda v: v >= 5, STARTUP_S,
                           "the paramserver holds version 5 or newer")
@@ -339,13 +344,7 @@ def test_a_learner_moved_to_node_b_goes_on_from_the_fleets_weights(
         wait_for(lambda: env_steps(stack, "b"), lambda s: s > 0, STARTUP_S, "node B's actors step on")
         figures["move_to_training_s"] = time.monotonic() - t_move
         figures |= {"version_before": before, "started_from": version, "fleet_env_steps": fleet_steps}
-        print("learner moved to node B:", json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                                      for k, v in figures.items()}))
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        stack.rm()
+        report("learner moved to node B", figures)
 
 
 # Publishes 25M float32 parameters (100 MB, 16 tensors: bench.wire.weight_sync's mlp_25m) from node B
@@ -425,7 +424,7 @@ def test_a_25m_parameter_publish_crosses_the_overlay_both_ways(
         line = next((ln for ln in logs.splitlines() if ln.startswith("OVERLAY_PROBE ")), None)
         assert line is not None, logs[-3000:]
         figures = json.loads(line.removeprefix("OVERLAY_PROBE "))
-        print("25M parameters across the overlay:", json.dumps(figures))
+        report("25M parameters across the overlay", figures)
         assert figures["params"] >= 25_000_000 and figures["version"] == 1
         assert figures["same"], "the weights read back on node B differ from those published"
         assert figures["mtu"] < 1500, f"the overlay's MTU is {figures['mtu']}: not an overlay?"
