@@ -2,6 +2,10 @@
 
 Async protocol: trains continuously (the replay rate limiter keeps the ratio
 of learning to acting) and publishes every ``learner.publish_every`` updates.
+Rank 0 takes each version's snapshot on the training thread and a thread of
+its own sends it (:class:`~rlfleet.services.learner.publishing.BackgroundPublisher`:
+the snapshot is taken once the previous publish is done, so the paramserver
+gets the newest weights); training never waits for the paramserver's acks.
 Barrier protocol: for round k it waits at the paramserver's barrier until
 every live actor has finished acting on version k, trains on the round as the
 algorithm consumes it (``learner.updates_per_round`` updates, none while
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +59,7 @@ from rlfleet.common.wire.codec import Message
 from rlfleet.common.wire.errors import CommTimeout, RemoteError
 from rlfleet.services.learner import ranks
 from rlfleet.services.learner.imagination import ImaginedMix
+from rlfleet.services.learner.publishing import BackgroundPublisher, Outcome
 from rlfleet.services.learner.training import Trainer
 
 log = logging.getLogger("rlfleet.learner")
@@ -119,6 +125,9 @@ class LearnerService:
         self.last_ckpt = time.monotonic()
         self.ckpt_writer = CheckpointWriter()  # the training thread takes the snapshot; this thread writes it
         self._ps_failing = False
+        self.background: BackgroundPublisher | None = None  # rank 0, async: publishes off this thread
+        self._publish_due: str | None = None  # async: a version to publish once the one in flight is done
+        self.submitted = 0  # async: the newest version handed to self.background (acked or not)
         # Ask the paramserver before /metrics is up: a learner killed after publishing a version newer
         # than its checkpoint must not show the checkpoint's (older) version while it starts.
         self.start_version = self.first_version()
@@ -194,7 +203,7 @@ class LearnerService:
         self.published = weights
         return True
 
-    def _publish_timeout(self, weights: dict[str, Any], retry: bool) -> float:
+    def _publish_timeout(self, weights: Mapping[str, Any], retry: bool) -> float:
         """How long a publish may wait for its acks. Retried publishes (start, barrier) wait
         ``network.timeout_s``; an async one that training goes on without waits about what sending
         the weights takes at 10 MB/s, plus a second: a dead paramserver must not stop the learner
@@ -231,8 +240,7 @@ class LearnerService:
             return
         log.warning("learner: paramserver shards hold versions %s, ours is %d: publishing", held, self.version)
         if self.cfg.sync == "async":
-            if self.publish(self.version + 1, retry=False):
-                self.m_republish.inc()
+            self._publish_due = "republish"
             return
         try:
             self.publisher.publish(self.version, self.published, timeout_s=self.cfg.network.timeout_s)
@@ -358,18 +366,69 @@ class LearnerService:
     def _run_async(self) -> None:
         every = self.cfg.learner.publish_every
         published_at = self.core.num_updates
+        if self.rank == 0:
+            self.submitted = self.version
+            self.background = BackgroundPublisher(
+                WeightsPublisher(self.cfg.network.paramserver, "learner", curve=client_curve(self.cfg, "learner")),
+                lambda weights: self._publish_timeout(weights, retry=False))
         while not self._stopping:
             # one learn call may take many optimizer steps (PPO: epochs x minibatches): publish when it
             # crossed a multiple of publish_every
             if (self.trainer.update_once(timeout_s=0.5) and self.core.num_updates // every > published_at // every
                     and not self._ps_failing):
                 published_at = self.core.num_updates
-                self.publish(self.version + 1, retry=False)
+                self._publish_due = self._publish_due or "update"
+            self._publish_in_background()
             self._maybe_checkpoint()
             self.ensure_published()
             if self.averager is not None and self.averager.seconds:
                 self.m_allreduce.inc(self.averager.seconds)
                 self.averager.seconds = 0.0
+
+    def _publish_in_background(self) -> None:
+        """Async: apply what the publish thread finished, then hand it a due version if it is free.
+
+        The snapshot is taken only once the previous publish is done, so a slow paramserver costs
+        the training thread nothing and gets the newest weights. Ranks other than 0 only follow the
+        version numbers (nothing to send)."""
+        if self.background is None:
+            if self._publish_due is not None:
+                self._publish_due = None
+                self.publish(self.version + 1, retry=False)
+            return
+        for outcome in self.background.drain():
+            self._apply(outcome)
+        if self._publish_due is not None and not self.background.busy:
+            self.submitted = max(self.submitted, self.version) + 1
+            self.background.submit(self.submitted, self.core.weights(), self._publish_due)
+            self._publish_due = None
+
+    def _apply(self, outcome: Outcome) -> None:
+        """One finished background publish, on the training thread: the version acked by every shard
+        becomes the learner's (what it reports and checkpoints); a refusal is handled as
+        :meth:`publish` handles it."""
+        error = outcome.error
+        if error is None:
+            self._paramserver_answered()
+            self.m_publishes.inc()
+            if outcome.tag == "republish":
+                self.m_republish.inc()
+            if outcome.version > self.version:
+                self.version = outcome.version
+                self.m_version.set(outcome.version)
+                self.published = dict(outcome.weights)
+            return
+        if isinstance(error, CommTimeout):
+            self._ps_failing = True
+            log.warning("learner: paramserver did not ack version %d; training on", outcome.version)
+            return
+        if isinstance(error, RemoteError) and error.reason == "stale_version":
+            # the paramserver holds a newer version than ours: continue after it, with the current weights
+            self.submitted = max(self.submitted, self.first_version() - 1)
+            log.warning("learner: paramserver holds newer weights; publishing as version %d", self.submitted + 1)
+            self._publish_due = outcome.tag or "update"
+            return
+        raise FatalError(f"paramserver refused version {outcome.version}: {error}") from None
 
     def _run_barrier(self) -> None:
         while not self._stopping:
@@ -402,6 +461,11 @@ class LearnerService:
 
     def close(self) -> None:
         try:
+            if self.background is not None:  # the publish in flight finishes, so its ack is checkpointed
+                self.background.close(timeout_s=self.cfg.network.timeout_s)
+                for outcome in self.background.drain():
+                    if outcome.error is None:
+                        self._apply(outcome)
             if self.rank == 0:
                 self.checkpoint(wait=True)
                 log.info("learner: checkpoint at update %d, version %d -> %s", self.core.num_updates, self.version,
