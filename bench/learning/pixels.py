@@ -21,6 +21,18 @@
   memory, with the config's torch threads (and ``learner_ratio_1_thread``: one thread, leaving a
   core to replay). Median of 3 alternating repeats.
 
+``--peer sample-factory``: instead of the figures above, the race of env frames/s on Pong against
+Sample Factory 2.1.1's APPO (its tuned Atari example, bench/peers/sample_factory_atari_runner.py, in
+its venv under .peers/, `make peers`): for each ``--actors`` count N, rlfleet's DQN fleet
+(configs/pong-dqn.yaml), rlfleet's PPO fleet (configs/breakout-ppo.yaml on ALE/Pong-v5) as shipped
+(barrier: DPPO) and asynchronous (``sync=async``: APPO) with N actors, and Sample Factory with N
+rollout workers, twice: its tuned Atari example as published (one env a
+worker, synchronous) and the throughput settings of its docs (8 envs a worker in two alternating
+halves, asynchronous). Each side runs ``--seconds`` (90; 40 with --quick), measured over its steady
+part, the five in rotating order for each N. ``ratio_ppo`` / ``ratio_appo`` / ``ratio_dqn``: rlfleet's frames/s over
+the faster Sample Factory run at the same N (the issue's goal: PPO >= 1.0). Beside them the bare env
+ceiling.
+
 ``--curve SECONDS``: also train Pong for that long with the shipped config and 2 actors, and write
 the curve (eval return against env frames and wall time) next to the JSON (bench/results/).
 Last line: one JSON object.
@@ -42,8 +54,11 @@ import numpy as np
 import torch
 
 from bench.learning import scaling
+from bench.learning.peer_results import save_race
 from bench.learning.pixels_data import CONFIG, RESULTS, chunks, pong_config, transitions
 from bench.learning.pixels_replay import ingest, updates_per_s
+from bench.peers.venv_peers import PeerError, check_peer, run_pixels_peer
+from rlfleet.common import config as config_mod
 from rlfleet.common.config import TableConfig
 from rlfleet.common.envs import acting_policy, make_vector_env
 
@@ -102,11 +117,19 @@ def actor_loop(seconds: float) -> dict[str, float]:
         envs.close()
 
 
-def fleet_frames(actors: int, seconds: float, runs: Path) -> dict[str, Any]:
+PPO_CONFIG = "configs/breakout-ppo.yaml"
+PPO_ON_PONG = ("env.id=ALE/Pong-v5",)  # the shipped Atari PPO (the zoo's settings) on Pong
+SF_ENVS_PER_WORKER = 8  # Sample Factory's throughput settings beside its tuned Atari example
+
+
+def fleet_frames(actors: int, seconds: float, runs: Path, config: str = CONFIG,
+                 sets: tuple[str, ...] = ()) -> dict[str, Any]:
     """Steady env frames/s of ``rlfleet up`` with ``actors`` actors (the first quarter left out)."""
-    root = runs / f"actors-{actors}"
-    cmd = [sys.executable, "-m", "rlfleet.cli", "up", "--config", CONFIG, "--actors", str(actors), "--max-seconds",
+    root = runs / f"{Path(config).stem}-actors-{actors}"
+    cmd = [sys.executable, "-m", "rlfleet.cli", "up", "--config", config, "--actors", str(actors), "--max-seconds",
            str(seconds), "--runs", str(root)]
+    for s in sets:
+        cmd += ["--set", s]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=seconds + 180)
     dirs = sorted(root.glob("*/progress.csv"))
     if not dirs:
@@ -116,7 +139,7 @@ def fleet_frames(actors: int, seconds: float, runs: Path) -> dict[str, Any]:
     first, last = rows[0], rows[-1]
     steps = float(last["env_steps"]) - float(first["env_steps"])
     wall = float(last["wall_s"]) - float(first["wall_s"])
-    skip = pong_config().env.atari.frame_skip
+    skip = config_mod.load(config, list(sets), environ={}).env.atari.frame_skip
     return {"frames_per_s": steps * skip / wall, "updates_per_s": (float(last["updates"]) - float(first["updates"]))
             / wall}
 
@@ -201,6 +224,34 @@ def plot_curve(points: list[dict[str, Any]], seconds: float, path: Path) -> None
     plt.close(fig)
 
 
+def peer_race(actors: list[int], seconds: float, runs: Path) -> dict[str, Any]:
+    """Env frames/s on Pong: rlfleet's DQN and PPO fleets against Sample Factory APPO, N actors / N workers."""
+    sides: dict[str, Any] = {
+        "rlfleet_dqn": lambda n: fleet_frames(n, seconds, runs)["frames_per_s"],
+        "rlfleet_ppo": lambda n: fleet_frames(n, seconds, runs, PPO_CONFIG, PPO_ON_PONG)["frames_per_s"],
+        "rlfleet_appo": lambda n: fleet_frames(n, seconds, runs, PPO_CONFIG, (*PPO_ON_PONG, "sync=async"))[
+            "frames_per_s"],
+        "sample_factory_appo": lambda n: run_pixels_peer(n, seconds)["frames_per_s"],
+        f"sample_factory_appo_{SF_ENVS_PER_WORKER}_envs": lambda n: run_pixels_peer(
+            n, seconds, SF_ENVS_PER_WORKER)["frames_per_s"],
+    }
+    names = list(sides)
+    frames: dict[str, dict[str, float]] = {name: {} for name in names}
+    for i, n in enumerate(actors):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:  # rotating order: a slow stretch falls on every side
+            frames[name][str(n)] = round(sides[name](n), 1)
+            print(f"# {n} actor(s)/worker(s), {name}: {frames[name][str(n)]} frames/s", flush=True)
+    best_peer = {str(n): max(frames[name][str(n)] for name in names if name.startswith("sample_factory"))
+                 for n in actors}
+    ceiling = env_ceiling(10.0)
+    return {"peer": "sample-factory", "seconds": seconds, "raw_env_frames_per_s": round(ceiling),
+            "frames_per_s": frames, "sample_factory_best": best_peer,
+            "ratio_ppo": {n: round(frames["rlfleet_ppo"][n] / v, 3) for n, v in best_peer.items()},
+            "ratio_appo": {n: round(frames["rlfleet_appo"][n] / v, 3) for n, v in best_peer.items()},
+            "ratio_dqn": {n: round(frames["rlfleet_dqn"][n] / v, 3) for n, v in best_peer.items()}}
+
+
 def median(values: list[float]) -> float:
     return float(np.median(values))
 
@@ -211,8 +262,25 @@ def main() -> None:
     p.add_argument("--curve", type=float, default=0.0, help="also train Pong this many seconds (2 actors)")
     p.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--curve-only", action="store_true", help="only the training curve (with --curve)")
+    p.add_argument("--peer", choices=["sample-factory"], default=None,
+                   help="only the race of env frames/s against this peer (its venv: make peers)")
+    p.add_argument("--seconds", type=float, default=None, help="--peer: seconds a side (default 90, --quick 40)")
+    p.add_argument("--docs", action="store_true",
+                   help="--peer: keep the JSON line as docs/results/peers-pixels-pong.json (the results page)")
     args = p.parse_args()
     fleet_s = 40.0 if args.quick else 90.0
+    if args.peer is not None:
+        try:
+            check_peer(args.peer, "ppo")
+            with tempfile.TemporaryDirectory(prefix="rlfleet-pixels-") as tmp:
+                race = peer_race(args.actors, args.seconds or fleet_s, Path(tmp))
+        except PeerError as exc:
+            raise SystemExit(f"bench.learning.pixels --peer {args.peer}: {exc}") from None
+        line = {"config": CONFIG, "ppo_config": PPO_CONFIG, **race}
+        print(json.dumps(line))
+        if args.docs:
+            save_race("pixels-pong", "bench.learning.pixels", line)
+        return
     repeats = 1 if args.quick else 3
     result: dict[str, Any] = {"config": CONFIG}
     with tempfile.TemporaryDirectory(prefix="rlfleet-pixels-") as tmp:

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.learning import peer_results
 from bench.learning.config_digest import settings_digest
 from bench.learning.serial import run_serial_config
 from bench.learning.time_to_solve import run_fleet
@@ -404,6 +405,7 @@ def write_report(runs_file: Path, report: Path, seeds: range = range(5)) -> dict
     lines, figures = table(runs, seeds)
     check = algorithm_check(runs)
     scaling = scaling_section(report.parent / "results")
+    peers = peer_results.section(report.parent / "results")
     envs = list(dict.fromkeys(row.env for row in SUITE))
     pictures = []
     for env in envs:
@@ -437,6 +439,9 @@ def write_report(runs_file: Path, report: Path, seeds: range = range(5)) -> dict
            "slow-simulator configs (configs/*-slowsim.yaml; the rule for choosing the replay ratio:",
            "[configuration.md](configuration.md#replay-ratio-and-actors)). Reading and history:",
            "[scaling.md](scaling.md).", "", *scaling] if scaling else []),
+        *(["## Against the distributed peers", "",
+           "Sample Factory and RLlib raced in the same run as rlfleet (`make peers` builds their venvs;",
+           "`--docs` keeps a race's JSON line for this page).", "", *peers] if peers else []),
         *[line for picture in pictures for line in (picture, "")],
     ]
     report.write_text("\n".join(text))

@@ -83,6 +83,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from bench.learning.peer_results import save_race
 from bench.learning.race import block_name, race_blocks
 from bench.peers.sb3_a2c import A2C_BUDGET, A2C_EVAL_EVERY, run_sb3_a2c
 from bench.peers.sb3_peers import (
@@ -279,6 +280,8 @@ def dqn_main(args: argparse.Namespace) -> None:
         "learner_ratio": round(median(ours, "updates_per_s") / raw_updates, 3),
     }
     print(json.dumps(result))
+    if args.docs:
+        save_race(args.docs, "bench.learning.time_to_solve", result)
 
 
 def run_venv_peers(args: argparse.Namespace, others: dict[str, list[dict[str, Any]]], seed: int, budget: int,
@@ -394,6 +397,8 @@ def paired_main(args: argparse.Namespace) -> None:
         **peer_ratios(ours, theirs, others),
     }
     print(json.dumps(result))
+    if args.docs:
+        save_race(args.docs, "bench.learning.time_to_solve", result)
 
 
 def a3c_main(args: argparse.Namespace) -> None:
@@ -459,6 +464,9 @@ def main() -> None:
     ap.add_argument("--peer", default="sb3",
                     help="the peers to race, comma-separated: sb3 (in process), sample-factory (ppo), rllib (ppo, "
                          "dqn); the last two from their venvs under .peers/ (make peers)")
+    ap.add_argument("--docs", default=None, metavar="NAME",
+                    help="keep the JSON line as docs/results/peers-NAME.json for the results page "
+                         "(bench.learning.suite)")
     ap.add_argument("--peer-timeout", type=float, default=4 * 3600.0,
                     help="seconds a venv peer's run may take before the benchmark gives up on it")
     args = ap.parse_args()

@@ -12,7 +12,8 @@ PYTHON="${PYTHON:-python3.11}"
 
 # torch 2.13.0 as the project's (on a CPU-only machine pip takes the local CPU wheel): the pin comes first
 # so the peer's own requirements cannot pull another build.
-SAMPLE_FACTORY=(torch==2.13.0 sample-factory==2.1.1 "numpy<2" gymnasium==0.29.1 box2d==2.3.10 pygame==2.6.1)
+# ale-py 0.9.1: the newest that runs under gymnasium 0.29 and carries its ROMs (bench.learning.pixels --peer).
+SAMPLE_FACTORY=(torch==2.13.0 sample-factory==2.1.1 "numpy<2" gymnasium==0.29.1 box2d==2.3.10 pygame==2.6.1 ale-py==0.9.1)
 RLLIB=(torch==2.13.0 "ray[rllib]==2.60.0" box2d==2.3.10 pygame==2.6.1)
 
 build() {  # build NAME PINS...: .peers/NAME with exactly PINS, unless it already has them

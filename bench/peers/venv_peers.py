@@ -93,3 +93,26 @@ def last_json(stdout: str) -> dict[str, Any] | None:
             if isinstance(value, dict):
                 return value
     return None
+
+
+PIXELS_RUNNER = "bench/peers/sample_factory_atari_runner.py"  # Sample Factory APPO on Pong: env frames/s
+
+
+def run_pixels_peer(workers: int, seconds: float, envs_per_worker: int | None = None,
+                    peers_dir: Path = PEERS_DIR) -> dict[str, Any]:
+    """Sample Factory APPO's env frames/s on Pong with ``workers`` rollout workers for ``seconds`` (its tuned
+    Atari example; ``envs_per_worker``: its throughput settings), in its venv: the runner's result."""
+    check_peer("sample-factory", "ppo", peers_dir)
+    cmd = [str(VENV_PEERS["sample-factory"].python(peers_dir)), str(ROOT / PIXELS_RUNNER), "--workers", str(workers),
+           "--seconds", str(seconds)]
+    cmd += ["--envs-per-worker", str(envs_per_worker)] if envs_per_worker is not None else []
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=seconds + 300,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise PeerError(f"sample-factory pixels, {workers} workers: no result after {seconds + 300:g} s") from exc
+    result = last_json(proc.stdout)
+    if proc.returncode != 0 or result is None or result.get("frames_per_s") is None:
+        raise PeerError(f"sample-factory pixels, {workers} workers: runner exited {proc.returncode} without a "
+                        f"figure; its stderr ends:\n{proc.stderr[-3000:]}")
+    return result

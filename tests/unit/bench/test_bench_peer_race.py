@@ -11,7 +11,7 @@ import pytest
 
 from bench.learning.race import race_blocks, ratio, side_block
 from bench.peers import greedy_eval
-from bench.peers.venv_peers import PeerError, check_peer, last_json, parse_peers
+from bench.peers.venv_peers import PeerError, check_peer, last_json, parse_peers, run_pixels_peer
 from rlfleet.common import config as config_mod
 from rlfleet.common import evaluation
 
@@ -52,6 +52,13 @@ def test_a_peer_without_its_venv_or_the_algorithm_is_refused_by_name(tmp_path: P
         check_peer("rllib", "dqn", peers_dir=tmp_path)
     with pytest.raises(PeerError, match="sample-factory races --algo ppo, not sac"):
         check_peer("sample-factory", "sac", peers_dir=tmp_path)
+
+
+def test_the_pixels_race_refuses_before_any_run_without_sample_factorys_venv(tmp_path: Path) -> None:
+    with pytest.raises(PeerError, match="make peers"):
+        run_pixels_peer(1, 5.0, peers_dir=tmp_path)
+    with pytest.raises(PeerError, match="make peers"):
+        run_pixels_peer(1, 5.0, envs_per_worker=8, peers_dir=tmp_path)
 
 
 def test_the_result_is_the_last_json_object_printed() -> None:
