@@ -35,11 +35,15 @@ CORES = len(os.sched_getaffinity(0))
 # sf_examples/train_gym_env.py's command line for CartPole-v1 (its tuned example for gym envs)
 CARTPOLE = ["--use_rnn=False", "--num_envs_per_worker=20", "--policy_workers_per_policy=2", "--recurrence=1",
             "--with_vtrace=False", "--batch_size=512", "--reward_scale=0.1"]
-# the zoo's LunarLander PPO on Sample Factory's names: 16 envs (a worker per core), 1024-step rollouts, 4
+# the zoo's LunarLander PPO on Sample Factory's names: 16 envs (a worker per core), 1024 steps an env a batch, 4
 # epochs of minibatches of 64 over each 16k-sample batch, gamma 0.999, lambda 0.98, entropy 0.01, lr 3e-4,
-# clip 0.2, grad norm 0.5, a 64x64 tanh MLP, no input or return normalisation, no RNN, no V-trace
-LUNARLANDER = ["--use_rnn=False", "--recurrence=1", "--with_vtrace=False", f"--num_workers={CORES}",
-               f"--num_envs_per_worker={16 // CORES}", "--rollout=1024", "--batch_size=64",
+# clip 0.2, grad norm 0.5, a 64x64 tanh MLP, no input or return normalisation, no RNN, no V-trace. Sample
+# Factory keeps a rollout whole within a minibatch: with the zoo's 1024 steps a rollout and minibatches of 64
+# its learner skipped every batch as invalid data (0 frames trained in 13 minutes), so its rollouts are 64
+# steps (GAE bootstrapped from the value at each rollout's end), the same 16k samples a batch. No cutoff of
+# policy lag, as in the zoo's PPO (Sample Factory counts lag in SGD steps: 1,024 a batch here).
+LUNARLANDER = ["--use_rnn=False", "--max_policy_lag=1000000", "--recurrence=1", "--with_vtrace=False",
+               f"--num_workers={CORES}", f"--num_envs_per_worker={16 // CORES}", "--rollout=64", "--batch_size=64",
                "--num_batches_per_epoch=256", "--num_epochs=4", "--gamma=0.999", "--gae_lambda=0.98",
                "--exploration_loss_coeff=0.01", "--learning_rate=0.0003", "--ppo_clip_ratio=0.2",
                "--max_grad_norm=0.5", "--value_loss_coeff=0.5", "--encoder_mlp_layers", "64", "64",

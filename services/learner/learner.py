@@ -119,15 +119,18 @@ class LearnerService:
             broadcast_learner(self.core, self.averager, src=0)
         mix = ImaginedMix(cfg, self.core.data.batch_items, obs_space, act_space, self.metrics) \
             if cfg.planning.enabled else None
-        self.trainer = Trainer(cfg, self.core, self.metrics, lambda: self.version, lambda: self._stopping, mix)
+        self.background: BackgroundPublisher | None = None  # rank 0, async: publishes off this thread
+        self._publish_due: str | None = None  # async: a version to publish once the one in flight is done
+        self.submitted = 0  # async: the newest version handed to self.background (acked or not)
+        # the newest version handed out: once the publish thread sent it, actors may act on it before its
+        # ack is applied here, and their items must not count as from a version the learner never had
+        self.trainer = Trainer(cfg, self.core, self.metrics, lambda: max(self.version, self.submitted),
+                               lambda: self._stopping, mix)
         self.m_reconnects = self.trainer.m_reconnects
         self.published: dict[str, Any] = {}  # arrays of self.version, checkpointed for `rlfleet eval`
         self.last_ckpt = time.monotonic()
         self.ckpt_writer = CheckpointWriter()  # the training thread takes the snapshot; this thread writes it
         self._ps_failing = False
-        self.background: BackgroundPublisher | None = None  # rank 0, async: publishes off this thread
-        self._publish_due: str | None = None  # async: a version to publish once the one in flight is done
-        self.submitted = 0  # async: the newest version handed to self.background (acked or not)
         # Ask the paramserver before /metrics is up: a learner killed after publishing a version newer
         # than its checkpoint must not show the checkpoint's (older) version while it starts.
         self.start_version = self.first_version()
