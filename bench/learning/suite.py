@@ -114,8 +114,6 @@ SUITE: tuple[Row, ...] = (
         "ppo"),
     Row("lunarlander-appo", "lunarlander-appo.yaml", "LunarLander-v3", "APPO", "async", 200, 1_500_000, 10_000,
         "ppo"),
-    Row("lunarlander-a3c", "lunarlander-a3c.yaml", "LunarLander-v3", "A3C", "async", 200, 2_000_000, 10_000,
-        "a2c"),
     Row("lunarlandercontinuous-ppo", "lunarlandercontinuous-ppo.yaml", "LunarLanderContinuous-v3", "DPPO",
         "barrier", 200, 1_500_000, 10_000, "ppo"),
     Row("lunarlandercontinuous-sac", "lunarlandercontinuous-sac.yaml", "LunarLanderContinuous-v3", "SAC", "async",

@@ -54,7 +54,6 @@ def test_rows_on_one_env_and_budget_share_their_peer_runs_and_keep_their_own() -
     assert side_key(dppo, "sb3") == side_key(appo, "sb3")
     assert side_key(dppo, "fleet") != side_key(appo, "fleet")
     assert sides_of(ROWS["cartpole-dynaq"], ["fleet", "sb3", "serial"]) == ["fleet", "sb3"]  # planners: no serial run
-    assert sides_of(ROWS["lunarlander-a3c"], ["fleet", "sb3", "serial"]) == ["fleet", "sb3", "serial"]
     # a heavy row's peer runs to its wall budget: another budget is another set of runs
     heavy = ROWS["hopper-sac"]
     assert side_key(heavy, "sb3").endswith(f":{heavy.max_seconds:g}s")
