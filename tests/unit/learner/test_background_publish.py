@@ -30,6 +30,15 @@ def background(address: str, timeout_s: float) -> BackgroundPublisher:
     return BackgroundPublisher(WeightsPublisher([address], "learner", shm=False), lambda _w: timeout_s)
 
 
+def wait_in_flight(pub: BackgroundPublisher) -> None:
+    """Until the thread has taken the submitted snapshot and is sending it (a poll, not a sleep: on a
+    loaded machine the thread may take its time)."""
+    deadline = time.monotonic() + 10.0
+    while not (pub._sending and pub._waiting is None):
+        assert time.monotonic() < deadline, "the publish thread never took the snapshot"
+        time.sleep(0.005)
+
+
 def read(address: str) -> tuple[int, dict[str, Any]]:
     reader = WeightsReader([address], "reader", timeout_s=5.0, shm=False)
     try:
@@ -64,7 +73,7 @@ def test_submit_never_waits_and_the_newest_snapshot_replaces_one_that_waits() ->
     pub = background(address, 0.6)
     try:
         pub.submit(1, weights(1))
-        time.sleep(0.1)  # 1 is in flight
+        wait_in_flight(pub)
         pub.submit(2, weights(2))
         pub.submit(3, weights(3))  # 2 never went out: 3 takes its place (a submit that waited would replace none)
         assert pub.replaced == 1 and pub.busy
@@ -104,7 +113,7 @@ def test_close_drops_what_waits_and_lets_the_publish_in_flight_finish() -> None:
     address = f"tcp://127.0.0.1:{free_tcp_port()}"
     pub = background(address, 0.8)
     pub.submit(1, weights(1))
-    time.sleep(0.1)
+    wait_in_flight(pub)
     pub.submit(2, weights(2))
     start = time.monotonic()
     pub.close(5.0)
