@@ -220,6 +220,10 @@ def row_dates(row: Row, runs: dict[tuple[str, int], dict[str, Any]]) -> tuple[st
     return max(e["date"] for e in entries)[:10], max(int(e.get("cores", 0)) for e in entries)
 
 
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def fmt_steps(x: float | None) -> str:
     return "" if x is None else f"{x / 1000:.1f}k" if x < 1e6 else f"{x / 1e6:.2f}M"
 
@@ -228,7 +232,7 @@ def cell_solved(row: Row, s: dict[str, Any] | None) -> str:
     if s is None:
         return "–"
     if row.target is None:
-        return f"best {s['median_best_return']} ({s['runs']} runs)"
+        return f"best {s['median_best_return']} ({plural(s['runs'], 'run')})"
     return f"{s['solved']}/{s['runs']}"
 
 
@@ -368,7 +372,7 @@ def plot_env(env: str, rows: list[Row], runs: dict[tuple[str, int], dict[str, An
                 grid = np.linspace(0, end, 120)
                 mid, low, high = curve_band(curves, axis, grid, [r["best_return"] if r["solved"] else None
                                                                  for r in found if r.get("curve")])
-                line, = ax.plot(grid, mid, label=f"{label} ({len(curves)} seeds)",
+                line, = ax.plot(grid, mid, label=f"{label} ({plural(len(curves), 'seed')})",
                                 linestyle="--" if side == "serial" else ":" if side == "sb3" else "-")
                 ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.12, linewidth=0)
                 if np.isfinite(mid).any():
@@ -422,8 +426,8 @@ def write_report(runs_file: Path, report: Path, seeds: range = range(5)) -> dict
         "A run is solved at the first evaluation (10 greedy episodes on fixed seeds) at or above the target;",
         "env steps and wall seconds (from launch, start-up included) are medians over the solved runs. The",
         "wall ratio is the fleet's median over SB3's. Rows without a target are heavy for two cores: they",
-        "run to a wall budget and show the median of each run's best evaluation. A dash: no run, or none",
-        f"solved. Seeds {seeds.start}-{seeds.stop - 1}.",
+        "run to a wall budget and show the medians of each run's best evaluation, of the env steps it made",
+        f"and of its wall seconds. A dash: no run, or none solved. Seeds {seeds.start}-{seeds.stop - 1}.",
         "",
         *lines,
         "",
